@@ -1,0 +1,1 @@
+"""flaxheads: transformer sequence classifiers in Flax NNX."""
