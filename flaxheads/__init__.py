@@ -1,1 +1,37 @@
-"""flaxheads: transformer sequence classifiers in Flax NNX."""
+"""flaxheads: transformer sequence classifiers in Flax NNX, exact to Hugging Face PyTorch.
+
+    model, info = flaxheads.from_pretrained("path/to/bert", num_labels=3, output_loading_info=True)
+    print(info)                      # which weights are pretrained, which must be trained
+    logits = model(input_ids, attention_mask)
+    model.save_pretrained("out")     # a directory transformers loads
+"""
+
+from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
+from flaxheads.conversion.checkpoint_io import CheckpointError
+from flaxheads.conversion.loading_info import LoadingInfo
+from flaxheads.conversion.table import ShapeMismatch
+from flaxheads.heads import HEAD_NAMES
+from flaxheads.model import ClassifierConfig, SequenceClassifier
+from flaxheads.pretrained import from_pretrained, load_backbone, save_pretrained
+from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HEAD_NAMES",
+    "MULTI_LABEL",
+    "PROBLEM_TYPES",
+    "REGRESSION",
+    "SINGLE_LABEL",
+    "BackboneOutput",
+    "CheckpointError",
+    "ClassifierConfig",
+    "Encoder",
+    "EncoderConfig",
+    "LoadingInfo",
+    "SequenceClassifier",
+    "ShapeMismatch",
+    "from_pretrained",
+    "load_backbone",
+    "save_pretrained",
+]

@@ -1,0 +1,56 @@
+"""Backbones by Hugging Face `model_type`. Each family lives in its own file."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from flax import nnx
+
+from flaxheads.backbones.encoder import Encoder, EncoderConfig
+from flaxheads.backbones.interface import BackboneConfig, BackboneOutput
+
+
+@dataclasses.dataclass(frozen=True)
+class BackboneSpec:
+    config_cls: type
+    module_cls: type
+    padding_side: str
+    """Where tokenizers should pad for this family's canonical head ("right" or "left")."""
+
+
+BACKBONES: dict[str, BackboneSpec] = {
+    "bert": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
+    "roberta": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
+}
+
+
+def backbone_spec(model_type: str | None) -> BackboneSpec:
+    try:
+        return BACKBONES[model_type]
+    except KeyError:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported; flaxheads has backbones for {sorted(BACKBONES)}"
+        ) from None
+
+
+def backbone_config_from_hf(hf_config: dict[str, Any]) -> BackboneConfig:
+    """The backbone config for a Hugging Face `config.json` dict; ValueError for unknown model types."""
+    return backbone_spec(hf_config.get("model_type")).config_cls.from_hf_config(hf_config)
+
+
+def build_backbone(cfg: BackboneConfig, *, dtype, param_dtype, rngs: nnx.Rngs, add_pooling_layer: bool = False):
+    module_cls = backbone_spec(cfg.model_type).module_cls
+    return module_cls(cfg, dtype=dtype, param_dtype=param_dtype, add_pooling_layer=add_pooling_layer, rngs=rngs)
+
+
+__all__ = [
+    "BACKBONES",
+    "BackboneConfig",
+    "BackboneOutput",
+    "Encoder",
+    "EncoderConfig",
+    "backbone_config_from_hf",
+    "backbone_spec",
+    "build_backbone",
+]

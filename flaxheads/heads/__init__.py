@@ -1,0 +1,45 @@
+"""Sequence-classification heads. Any head sits on any backbone; names are public API.
+
+| name           | computation                                                        | reference                      |
+|----------------|--------------------------------------------------------------------|--------------------------------|
+| `pooler`       | tanh(dense(first token)) -> dropout -> linear                      | `BertForSequenceClassification` |
+| `roberta`      | first token -> dropout -> dense -> tanh -> dropout -> out_proj     | `RobertaClassificationHead`    |
+| `cls`          | first token -> dropout -> linear                                   | BERT paper                     |
+| `mean`         | mean over real tokens (attention mask) -> dropout -> linear        |                                |
+| `concat_last4` | first token of the last 4 layers, concatenated -> dropout -> linear |                                |
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from flaxheads.heads import pooling
+from flaxheads.heads.base import HeadConfig, HeadInputs
+from flaxheads.heads.classifiers import LinearHead, PoolerHead, RobertaHead
+
+HEAD_NAMES = ("pooler", "roberta", "cls", "mean", "concat_last4")
+
+
+def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
+    """The head called `cfg.name`; ValueError listing the known names otherwise."""
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    d = cfg.hidden_size
+    if cfg.name == "pooler":
+        return PoolerHead(cfg, **kw)
+    if cfg.name == "roberta":
+        return RobertaHead(cfg, **kw)
+    if cfg.name == "cls":
+        return LinearHead(cfg, pooling.first_token, d, **kw)
+    if cfg.name == "mean":
+        return LinearHead(cfg, pooling.masked_mean, d, **kw)
+    if cfg.name == "concat_last4":
+        if cfg.num_hidden_layers < 4:
+            raise ValueError(
+                f'head "concat_last4" needs at least 4 layers; the backbone has '
+                f"{cfg.num_hidden_layers}: choose another head, e.g. head=\"cls\""
+            )
+        return LinearHead(cfg, pooling.concat_last4_first_token, 4 * d, **kw)
+    raise ValueError(f"unknown head {cfg.name!r}; choose one of {HEAD_NAMES}")
+
+
+__all__ = ["HEAD_NAMES", "HeadConfig", "HeadInputs", "build_head"]

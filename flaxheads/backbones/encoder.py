@@ -1,0 +1,205 @@
+"""The BERT/RoBERTa encoder: one Flax NNX module, the two families told apart by config switches."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxheads.backbones import layers
+from flaxheads.backbones.interface import BackboneOutput
+
+_ENCODER_FAMILIES = ("bert", "roberta")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """Architecture of a BERT-style encoder, with the same field names as Hugging Face's config."""
+
+    model_type: str = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int | None = 0
+    classifier_dropout: float | None = None
+    position_ids_from_padding: bool = False
+    """RoBERTa: position ids count non-pad tokens from `pad_token_id + 1` (fairseq's layout);
+    BERT: positions are 0..T-1 whatever the padding."""
+
+    def __post_init__(self):
+        if self.model_type not in _ENCODER_FAMILIES:
+            raise ValueError(f"EncoderConfig serves {_ENCODER_FAMILIES}, not {self.model_type!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not a multiple of "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.position_ids_from_padding and self.pad_token_id is None:
+            raise ValueError("position_ids_from_padding needs pad_token_id")
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any]) -> "EncoderConfig":
+        """Reads a Hugging Face `config.json` dict of model_type bert or roberta."""
+        kind = hf.get("position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise NotImplementedError(
+                f"position_embedding_type={kind!r} is not supported; flaxheads encoders use "
+                "absolute position embeddings only"
+            )
+        for flag in ("is_decoder", "add_cross_attention"):
+            if hf.get(flag):
+                raise NotImplementedError(f"{flag}=True: flaxheads encoders are bidirectional only")
+        fields = {f.name for f in dataclasses.fields(cls)} - {"position_ids_from_padding"}
+        known = {k: v for k, v in hf.items() if k in fields}
+        return cls(**known, position_ids_from_padding=hf["model_type"] == "roberta")
+
+    def to_hf_config(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        del out["position_ids_from_padding"]
+        out["position_embedding_type"] = "absolute"
+        return out
+
+    @property
+    def default_classifier_dropout(self) -> float:
+        """Hugging Face's rule: classifier_dropout if set, else hidden_dropout_prob."""
+        return self.hidden_dropout_prob if self.classifier_dropout is None else self.classifier_dropout
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+class Embeddings(nnx.Module):
+    def __init__(self, cfg: EncoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        kw = dict(init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.cfg = cfg
+        self.word_embeddings = layers.embed(cfg.vocab_size, cfg.hidden_size, **kw)
+        self.position_embeddings = layers.embed(cfg.max_position_embeddings, cfg.hidden_size, **kw)
+        self.token_type_embeddings = layers.embed(cfg.type_vocab_size, cfg.hidden_size, **kw)
+        self.layer_norm = layers.layer_norm(
+            cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def default_position_ids(self, input_ids_BT: jax.Array) -> jax.Array:
+        if self.cfg.position_ids_from_padding:
+            # fairseq/RoBERTa: pads keep position pad_token_id, real tokens count from pad_token_id+1.
+            is_real = (input_ids_BT != self.cfg.pad_token_id).astype(jnp.int32)
+            return jnp.cumsum(is_real, axis=1) * is_real + self.cfg.pad_token_id
+        return jnp.broadcast_to(jnp.arange(input_ids_BT.shape[1]), input_ids_BT.shape)
+
+    def __call__(self, input_ids_BT, token_type_ids_BT, position_ids_BT, rngs) -> jax.Array:
+        if position_ids_BT is None:
+            position_ids_BT = self.default_position_ids(input_ids_BT)
+        if token_type_ids_BT is None:
+            token_type_ids_BT = jnp.zeros_like(input_ids_BT)
+        x = (
+            self.word_embeddings(input_ids_BT)
+            + self.token_type_embeddings(token_type_ids_BT)
+            + self.position_embeddings(position_ids_BT)
+        )
+        return layers.dropout(self.layer_norm(x), self.cfg.hidden_dropout_prob, rngs)
+
+
+class SelfAttention(nnx.Module):
+    def __init__(self, cfg: EncoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = cfg.hidden_size
+        kw = dict(init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.query = layers.dense(d, d, **kw)
+        self.key = layers.dense(d, d, **kw)
+        self.value = layers.dense(d, d, **kw)
+        self.output = layers.dense(d, d, **kw)
+
+    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs) -> jax.Array:
+        b, t, _ = x_BTD.shape
+        heads = (b, t, self.cfg.num_attention_heads, self.cfg.head_dim)  # hidden splits as (heads, head_dim)
+        context_BTNH = layers.attend(
+            self.query(x_BTD).reshape(heads),
+            self.key(x_BTD).reshape(heads),
+            self.value(x_BTD).reshape(heads),
+            mask_BT,
+            dropout_rate=self.cfg.attention_probs_dropout_prob,
+            rngs=rngs,
+        )
+        return self.output(context_BTNH.reshape(b, t, -1))
+
+
+class EncoderLayer(nnx.Module):
+    """Post-LayerNorm transformer block (BERT): x = LN(x + attn(x)); x = LN(x + mlp(x))."""
+
+    def __init__(self, cfg: EncoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        kw = dict(init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        norm = dict(eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.attention = SelfAttention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.attention_norm = layers.layer_norm(cfg.hidden_size, **norm)
+        self.intermediate = layers.dense(cfg.hidden_size, cfg.intermediate_size, **kw)
+        self.output = layers.dense(cfg.intermediate_size, cfg.hidden_size, **kw)
+        self.output_norm = layers.layer_norm(cfg.hidden_size, **norm)
+        self.act = layers.activation(cfg.hidden_act)
+
+    def __call__(self, x_BTD, mask_BT, rngs) -> jax.Array:
+        p = self.cfg.hidden_dropout_prob
+        attn = layers.dropout(self.attention(x_BTD, mask_BT, rngs), p, rngs)
+        x_BTD = self.attention_norm(x_BTD + attn)
+        mlp = layers.dropout(self.output(self.act(self.intermediate(x_BTD))), p, rngs)
+        return self.output_norm(x_BTD + mlp)
+
+
+class Encoder(nnx.Module):
+    """BERT or RoBERTa (`transformers.BertModel` / `RobertaModel`) in Flax NNX.
+
+    `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype.
+    `add_pooling_layer` gives the standalone backbone BERT's pooler; classifiers built by
+    flaxheads keep the pooler in the "pooler" head instead, so heads stay backbone-agnostic.
+    """
+
+    def __init__(
+        self,
+        cfg: EncoderConfig,
+        *,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        add_pooling_layer: bool = False,
+        rngs: nnx.Rngs,
+    ):
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.layers = nnx.List(
+            [EncoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)]
+        )
+        self.pooler = (
+            layers.Pooler(cfg.hidden_size, init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            if add_pooling_layer
+            else None
+        )
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        token_type_ids: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+        *,
+        rngs: nnx.Rngs | None = None,
+    ) -> BackboneOutput:
+        """input_ids, attention_mask (1 = real token), token_type_ids, position_ids: (batch, seq) ints."""
+        x_BTD = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
+        hidden_states = [x_BTD]
+        for layer in self.layers:
+            x_BTD = layer(x_BTD, attention_mask, rngs)
+            hidden_states.append(x_BTD)
+        pooled = None if self.pooler is None else self.pooler(x_BTD)
+        return BackboneOutput(x_BTD, tuple(hidden_states), pooled)

@@ -1,0 +1,32 @@
+"""What every backbone returns, and what every backbone config exposes to heads."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import jax
+
+
+class BackboneOutput(NamedTuple):
+    last_hidden_state: jax.Array
+    """(batch, seq, hidden) output of the last layer."""
+    hidden_states: tuple[jax.Array, ...]
+    """num_hidden_layers + 1 arrays: the embeddings' output, then every layer's."""
+    pooler_output: jax.Array | None = None
+    """(batch, hidden) tanh(dense(first token)) when the backbone was built with a pooler."""
+
+
+class BackboneConfig(Protocol):
+    """The fields a head may read from any backbone's config."""
+
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    initializer_range: float
+    pad_token_id: int | None
+    classifier_dropout: float | None
+
+    @property
+    def default_classifier_dropout(self) -> float: ...
+
+    def to_hf_config(self) -> dict: ...

@@ -1,0 +1,140 @@
+"""Building blocks shared by every backbone: dense/LayerNorm factories, activations, attention.
+
+Dropout in flaxheads is active exactly when the caller passes ``rngs`` (an ``nnx.Rngs`` with a
+``dropout`` stream); without it every module is deterministic. There is no train/eval mode flag
+to forget: inference code simply does not pass ``rngs``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Hugging Face `hidden_act` names -> functions with the same numerics as transformers.activations.
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_python": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "tanh": jnp.tanh,
+    "linear": lambda x: x,
+}
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+    """The activation Hugging Face calls `name`; ValueError listing the supported ones otherwise."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unsupported activation {name!r}; flaxheads supports {sorted(ACTIVATIONS)}"
+        ) from None
+
+
+def dense(
+    in_features: int,
+    out_features: int,
+    *,
+    init_std: float,
+    dtype,
+    param_dtype,
+    rngs: nnx.Rngs,
+    use_bias: bool = True,
+) -> nnx.Linear:
+    """A Linear layer initialised like Hugging Face's: kernel ~ normal(init_std), bias zeros."""
+    return nnx.Linear(
+        in_features,
+        out_features,
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=nnx.initializers.normal(init_std),
+        bias_init=nnx.initializers.zeros,
+        rngs=rngs,
+    )
+
+
+def layer_norm(features: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """LayerNorm with torch's numerics: variance as mean((x - mean)^2), not E[x^2] - E[x]^2."""
+    return nnx.LayerNorm(
+        features,
+        epsilon=eps,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        use_fast_variance=False,
+        rngs=rngs,
+    )
+
+
+def embed(num_embeddings: int, features: int, *, init_std: float, dtype, param_dtype, rngs) -> nnx.Embed:
+    return nnx.Embed(
+        num_embeddings,
+        features,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        embedding_init=nnx.initializers.normal(init_std),
+        rngs=rngs,
+    )
+
+
+def dropout(x: jax.Array, rate: float, rngs: nnx.Rngs | None) -> jax.Array:
+    """Inverted dropout, active only when `rngs` is given (training)."""
+    if rngs is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def attend(
+    query_BTNH: jax.Array,
+    key_BSNH: jax.Array,
+    value_BSNH: jax.Array,
+    mask_BS: jax.Array | None,
+    *,
+    is_causal: bool = False,
+    dropout_rate: float = 0.0,
+    rngs: nnx.Rngs | None = None,
+) -> jax.Array:
+    """Scaled dot-product attention over a (batch, key) padding mask; returns BTNH.
+
+    Inference and dropout-free training go through `jax.nn.dot_product_attention`, which GPUs
+    run as a fused kernel. Attention-probability dropout (as BERT trains with) has no fused
+    form there, so with `rngs` and a non-zero rate the probabilities are materialised.
+    """
+    mask_B11S = None if mask_BS is None else mask_BS[:, None, None, :].astype(bool)
+    if rngs is None or dropout_rate == 0.0:
+        return jax.nn.dot_product_attention(
+            query_BTNH, key_BSNH, value_BSNH, mask=mask_B11S, is_causal=is_causal
+        )
+    scale = 1.0 / math.sqrt(query_BTNH.shape[-1])
+    logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", query_BTNH, key_BSNH) * scale
+    if is_causal:
+        t, s = logits_BNTS.shape[-2:]
+        causal_TS = jnp.tril(jnp.ones((t, s), bool))
+        mask_B11S = causal_TS if mask_B11S is None else mask_B11S & causal_TS
+    if mask_B11S is not None:
+        logits_BNTS = jnp.where(mask_B11S, logits_BNTS, jnp.finfo(logits_BNTS.dtype).min)
+    probs_BNTS = jax.nn.softmax(logits_BNTS.astype(jnp.float32), axis=-1).astype(value_BSNH.dtype)
+    probs_BNTS = dropout(probs_BNTS, dropout_rate, rngs)
+    return jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, value_BSNH)
+
+
+class Pooler(nnx.Module):
+    """BERT's pooler: tanh(dense(hidden state of the first token))."""
+
+    def __init__(self, hidden_size: int, *, init_std: float, dtype, param_dtype, rngs: nnx.Rngs):
+        self.dense = dense(
+            hidden_size, hidden_size, init_std=init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def __call__(self, hidden_BTD: jax.Array) -> jax.Array:
+        return jnp.tanh(self.dense(hidden_BTD[:, 0]))

@@ -1,0 +1,51 @@
+"""Conversion tables for BERT and RoBERTa (one encoder, two naming schemes for the heads)."""
+
+from __future__ import annotations
+
+from flaxheads.conversion.table import ArchitectureTable, embedding, layer_norm, linear
+
+_LAYER = "{base}encoder.layer.{i}"
+
+ENCODER_BACKBONE = (
+    *embedding("{base}embeddings.word_embeddings", "embeddings.word_embeddings"),
+    *embedding("{base}embeddings.position_embeddings", "embeddings.position_embeddings"),
+    *embedding("{base}embeddings.token_type_embeddings", "embeddings.token_type_embeddings"),
+    *layer_norm("{base}embeddings.LayerNorm", "embeddings.layer_norm"),
+    *linear(f"{_LAYER}.attention.self.query", "layers.{i}.attention.query"),
+    *linear(f"{_LAYER}.attention.self.key", "layers.{i}.attention.key"),
+    *linear(f"{_LAYER}.attention.self.value", "layers.{i}.attention.value"),
+    *linear(f"{_LAYER}.attention.output.dense", "layers.{i}.attention.output"),
+    *layer_norm(f"{_LAYER}.attention.output.LayerNorm", "layers.{i}.attention_norm"),
+    *linear(f"{_LAYER}.intermediate.dense", "layers.{i}.intermediate"),
+    *linear(f"{_LAYER}.output.dense", "layers.{i}.output"),
+    *layer_norm(f"{_LAYER}.output.LayerNorm", "layers.{i}.output_norm"),
+)
+
+# The pretrained pooler lives in the base model; the "pooler" head owns it in flaxheads.
+_POOLER = tuple(linear("{base}pooler.dense", "pooler.dense"))
+
+BERT = ArchitectureTable(
+    model_type="bert",
+    base_prefix="bert",
+    base_architecture="BertModel",
+    classification_architecture="BertForSequenceClassification",
+    canonical_head="pooler",
+    backbone=ENCODER_BACKBONE,
+    heads={"pooler": (*_POOLER, *linear("classifier", "classifier"))},
+    pooler=_POOLER,
+    nsp_classifier=tuple(linear("cls.seq_relationship", "classifier")),
+)
+
+ROBERTA = ArchitectureTable(
+    model_type="roberta",
+    base_prefix="roberta",
+    base_architecture="RobertaModel",
+    classification_architecture="RobertaForSequenceClassification",
+    canonical_head="roberta",
+    backbone=ENCODER_BACKBONE,
+    heads={
+        "roberta": (*linear("classifier.dense", "dense"), *linear("classifier.out_proj", "out_proj")),
+        "pooler": (*_POOLER, *linear("head.classifier", "classifier")),
+    },
+    pooler=_POOLER,
+)

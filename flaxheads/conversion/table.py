@@ -1,0 +1,164 @@
+"""Declarative Hugging Face <-> flaxheads parameter mapping, applied with a shape check on every tensor.
+
+A table is a list of `Rule`s: a Hugging Face name pattern, a flaxheads parameter path and a
+`Transform`. `{i}` in both stands for a layer index and `{base}` in the Hugging Face name for the
+base-model prefix (`"bert."`, or `""` for a bare `BertModel` checkpoint). Nothing is renamed by
+guessing: a tensor is converted only if a rule names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """How one tensor's layout differs between the two sides. Both directions are exact."""
+
+    name: str
+    to_flax: Callable[[np.ndarray], np.ndarray]
+    to_hf: Callable[[np.ndarray], np.ndarray]
+    hf_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+    """The Hugging Face shape that corresponds to a flaxheads shape."""
+
+
+IDENTITY = Transform("identity", lambda a: a, lambda a: a, lambda s: s)
+# torch.nn.Linear stores (out, in); Flax kernels are (in, out).
+LINEAR = Transform("transpose", lambda a: np.ascontiguousarray(a.T), lambda a: np.ascontiguousarray(a.T), lambda s: s[::-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    hf: str
+    flax: str
+    transform: Transform = IDENTITY
+
+
+def linear(hf: str, flax: str) -> list[Rule]:
+    """A torch `nn.Linear` at `hf` <-> a Flax `nnx.Linear` at `flax`."""
+    return [Rule(f"{hf}.weight", f"{flax}.kernel", LINEAR), Rule(f"{hf}.bias", f"{flax}.bias")]
+
+
+def layer_norm(hf: str, flax: str) -> list[Rule]:
+    return [Rule(f"{hf}.weight", f"{flax}.scale"), Rule(f"{hf}.bias", f"{flax}.bias")]
+
+
+def embedding(hf: str, flax: str) -> list[Rule]:
+    return [Rule(f"{hf}.weight", f"{flax}.embedding")]
+
+
+def expand(rules: Iterable[Rule], *, num_layers: int, base: str) -> list[Rule]:
+    """Concrete rules: `{i}` repeated for every layer, `{base}` filled in."""
+    out = []
+    for rule in rules:
+        indices = range(num_layers) if "{i}" in rule.hf else [None]
+        for i in indices:
+            out.append(
+                Rule(rule.hf.format(i=i, base=base), rule.flax.format(i=i), rule.transform)
+            )
+    return out
+
+
+class ShapeMismatch(ValueError):
+    """A checkpoint tensor whose shape does not fit the model built from the config."""
+
+    def __init__(self, hf_name: str, got: tuple, expected: tuple, hint: str = ""):
+        self.hf_name, self.got, self.expected = hf_name, tuple(got), tuple(expected)
+        super().__init__(
+            f"{hf_name}: checkpoint has shape {self.got}, the model built from config.json expects "
+            f"{self.expected}" + (f"; {hint}" if hint else "")
+        )
+
+    def with_hint(self, hint: str) -> "ShapeMismatch":
+        return ShapeMismatch(self.hf_name, self.got, self.expected, hint)
+
+
+def hf_to_flax(
+    read: Callable[[str], np.ndarray],
+    hf_names: Iterable[str],
+    rules: Iterable[Rule],
+    flax_shapes: Mapping[str, tuple[int, ...]],
+) -> tuple[dict[str, np.ndarray], list[Rule], list[ShapeMismatch]]:
+    """Converts every tensor a rule names. Returns (flax arrays, rules with no tensor, mismatches).
+
+    `read(name)` loads one tensor, so only the tensors that are used are ever read.
+    """
+    available = set(hf_names)
+    arrays, absent, mismatched = {}, [], []
+    for rule in rules:
+        if rule.hf not in available:
+            absent.append(rule)
+            continue
+        expected = flax_shapes[rule.flax]
+        tensor = read(rule.hf)
+        if tuple(tensor.shape) != rule.transform.hf_shape(expected):
+            mismatched.append(ShapeMismatch(rule.hf, tensor.shape, rule.transform.hf_shape(expected)))
+            continue
+        arrays[rule.flax] = rule.transform.to_flax(tensor)
+    return arrays, absent, mismatched
+
+
+def flax_to_hf(flax_arrays: Mapping[str, np.ndarray], rules: Iterable[Rule]) -> dict[str, np.ndarray]:
+    """Hugging Face tensors for every rule; each flaxheads parameter must be named by exactly one rule."""
+    rules = list(rules)
+    covered = {r.flax for r in rules}
+    if covered != set(flax_arrays):
+        stray = sorted(set(flax_arrays) - covered)
+        absent = sorted(covered - set(flax_arrays))
+        raise ValueError(
+            "conversion table and model disagree: "
+            f"parameters with no rule {stray[:5]}, rules with no parameter {absent[:5]}"
+        )
+    out = {}
+    for rule in rules:
+        array = rule.transform.to_hf(np.asarray(flax_arrays[rule.flax]))
+        expected = rule.transform.hf_shape(tuple(flax_arrays[rule.flax].shape))
+        if tuple(array.shape) != expected:  # a transform bug, never user input
+            raise ShapeMismatch(rule.hf, array.shape, expected)
+        out[rule.hf] = array
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchitectureTable:
+    """Everything conversion needs to know about one Hugging Face architecture.
+
+    Flax paths in `backbone` are relative to the model's `backbone`, those in `heads` to its
+    `head`. A head with no entry in `heads` is stored in flaxheads' own layout (`head_layout`).
+    """
+
+    model_type: str
+    base_prefix: str
+    """Attribute holding the base model in `*ForSequenceClassification` (`"bert"` -> `"bert."` keys)."""
+    base_architecture: str
+    classification_architecture: str
+    canonical_head: str
+    """The head transformers' `*ForSequenceClassification` uses; the default when loading."""
+    backbone: tuple[Rule, ...]
+    heads: Mapping[str, tuple[Rule, ...]]
+    pooler: tuple[Rule, ...] = ()
+    """The base model's own pooler, for a standalone backbone (`load_backbone`)."""
+    nsp_classifier: tuple[Rule, ...] = ()
+    """Rules that fill a 2-label "pooler" head's classifier from a pretraining checkpoint's NSP head."""
+
+
+def head_layout(head_flax_paths: Iterable[str]) -> list[Rule]:
+    """flaxheads' own layout for heads transformers has no class for.
+
+    Every Linear at head path `P` is stored as `head.P.weight` (out, in) and `head.P.bias`,
+    i.e. in torch's layout under a `head.` prefix, so the file stays a valid PyTorch state dict
+    and a transformers `*Model` loads the backbone from it, ignoring the head.
+    """
+    rules = []
+    for path in sorted(head_flax_paths):
+        module, leaf = path.rsplit(".", 1)
+        if leaf == "kernel":
+            rules.append(Rule(f"head.{module}.weight", path, LINEAR))
+        elif leaf == "bias":
+            rules.append(Rule(f"head.{module}.bias", path))
+        else:
+            raise ValueError(f"flaxheads head layout has no rule for parameter {path!r}")
+    return rules

@@ -1,0 +1,37 @@
+"""The interface every classification head implements, and what it is built from."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+
+
+class HeadInputs(NamedTuple):
+    """What a head may look at. Heads never see the backbone itself."""
+
+    hidden_states: tuple[jax.Array, ...]
+    """Every layer's (batch, seq, hidden) output, embeddings first; [-1] is the last layer."""
+    attention_mask: jax.Array
+    """(batch, seq), 1 for real tokens, 0 for padding."""
+    input_ids: jax.Array
+    """(batch, seq) token ids (the GPT-2 head finds the last non-pad token from them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadConfig:
+    """Everything a head needs to know about its backbone, read from the backbone's config."""
+
+    name: str
+    hidden_size: int
+    num_labels: int
+    dropout_rate: float
+    init_std: float
+    num_hidden_layers: int
+    pad_token_id: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+    """Head-specific settings (e.g. the XLNet summary's), as sorted (key, value) pairs."""
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)

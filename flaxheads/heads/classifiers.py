@@ -1,0 +1,66 @@
+"""The encoder-family heads: BERT's pooler head, RoBERTa's head, and pooled-feature linear heads."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxheads.backbones import layers
+from flaxheads.heads import pooling
+from flaxheads.heads.base import HeadConfig, HeadInputs
+
+
+class PoolerHead(nnx.Module):
+    """`BertForSequenceClassification`: pooler (dense + tanh on the first token) -> dropout -> classifier."""
+
+    def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.pooler = layers.Pooler(cfg.hidden_size, **kw)
+        self.classifier = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
+
+    def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
+        pooled = self.pooler(inputs.hidden_states[-1])
+        return self.classifier(layers.dropout(pooled, self.cfg.dropout_rate, rngs))
+
+
+class RobertaHead(nnx.Module):
+    """`RobertaClassificationHead`: first token -> dropout -> dense -> tanh -> dropout -> out_proj."""
+
+    def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.dense = layers.dense(cfg.hidden_size, cfg.hidden_size, **kw)
+        self.out_proj = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
+
+    def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
+        p = self.cfg.dropout_rate
+        x = layers.dropout(pooling.first_token(inputs), p, rngs)
+        x = jnp.tanh(self.dense(x))
+        return self.out_proj(layers.dropout(x, p, rngs))
+
+
+class LinearHead(nnx.Module):
+    """pool(hidden states) -> dropout -> classifier, for a pooling function of `heads.pooling`."""
+
+    def __init__(
+        self,
+        cfg: HeadConfig,
+        pool: Callable[[HeadInputs], jax.Array],
+        features: int,
+        *,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
+        self.cfg = cfg
+        self.pool = pool
+        self.classifier = layers.dense(
+            features, cfg.num_labels, init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
+        return self.classifier(layers.dropout(self.pool(inputs), self.cfg.dropout_rate, rngs))

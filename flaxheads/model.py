@@ -1,0 +1,155 @@
+"""A backbone and a head: the sequence classifier users load, train, call and save."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxheads import problem
+from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone
+from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs, build_head
+
+FLAXHEADS_CONFIG_KEY = "flaxheads"
+"""config.json section recording what transformers' config cannot: the head."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierConfig:
+    backbone: BackboneConfig
+    head: str
+    num_labels: int = 2
+    problem_type: str | None = None
+    """None: inferred from the labels on first use, as transformers does."""
+    id2label: tuple[str, ...] | None = None
+    """Label names by class id; None means LABEL_0, LABEL_1, ..."""
+    classifier_dropout: float | None = None
+    """Dropout before the classifier; None: the backbone's own default (as transformers)."""
+    head_options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self):
+        if self.head not in HEAD_NAMES:
+            raise ValueError(f"unknown head {self.head!r}; choose one of {HEAD_NAMES}")
+        if self.num_labels < 1:
+            raise ValueError(f"num_labels must be >= 1, got {self.num_labels}")
+        problem.check_problem_type(self.problem_type, self.num_labels)
+        if self.id2label is not None and len(self.id2label) != self.num_labels:
+            raise ValueError(
+                f"id2label has {len(self.id2label)} names but num_labels={self.num_labels}; "
+                "give one name per label"
+            )
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return self.id2label or tuple(f"LABEL_{i}" for i in range(self.num_labels))
+
+    def head_config(self) -> HeadConfig:
+        b = self.backbone
+        dropout = b.default_classifier_dropout if self.classifier_dropout is None else self.classifier_dropout
+        return HeadConfig(
+            name=self.head,
+            hidden_size=b.hidden_size,
+            num_labels=self.num_labels,
+            dropout_rate=dropout,
+            init_std=b.initializer_range,
+            num_hidden_layers=b.num_hidden_layers,
+            pad_token_id=b.pad_token_id,
+            options=self.head_options,
+        )
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        hf: dict[str, Any],
+        *,
+        default_head: str,
+        head: str | None = None,
+        num_labels: int | None = None,
+        problem_type: str | None = None,
+        id2label: list[str] | None = None,
+        classifier_dropout: float | None = None,
+    ) -> "ClassifierConfig":
+        """Reads a Hugging Face config.json dict; keyword arguments override what it says."""
+        saved = hf.get(FLAXHEADS_CONFIG_KEY, {})
+        saved_names = _id2label_from_hf(hf)
+        if num_labels is None:
+            num_labels = len(id2label) if id2label else len(saved_names) if saved_names else hf.get("num_labels", 2)
+        if id2label is None and saved_names is not None and len(saved_names) == num_labels:
+            id2label = saved_names
+        return cls(
+            backbone=backbone_config_from_hf(hf),
+            head=head or saved.get("head") or default_head,
+            num_labels=num_labels,
+            problem_type=problem_type if problem_type is not None else hf.get("problem_type"),
+            id2label=tuple(id2label) if id2label else None,
+            classifier_dropout=classifier_dropout,
+            head_options=tuple(sorted(saved.get("head_options", {}).items())),
+        )
+
+    def to_hf_config(self, architecture: str) -> dict[str, Any]:
+        hf = self.backbone.to_hf_config()
+        hf.update(
+            architectures=[architecture],
+            num_labels=self.num_labels,
+            id2label={str(i): name for i, name in enumerate(self.label_names)},
+            label2id={name: i for i, name in enumerate(self.label_names)},
+            problem_type=self.problem_type,
+            classifier_dropout=self.classifier_dropout,
+        )
+        hf[FLAXHEADS_CONFIG_KEY] = {"head": self.head, "head_options": dict(self.head_options)}
+        return hf
+
+
+def _id2label_from_hf(hf: dict[str, Any]) -> list[str] | None:
+    raw = hf.get("id2label")
+    if not raw:
+        return None
+    return [raw[str(i)] if str(i) in raw else raw[i] for i in range(len(raw))]
+
+
+class SequenceClassifier(nnx.Module):
+    """backbone -> head -> logits. Dropout is active only when `rngs` is passed (training).
+
+    `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype; logits are
+    returned as float32 whatever the compute dtype.
+    """
+
+    def __init__(self, config: ClassifierConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.config = config
+        self.backbone = build_backbone(config.backbone, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.head = build_head(config.head_config(), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        token_type_ids: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+        *,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
+        """(batch, seq) int inputs -> (batch, num_labels) float32 logits."""
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        out = self.backbone(input_ids, attention_mask, token_type_ids, position_ids, rngs=rngs)
+        logits = self.head(HeadInputs(out.hidden_states, attention_mask, input_ids), rngs)
+        return logits.astype(jnp.float32)
+
+    def loss(self, logits: jax.Array, labels: jax.Array, example_mask: jax.Array | None = None) -> jax.Array:
+        """The loss for this model's problem type (inferred from the labels when unset)."""
+        return problem.loss(
+            logits,
+            labels,
+            problem_type=self.config.problem_type,
+            num_labels=self.config.num_labels,
+            example_mask=example_mask,
+        )
+
+    def save_pretrained(self, path, *, format: str = "pytorch") -> None:
+        """Writes a Hugging Face directory (`format="pytorch"`) or flaxheads' native one (`"flax"`)."""
+        from flaxheads.pretrained import save_pretrained
+
+        save_pretrained(self, path, format=format)

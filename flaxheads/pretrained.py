@@ -1,0 +1,237 @@
+"""`from_pretrained`, `load_backbone` and `save_pretrained`: checkpoints in, checkpoints out."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Callable
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from flaxheads import conversion
+from flaxheads.backbones import backbone_config_from_hf, build_backbone
+from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion.checkpoint_io import CheckpointError
+from flaxheads.conversion.loading_info import LoadingInfo
+from flaxheads.conversion.table import Rule, ShapeMismatch, flax_to_hf, hf_to_flax
+from flaxheads.model import ClassifierConfig, SequenceClassifier
+
+FORMATS = ("pytorch", "flax")
+
+
+def _dtype(name):
+    return jnp.dtype(name or "float32")
+
+
+def _checkpoint_dtype(reader: checkpoint_io.TensorReader, rules: list[Rule]):
+    """The dtype the checkpoint stores its backbone in (for `param_dtype="auto"`)."""
+    present = [r.hf for r in rules if r.hf in set(reader.names)]
+    return jnp.dtype(reader.dtype_of(present[0])) if present else jnp.dtype("float32")
+
+
+def _flat_variables(module: nnx.Module) -> dict[str, tuple[tuple, nnx.Variable]]:
+    """'backbone.layers.0.attention.query.kernel' -> (nnx path, variable), for every parameter."""
+    _, state = nnx.split(module)
+    return {".".join(map(str, path)): (path, var) for path, var in nnx.to_flat_state(state)}
+
+
+def _base(table: conversion.ArchitectureTable, names: list[str]) -> str:
+    """`"bert."` for checkpoints of a model with a head, `""` for a bare `BertModel`."""
+    prefix = f"{table.base_prefix}."
+    return prefix if any(name.startswith(prefix) for name in names) else ""
+
+
+def _load(
+    make: Callable[[], nnx.Module],
+    reader: checkpoint_io.TensorReader,
+    required: list[Rule],
+    optional: list[Rule],
+    *,
+    param_dtype,
+    ignore_mismatched_sizes: bool,
+    describe: str,
+) -> tuple[nnx.Module, LoadingInfo]:
+    """Builds `make()` with the checkpoint's tensors. `required` rules (the backbone) must all be
+    satisfied; `optional` ones (the head) may be newly initialised, and are then reported so."""
+    abstract = nnx.eval_shape(make)
+    variables = _flat_variables(abstract)
+    shapes = {key: var.shape for key, (_, var) in variables.items()}
+    arrays, absent, mismatched = hf_to_flax(reader.read, reader.names, required + optional, shapes)
+    required_names = {r.hf for r in required}
+    _raise_for_backbone_problems(reader, describe, [r for r in absent if r.hf in required_names],
+                                 [m for m in mismatched if m.hf_name in required_names])
+    if mismatched and not ignore_mismatched_sizes:
+        raise mismatched[0].with_hint(
+            "a head of another size: pass the checkpoint's num_labels, or ignore_mismatched_sizes=True "
+            "to start a new head"
+        )
+    if absent or mismatched:
+        module = make()  # random init is needed for the new parameters only; the rest is replaced
+        nnx.update(module, nnx.from_flat_state(
+            [(variables[k][0], variables[k][1].replace(jnp.asarray(a, param_dtype))) for k, a in arrays.items()]
+        ))
+    else:
+        graphdef, _ = nnx.split(abstract)
+        module = nnx.merge(graphdef, nnx.from_flat_state(
+            [(path, var.replace(jnp.asarray(arrays[k], param_dtype))) for k, (path, var) in variables.items()]
+        ))
+    used = {r.hf for r in required + optional if r.flax in arrays}
+    info = LoadingInfo(
+        source=reader.source,
+        head=describe,
+        loaded=sorted(used),
+        newly_initialized=sorted(r.hf for r in absent),
+        unused=sorted(set(reader.names) - used),
+        mismatched=[(m.hf_name, m.got, m.expected) for m in mismatched],
+    )
+    return module, info
+
+
+def _raise_for_backbone_problems(reader, describe, absent: list[Rule], mismatched: list[ShapeMismatch]) -> None:
+    if mismatched:
+        m = mismatched[0]
+        raise m.with_hint("config.json and the weights describe different models; re-export the checkpoint")
+    if absent:
+        names = [r.hf for r in absent]
+        raise CheckpointError(
+            f"{reader.source} lacks {len(names)} backbone tensor(s) that config.json implies, e.g. "
+            f"{names[:3]}. The file is incomplete or belongs to a different architecture; flaxheads never "
+            "fills a backbone with random weights"
+        )
+
+
+def from_pretrained(
+    path: str | os.PathLike,
+    *,
+    num_labels: int | None = None,
+    head: str | None = None,
+    problem_type: str | None = None,
+    dtype=None,
+    param_dtype=None,
+    id2label: list[str] | None = None,
+    classifier_dropout: float | None = None,
+    seed: int = 0,
+    ignore_mismatched_sizes: bool = False,
+    init_classifier_from_nsp: bool = False,
+    output_loading_info: bool = False,
+):
+    """A `SequenceClassifier` from a Hugging Face (or flaxheads) checkpoint directory.
+
+    `head` defaults to the checkpoint's own (the one transformers' `*ForSequenceClassification`
+    uses, or the head a flaxheads export recorded). New parameters (usually the classifier) are
+    initialised from `seed` as transformers does and listed in the loading info. `param_dtype`
+    defaults to float32; "auto" keeps the checkpoint's dtype (exact conversion). Returns the
+    model, or `(model, LoadingInfo)` with `output_loading_info=True`.
+
+    Raises ValueError (CheckpointError, ShapeMismatch) naming the key or setting at fault.
+    """
+    hf_config = checkpoint_io.read_config(path)
+    table = conversion.architecture_table(hf_config.get("model_type"))
+    config = ClassifierConfig.from_hf_config(
+        hf_config,
+        default_head=table.canonical_head,
+        head=head,
+        num_labels=num_labels,
+        problem_type=problem_type,
+        id2label=id2label,
+        classifier_dropout=classifier_dropout,
+    )
+    def make(param_dtype=jnp.float32):
+        return SequenceClassifier(config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=nnx.Rngs(seed))
+
+    param_paths = list(_flat_variables(nnx.eval_shape(make)))
+    head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
+    if (Path(path) / checkpoint_io.FLAX_NAME).is_file():
+        reader = checkpoint_io.open_weights(path, checkpoint_io.FLAX_NAME)
+        base = ""
+        backbone = [Rule(k, k) for k in param_paths if k.startswith("backbone.")]
+        head_rules = [Rule(f"head.{k}", f"head.{k}") for k in head_paths]
+    else:
+        reader = checkpoint_io.open_weights(path)
+        base = _base(table, reader.names)
+        backbone = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base)
+        head_rules = conversion.head_rules(table, config.head, head_paths, base)
+    param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
+    notes = []
+    if init_classifier_from_nsp:
+        head_rules = _nsp_rules(table, config, head_rules, reader, base)
+        notes.append(
+            "classifier initialised from the NSP head cls.seq_relationship: label 0 = B follows A, "
+            "label 1 = B is random"
+        )
+    model, info = _load(
+        functools.partial(make, param_dtype), reader, backbone, head_rules,
+        param_dtype=param_dtype, ignore_mismatched_sizes=ignore_mismatched_sizes, describe=config.head,
+    )
+    info.notes += notes
+    return (model, info) if output_loading_info else model
+
+
+def _nsp_rules(table, config: ClassifierConfig, head_rules: list[Rule], reader, base: str) -> list[Rule]:
+    if config.head != "pooler" or config.num_labels != 2 or not table.nsp_classifier:
+        raise ValueError(
+            "init_classifier_from_nsp=True needs head='pooler', num_labels=2 and a BERT checkpoint; got "
+            f"head={config.head!r}, num_labels={config.num_labels}, model_type={table.model_type!r}"
+        )
+    nsp = conversion.under("head", conversion.expand(table.nsp_classifier, num_layers=0, base=base))
+    missing = [r.hf for r in nsp if r.hf not in reader.names]
+    if missing:
+        raise CheckpointError(
+            f"init_classifier_from_nsp=True but {reader.source} has no {missing[0]}; only pretraining "
+            "checkpoints (BertForPreTraining, BertForNextSentencePrediction) carry the NSP head"
+        )
+    return [r for r in head_rules if not r.flax.startswith("head.classifier.")] + nsp
+
+
+def load_backbone(path: str | os.PathLike, *, dtype=None, param_dtype=None):
+    """(backbone, LoadingInfo) for a checkpoint's base model, with its pooler when it has one."""
+    hf_config = checkpoint_io.read_config(path)
+    table = conversion.architecture_table(hf_config.get("model_type"))
+    config = backbone_config_from_hf(hf_config)
+    reader = checkpoint_io.open_weights(path)
+    base = _base(table, reader.names)
+    pooler = conversion.expand(table.pooler, num_layers=0, base=base)
+    has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
+    rules = conversion.expand(table.backbone, num_layers=config.num_hidden_layers, base=base)
+    rules += pooler if has_pooler else []
+
+    def make():
+        return build_backbone(
+            config, dtype=_dtype(dtype), param_dtype=_dtype(param_dtype), rngs=nnx.Rngs(0), add_pooling_layer=has_pooler
+        )
+
+    return _load(make, reader, rules, [], param_dtype=_dtype(param_dtype), ignore_mismatched_sizes=False,
+                 describe="none (backbone only)")
+
+
+def save_pretrained(model: SequenceClassifier, path: str | os.PathLike, *, format: str = "pytorch") -> None:
+    """`"pytorch"`: a Hugging Face directory (`config.json` + `model.safetensors`) that transformers
+    loads; `"flax"`: the same config with `flaxheads_model.safetensors` keyed by flax paths."""
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r}; choose one of {FORMATS}")
+    path = Path(path)
+    other = checkpoint_io.FLAX_NAME if format == "pytorch" else checkpoint_io.SAFETENSORS_NAME
+    if (path / other).exists():
+        raise FileExistsError(
+            f"{path} already holds {other}; save each format into its own directory so neither is "
+            "mistaken for the other"
+        )
+    config: ClassifierConfig = model.config
+    table = conversion.architecture_table(config.backbone.model_type)
+    arrays = {key: np.asarray(var[...]) for key, (_, var) in _flat_variables(model).items()}
+    architecture = (
+        table.classification_architecture if conversion.is_canonical(table, config.head) else table.base_architecture
+    )
+    hf_config = config.to_hf_config(architecture)
+    hf_config["dtype"] = str(next(iter(arrays.values())).dtype)
+    if format == "flax":
+        checkpoint_io.write_checkpoint(path, hf_config, arrays, checkpoint_io.FLAX_NAME)
+        return
+    base = f"{table.base_prefix}."
+    head_paths = [k[len("head."):] for k in arrays if k.startswith("head.")]
+    rules = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base)
+    rules += conversion.head_rules(table, config.head, head_paths, base)
+    checkpoint_io.write_checkpoint(path, hf_config, flax_to_hf(arrays, rules))
