@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import dataclasses
+import json
+import typing
+
 from flaxheads.heads import HEAD_NAMES
+from flaxheads.training.config import TrainConfig
 
 
 def _convert(args) -> int:
@@ -22,6 +27,59 @@ def _inspect(args) -> int:
     from flaxheads.convert import describe
 
     print(describe(args.path, head=args.head, num_labels=args.num_labels))
+    return 0
+
+
+def _flag_type(field: dataclasses.Field):
+    hint = typing.get_type_hints(TrainConfig)[field.name]
+    for candidate in (bool, int, float, str):
+        if hint is candidate or candidate in typing.get_args(hint):
+            return candidate
+    raise TypeError(f"no flag type for {field.name}: {hint}")
+
+
+def _add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field, same name and default; booleans get --x / --no_x."""
+    for field in dataclasses.fields(TrainConfig):
+        kind = _flag_type(field)
+        doc = f"default: {field.default}"
+        if kind is bool:
+            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=field.default, help=doc)
+        else:
+            parser.add_argument(f"--{field.name}", type=kind, default=field.default, help=doc)
+
+
+def _train(args) -> int:
+    from flaxheads.training.trainer import train
+
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    results = train(config)
+    print(json.dumps({k: results[k] for k in ("validation", "test") if k in results}, indent=2))
+    print(f"exported to {config.output_dir} after {results['steps']} steps in {results['seconds']:.0f} s")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from flaxheads.training.trainer import evaluate, load_task
+
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    result = evaluate(args.model_name_or_path, load_task(config), args.split,
+                      max_seq_length=args.max_seq_length, batch_size=args.per_device_eval_batch_size)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _predict(args) -> int:
+    from flaxheads.training.trainer import predict
+
+    texts = list(args.texts)
+    if args.input_file:
+        with open(args.input_file, encoding="utf-8") as f:
+            texts += [line.rstrip("\n") for line in f if line.strip()]
+    if not texts:
+        raise ValueError("nothing to predict: give texts as arguments or --input_file (one text per line)")
+    for row in predict(args.model_name_or_path, texts, max_seq_length=args.max_seq_length):
+        print(json.dumps(row, ensure_ascii=False))
     return 0
 
 
@@ -42,6 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", choices=HEAD_NAMES)
     p.add_argument("--num_labels", type=int)
     p.set_defaults(run=_inspect)
+
+    p = sub.add_parser("train", help="fine-tune a classifier (no flags: MiniLM on movie_snippets)")
+    _add_train_flags(p)
+    p.set_defaults(run=_train)
+
+    p = sub.add_parser("evaluate", help="metrics of a saved classifier on a data split")
+    _add_train_flags(p)
+    p.add_argument("--split", default="test")
+    p.set_defaults(run=_evaluate)
+
+    p = sub.add_parser("predict", help="labels and probabilities for texts")
+    p.add_argument("texts", nargs="*")
+    p.add_argument("--model_name_or_path", required=True)
+    p.add_argument("--input_file", help="one text per line")
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.set_defaults(run=_predict)
     return parser
 
 
@@ -49,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError) as err:
+    except (ValueError, OSError, NotImplementedError, FloatingPointError, ModuleNotFoundError) as err:
         print(f"flaxheads {args.command}: error: {err}", file=sys.stderr)
         return 2
 

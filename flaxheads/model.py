@@ -97,7 +97,10 @@ class ClassifierConfig:
             id2label={str(i): name for i, name in enumerate(self.label_names)},
             label2id={name: i for i, name in enumerate(self.label_names)},
             problem_type=self.problem_type,
-            classifier_dropout=self.classifier_dropout,
+            # None means "the backbone's own"; writing None here would erase that value on export.
+            classifier_dropout=(
+                self.backbone.classifier_dropout if self.classifier_dropout is None else self.classifier_dropout
+            ),
         )
         hf[FLAXHEADS_CONFIG_KEY] = {"head": self.head, "head_options": dict(self.head_options)}
         return hf

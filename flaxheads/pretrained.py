@@ -191,11 +191,18 @@ def load_backbone(path: str | os.PathLike, *, dtype=None, param_dtype=None):
     hf_config = checkpoint_io.read_config(path)
     table = conversion.architecture_table(hf_config.get("model_type"))
     config = backbone_config_from_hf(hf_config)
-    reader = checkpoint_io.open_weights(path)
-    base = _base(table, reader.names)
-    pooler = conversion.expand(table.pooler, num_layers=0, base=base)
+    if (Path(path) / checkpoint_io.FLAX_NAME).is_file():
+        # flaxheads' own layout: the classifier's backbone, and the "pooler" head's pooler if any.
+        reader = checkpoint_io.open_weights(path, checkpoint_io.FLAX_NAME)
+        pooler = [Rule(f"head.{r.flax}", r.flax) for r in table.pooler]
+        rules = [Rule(f"backbone.{r.flax}", r.flax) for r in conversion.expand(
+            table.backbone, num_layers=config.num_hidden_layers, base="")]
+    else:
+        reader = checkpoint_io.open_weights(path)
+        base = _base(table, reader.names)
+        pooler = conversion.expand(table.pooler, num_layers=0, base=base)
+        rules = conversion.expand(table.backbone, num_layers=config.num_hidden_layers, base=base)
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
-    rules = conversion.expand(table.backbone, num_layers=config.num_hidden_layers, base=base)
     rules += pooler if has_pooler else []
 
     def make():

@@ -13,6 +13,9 @@ from flaxheads.backbones import layers
 from flaxheads.backbones.interface import BackboneOutput
 
 _ENCODER_FAMILIES = ("bert", "roberta")
+# transformers' RobertaConfig defaults where they differ from BertConfig's (the dataclass
+# defaults below): a config.json that leaves them out means these, not BERT's.
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {"roberta": {"pad_token_id": 1, "vocab_size": 50265}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +65,7 @@ class EncoderConfig:
             if hf.get(flag):
                 raise NotImplementedError(f"{flag}=True: flaxheads encoders are bidirectional only")
         fields = {f.name for f in dataclasses.fields(cls)} - {"position_ids_from_padding"}
-        known = {k: v for k, v in hf.items() if k in fields}
+        known = {**_FAMILY_DEFAULTS.get(hf["model_type"], {}), **{k: v for k, v in hf.items() if k in fields}}
         return cls(**known, position_ids_from_padding=hf["model_type"] == "roberta")
 
     def to_hf_config(self) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""Data pipeline: labelled text -> tokenised splits -> padded, bucketed numpy batches.
+
+    task = load_builtin("sms_spam", seed=0)            # or load_local_files(train_file=...)
+    tokenized = tokenize_task(task, tokenizer, max_seq_length=128)
+    batch_format = BatchFormat.for_task(task, tokenizer, max_seq_length=128)
+    train = TrainBatches(tokenized["train"], batch_format, global_batch_size=32, seed=0)
+    for batch in eval_batches(tokenized["validation"], batch_format, global_batch_size=64): ...
+"""
+
+from flaxheads.data.batching import (
+    BatchFormat,
+    DataPosition,
+    TrainBatches,
+    bucket_for,
+    bucket_lengths,
+    epoch_order,
+    eval_batches,
+    num_batches,
+)
+from flaxheads.data.builtin import (
+    BUILTIN_DATASETS,
+    load_builtin,
+    movie_snippets,
+    movie_snippets_regression,
+    sms_spam,
+    trec6,
+)
+from flaxheads.data.files import load_local_files, load_named_dataset
+from flaxheads.data.labels import encode_labels
+from flaxheads.data.splits import split_dataset
+from flaxheads.data.task import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TaskData
+from flaxheads.data.tokenization import tokenize_split, tokenize_task
+
+__all__ = [
+    "BUILTIN_DATASETS",
+    "BatchFormat",
+    "DataPosition",
+    "MULTI_LABEL",
+    "REGRESSION",
+    "SINGLE_LABEL",
+    "TaskData",
+    "TrainBatches",
+    "bucket_for",
+    "bucket_lengths",
+    "encode_labels",
+    "epoch_order",
+    "eval_batches",
+    "load_builtin",
+    "load_local_files",
+    "load_named_dataset",
+    "movie_snippets",
+    "movie_snippets_regression",
+    "num_batches",
+    "sms_spam",
+    "split_dataset",
+    "tokenize_split",
+    "tokenize_task",
+    "trec6",
+]

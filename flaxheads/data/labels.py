@@ -1,0 +1,248 @@
+"""Turning a `label` column of any common type into what a classifier head trains on.
+
+| label column holds        | default problem_type        | encoded label                              |
+|---------------------------|-----------------------------|--------------------------------------------|
+| strings                   | single_label_classification | index among the sorted distinct train names |
+| ints / bools / ClassLabel | single_label_classification | the int, checked in `[0, num_labels)`      |
+| floats                    | regression                  | float32 score                              |
+| lists of strings          | multi_label_classification  | multi-hot over the sorted train names      |
+| lists of floats           | multi_label_classification  | kept as multi-hot rows (soft targets too)  |
+| lists of ints             | multi_label_classification  | multi-hot; see `_int_lists_are_multi_hot`  |
+
+An explicit `problem_type` overrides the default where the labels allow it: integer or numeric
+string labels may be regression targets, integral floats may be class ids. Every rejected label
+raises ValueError naming the value, its split and row (0-based, header excluded), and the flag
+that changes the interpretation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import datasets
+
+from flaxheads.data.task import (
+    LABEL,
+    MULTI_LABEL,
+    PROBLEM_TYPES,
+    REGRESSION,
+    SINGLE_LABEL,
+    TaskData,
+    default_id2label,
+)
+
+_DEFAULT_PROBLEM_TYPE = {
+    "string": SINGLE_LABEL,
+    "int": SINGLE_LABEL,
+    "class": SINGLE_LABEL,
+    "float": REGRESSION,
+    "list": MULTI_LABEL,
+}
+
+
+def encode_labels(
+    splits: datasets.DatasetDict, *, problem_type: str | None = None, num_labels: int | None = None
+) -> TaskData:
+    """Replaces every split's `label` column by its encoding (see the module table).
+
+    Names and the inferred `num_labels` come from the `train` split only: the classes a model
+    learns are the ones it trains on. Raises ValueError for missing labels, labels unknown to
+    the train split, class ids outside `[0, num_labels)`, non-numeric regression labels, and
+    problem types the labels cannot express.
+    """
+    if problem_type is not None and problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"--problem_type {problem_type!r} is not one of {PROBLEM_TYPES}")
+    values = {name: list(split[LABEL]) for name, split in splits.items()}
+    for name, split_values in values.items():
+        _check_no_missing(split_values, name)
+    kind = _label_kind(splits["train"].features[LABEL])
+    problem_type = problem_type or _DEFAULT_PROBLEM_TYPE[kind]
+    _check_kind_fits(kind, problem_type)
+    if problem_type == REGRESSION:
+        _agreeing_num_labels(num_labels, 1, "score per example that regression labels hold")
+        encoded, id2label = _regression(values), default_id2label(1)
+    elif problem_type == SINGLE_LABEL:
+        encoded, id2label = _single_label(values, kind, splits["train"].features[LABEL], num_labels)
+    else:
+        element_type = splits["train"].features[LABEL].feature.dtype
+        encoded, id2label = _multi_label(values, element_type, num_labels)
+    feature = _encoded_feature(problem_type, len(id2label))
+    new_splits = datasets.DatasetDict(
+        {
+            name: split.remove_columns(LABEL).add_column(LABEL, encoded[name], feature=feature)
+            for name, split in splits.items()
+        }
+    )
+    return TaskData(new_splits, problem_type, len(id2label), id2label)
+
+
+def _label_kind(feature) -> str:
+    if isinstance(feature, datasets.ClassLabel):
+        return "class"
+    if isinstance(feature, (datasets.List, datasets.LargeList)):
+        return "list"
+    dtype = getattr(feature, "dtype", None)
+    if dtype in ("string", "large_string"):
+        return "string"
+    if dtype == "bool" or (dtype or "").startswith(("int", "uint")):
+        return "int"
+    if (dtype or "").startswith("float"):
+        return "float"
+    raise ValueError(f"unsupported label column type {feature}; expected strings, numbers or lists")
+
+
+def _check_no_missing(values: Sequence, split_name: str) -> None:
+    for row, value in enumerate(values):
+        if value is None:
+            raise ValueError(f"the label is missing in row {row} of the {split_name} split")
+
+
+def _check_kind_fits(kind: str, problem_type: str) -> None:
+    if kind == "list" and problem_type != MULTI_LABEL:
+        raise ValueError(
+            f"list-valued labels need --problem_type {MULTI_LABEL}, got --problem_type {problem_type}"
+        )
+    if kind != "list" and problem_type == MULTI_LABEL:
+        raise ValueError(
+            f"--problem_type {MULTI_LABEL} needs list-valued labels (multi-hot lists, or lists of "
+            f"label ids or names), but the label column holds {kind} values"
+        )
+
+
+def _regression(values: dict[str, list]) -> dict[str, list[float]]:
+    return {name: [_score(v, name, row) for row, v in enumerate(vs)] for name, vs in values.items()}
+
+
+def _score(value, split_name: str, row: int) -> float:
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        score = math.nan  # reported below, like infinities and NaN
+    if not math.isfinite(score):
+        raise ValueError(
+            f"--problem_type {REGRESSION} needs finite numeric labels, but row {row} of the {split_name} "
+            f"split has the label {value!r}; convert the labels to numbers or choose another "
+            "--problem_type"
+        )
+    return score
+
+
+def _single_label(values, kind, feature, num_labels):
+    if kind == "string":
+        id2label = _names_from_train(values["train"], num_labels)
+        label2id = {name: i for i, name in id2label.items()}
+        for name, vs in values.items():
+            _check_names_known(enumerate(vs), label2id, name)
+        return {name: [label2id[v] for v in vs] for name, vs in values.items()}, id2label
+    class_ids = {name: [_class_id(v, name, row) for row, v in enumerate(vs)] for name, vs in values.items()}
+    if kind == "class":
+        id2label = dict(enumerate(feature.names))
+        _agreeing_num_labels(num_labels, len(id2label), "ClassLabel names")
+    else:
+        id2label = default_id2label(num_labels or max(class_ids["train"]) + 1)
+    for name, ids in class_ids.items():
+        _check_ids_in_range(enumerate(ids), len(id2label), name)
+    return class_ids, id2label
+
+
+def _class_id(value, split_name: str, row: int) -> int:
+    if not float(value).is_integer():
+        raise ValueError(
+            f"--problem_type {SINGLE_LABEL} needs integer class ids, but row {row} of the "
+            f"{split_name} split has the label {value!r}; use --problem_type {REGRESSION} for scores"
+        )
+    return int(value)
+
+
+def _names_from_train(train_labels: Sequence[str], num_labels: int | None) -> dict[int, str]:
+    names = sorted(set(train_labels))
+    _agreeing_num_labels(num_labels, len(names), f"distinct train labels {names}")
+    return dict(enumerate(names))
+
+
+def _agreeing_num_labels(requested: int | None, found: int, what: str) -> int:
+    if requested is not None and requested != found:
+        raise ValueError(f"--num_labels {requested} disagrees with the {found} {what}")
+    return found
+
+
+def _check_names_known(rows_and_names: Iterable[tuple[int, str]], label2id, split_name: str) -> None:
+    for row, name in rows_and_names:
+        if name not in label2id:
+            raise ValueError(
+                f"label {name!r} in row {row} of the {split_name} split does not occur in the "
+                f"train split, whose labels are {sorted(label2id)}"
+            )
+
+
+def _check_ids_in_range(rows_and_ids: Iterable[tuple[int, int]], num_labels: int, split_name: str) -> None:
+    for row, class_id in rows_and_ids:
+        if not 0 <= class_id < num_labels:
+            raise ValueError(
+                f"label {class_id} in row {row} of the {split_name} split is outside "
+                f"[0, {num_labels}); pass --num_labels larger than the largest class id, or fix "
+                "the label"
+            )
+
+
+def _entries_with_rows(rows: Sequence[Sequence]) -> list[tuple[int, object]]:
+    return [(row_index, entry) for row_index, row in enumerate(rows) for entry in row]
+
+
+def _multi_label(values, element_type: str, num_labels):
+    if element_type in ("string", "large_string"):
+        id2label = _names_from_train([n for names in values["train"] for n in names], num_labels)
+        label2id = {name: i for i, name in id2label.items()}
+        for name, rows in values.items():
+            _check_names_known(_entries_with_rows(rows), label2id, name)
+        ids = {name: [[label2id[n] for n in row] for row in rows] for name, rows in values.items()}
+        return _multi_hot_from_ids(ids, len(id2label)), id2label
+    if element_type.startswith("float") or _int_lists_are_multi_hot(values, num_labels):
+        width = len(values["train"][0])
+        _agreeing_num_labels(num_labels, width, "entries of the multi-hot label lists")
+        for name, rows in values.items():
+            _check_multi_hot_width(rows, width, name)
+        return values, default_id2label(width)
+    num_labels = num_labels or 1 + max((max(row) for row in values["train"] if row), default=0)
+    for name, rows in values.items():
+        _check_ids_in_range(_entries_with_rows(rows), num_labels, name)
+    return _multi_hot_from_ids(values, num_labels), default_id2label(num_labels)
+
+
+def _int_lists_are_multi_hot(values: dict[str, list], num_labels: int | None) -> bool:
+    """Integer lists read as multi-hot rows when all have one length >= 2 (equal to num_labels
+    if given) and hold only 0 and 1; otherwise they are lists of class ids. Only id lists drawn
+    from {0, 1} in which every row holds exactly two ids are ambiguous, and they are rare."""
+    rows = [row for split_rows in values.values() for row in split_rows]
+    widths = {len(row) for row in rows}
+    if len(widths) != 1 or min(widths) < 2 or (num_labels is not None and widths != {num_labels}):
+        return False
+    return all(v in (0, 1) for row in rows for v in row)
+
+
+def _check_multi_hot_width(rows: Sequence[Sequence[float]], width: int, split_name: str) -> None:
+    for row_index, row in enumerate(rows):
+        if len(row) != width:
+            raise ValueError(
+                f"the multi-hot label in row {row_index} of the {split_name} split has "
+                f"{len(row)} entries, but the train split's have {width}"
+            )
+
+
+def _multi_hot_from_ids(ids: dict[str, list[list[int]]], num_labels: int) -> dict[str, list[list[float]]]:
+    def multi_hot(label_ids):
+        row = [0.0] * num_labels
+        for label_id in label_ids:
+            row[label_id] = 1.0
+        return row
+
+    return {name: [multi_hot(row) for row in rows] for name, rows in ids.items()}
+
+
+def _encoded_feature(problem_type: str, num_labels: int):
+    if problem_type == SINGLE_LABEL:
+        return datasets.Value("int32")
+    if problem_type == REGRESSION:
+        return datasets.Value("float32")
+    return datasets.List(datasets.Value("float32"), length=num_labels)

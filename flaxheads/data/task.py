@@ -1,0 +1,65 @@
+"""`TaskData`: the splits of a labelled text data set plus what a classifier head needs to know.
+
+Every loader in `flaxheads.data` (built-in data sets, local files) returns one, so the rest of
+the pipeline (tokenisation, batching) and the trainer never depend on where the text came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import datasets
+
+# The strings Hugging Face's `config.problem_type` uses; `flaxheads.problem` uses the same ones.
+REGRESSION = "regression"
+SINGLE_LABEL = "single_label_classification"
+MULTI_LABEL = "multi_label_classification"
+PROBLEM_TYPES = (SINGLE_LABEL, MULTI_LABEL, REGRESSION)
+
+TEXT = "text"
+TEXT_PAIR = "text_pair"
+LABEL = "label"
+
+
+def default_id2label(num_labels: int) -> dict[int, str]:
+    """Hugging Face's default names, `LABEL_0 ... LABEL_{n-1}`, for labels that have no names."""
+    return {i: f"LABEL_{i}" for i in range(num_labels)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """Labelled text splits in the canonical column layout, with their label metadata.
+
+    Every split has a `text` column (str), an optional `text_pair` column (str) and a `label`
+    column whose type follows `problem_type`:
+
+    - single_label_classification: int class id in `[0, num_labels)`;
+    - regression: float score (`num_labels` is 1);
+    - multi_label_classification: multi-hot list of `num_labels` floats.
+    """
+
+    splits: datasets.DatasetDict
+    """Has a `train` split; `validation` and `test` when the source provides them."""
+    problem_type: str
+    num_labels: int
+    id2label: Mapping[int, str]
+    """Exactly `num_labels` entries, ready for a Hugging Face config's `id2label`."""
+
+    def __post_init__(self):
+        if self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
+        if "train" not in self.splits:
+            raise ValueError(f"TaskData needs a 'train' split, got {sorted(self.splits)}")
+        if len(self.id2label) != self.num_labels:
+            raise ValueError(
+                f"id2label has {len(self.id2label)} entries but num_labels={self.num_labels}"
+            )
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        return {name: label_id for label_id, name in self.id2label.items()}
+
+    @property
+    def has_text_pair(self) -> bool:
+        return TEXT_PAIR in self.splits["train"].column_names

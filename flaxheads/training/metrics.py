@@ -1,0 +1,372 @@
+"""Evaluation metrics for sequence classification and regression, in plain numpy.
+
+Every metric matches its scikit-learn or SciPy namesake, edge cases included, so numbers
+reported here can be compared with those of evaluation scripts built on those libraries:
+
+- `accuracy`: `sklearn.metrics.accuracy_score` (subset accuracy for multi-label).
+- `macro_f1` / `micro_f1`: `sklearn.metrics.f1_score` with its default `zero_division`
+  (a class whose F1 is 0/0 counts as 0.0). For single-label problems the macro average runs
+  over the classes present in the labels or the predictions, as scikit-learn does; for
+  multi-label problems it runs over all `C` label columns.
+- `mcc`: `sklearn.metrics.matthews_corrcoef` (multiclass form; 0.0 when undefined).
+- `mse`: `sklearn.metrics.mean_squared_error`.
+- `pearson` / `spearman`: the statistic of `scipy.stats.pearsonr` / `scipy.stats.spearmanr`
+  (average ranks for ties). Like SciPy they are NaN when either input is constant; unlike
+  SciPy they are NaN rather than an error when fewer than two examples remain.
+
+scikit-learn and SciPy are only used by the tests; nothing here imports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
+
+# The metrics `compute_metrics` returns for each problem type, in the order it returns them.
+METRIC_NAMES: Mapping[str, tuple[str, ...]] = {
+    SINGLE_LABEL: ("accuracy", "macro_f1", "mcc"),
+    MULTI_LABEL: ("accuracy", "micro_f1", "macro_f1"),
+    REGRESSION: ("mse", "pearson", "spearman"),
+}
+
+_HIGHER_IS_BETTER = {
+    "accuracy": True,
+    "macro_f1": True,
+    "micro_f1": True,
+    "mcc": True,
+    "pearson": True,
+    "spearman": True,
+    "mse": False,
+    "loss": False,
+}
+
+
+def _check_problem_type(problem_type: str) -> None:
+    if problem_type not in PROBLEM_TYPES:
+        raise ValueError(
+            f"Unknown problem_type {problem_type!r}; expected one of {PROBLEM_TYPES}."
+        )
+
+
+def higher_is_better(metric_name: str) -> bool:
+    """Whether a larger value of `metric_name` is better, for picking the best checkpoint.
+
+    Accepts a bare name (`"accuracy"`) or one prefixed with a split (`"eval/accuracy"`).
+    Raises `ValueError` for a name this module does not compute, so that a misspelt
+    `metric_for_best_model` fails at start-up instead of silently keeping the wrong checkpoint.
+    """
+    bare_name = metric_name.rsplit("/", 1)[-1]
+    if bare_name not in _HIGHER_IS_BETTER:
+        raise ValueError(
+            f"Unknown metric {metric_name!r}; expected one of {sorted(_HIGHER_IS_BETTER)}."
+        )
+    return _HIGHER_IS_BETTER[bare_name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Logits -> probabilities / predictions
+
+
+def _as_float_array(values: Any) -> np.ndarray:
+    # float64 also widens bfloat16/float16 logits, which numpy reductions handle poorly.
+    return np.asarray(values).astype(np.float64)
+
+
+def _regression_values(logits: np.ndarray) -> np.ndarray:
+    if logits.ndim == 2 and logits.shape[1] == 1:
+        return logits[:, 0]
+    if logits.ndim != 1:
+        raise ValueError(f"Regression logits must be (N,) or (N, 1); got shape {logits.shape}.")
+    return logits
+
+
+def probabilities(problem_type: str, logits: np.ndarray) -> np.ndarray:
+    """Turns logits into the model's output distribution, as float64.
+
+    single-label: softmax over the last axis, (N, C) -> (N, C).
+    multi-label: elementwise sigmoid, (N, C) -> (N, C).
+    regression: the values themselves, (N,) or (N, 1) -> (N,).
+    """
+    _check_problem_type(problem_type)
+    logits = _as_float_array(logits)
+    if problem_type == SINGLE_LABEL:
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        exp = np.exp(shifted)
+        return exp / exp.sum(axis=-1, keepdims=True)
+    if problem_type == MULTI_LABEL:
+        # exp(-log(1 + exp(-x))) neither overflows nor loses the tails, unlike 1 / (1 + exp(-x)).
+        return np.exp(-np.logaddexp(0.0, -logits))
+    return _regression_values(logits)
+
+
+def predictions(problem_type: str, logits: np.ndarray) -> np.ndarray:
+    """Turns logits into hard predictions.
+
+    single-label: argmax class ids, (N, C) -> (N,) int64.
+    multi-label: multi-hot `logit > 0` (probability > 0.5), (N, C) -> (N, C) int64.
+    regression: the predicted values, (N,) or (N, 1) -> (N,) float64.
+    """
+    _check_problem_type(problem_type)
+    if problem_type == SINGLE_LABEL:
+        return np.asarray(logits).argmax(axis=-1).astype(np.int64)
+    if problem_type == MULTI_LABEL:
+        return (np.asarray(logits) > 0).astype(np.int64)
+    return _regression_values(_as_float_array(logits))
+
+
+# ---------------------------------------------------------------------------------------------
+# Metric formulas, on unmasked rows only
+
+
+def _f1_from_counts(true_positives, predicted_count, true_count) -> np.ndarray:
+    """F1 = 2 TP / (true + predicted), 0.0 where that is 0/0 (sklearn's default zero_division)."""
+    numerator = 2.0 * np.asarray(true_positives, dtype=np.float64)
+    denominator = np.asarray(true_count, dtype=np.float64) + np.asarray(
+        predicted_count, dtype=np.float64
+    )
+    safe_denominator = np.where(denominator > 0, denominator, 1.0)
+    return np.where(denominator > 0, numerator / safe_denominator, 0.0)
+
+
+def _confusion_matrix(labels: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """Confusion matrix over the classes seen in labels or predictions (rows: true)."""
+    classes, encoded = np.unique(np.concatenate([labels, predicted]), return_inverse=True)
+    true_index, predicted_index = encoded[: len(labels)], encoded[len(labels) :]
+    matrix = np.zeros((len(classes), len(classes)), dtype=np.float64)
+    np.add.at(matrix, (true_index, predicted_index), 1.0)
+    return matrix
+
+
+def _matthews_corrcoef(confusion: np.ndarray) -> float:
+    # Gorodkin's multiclass form, written as sklearn writes it so the edge cases agree.
+    true_count = confusion.sum(axis=1)
+    predicted_count = confusion.sum(axis=0)
+    correct = np.trace(confusion)
+    total = predicted_count.sum()
+    cov_true_pred = correct * total - np.dot(true_count, predicted_count)
+    cov_pred_pred = total**2 - np.dot(predicted_count, predicted_count)
+    cov_true_true = total**2 - np.dot(true_count, true_count)
+    if cov_pred_pred * cov_true_true == 0:
+        return 0.0
+    return float(cov_true_pred / np.sqrt(cov_pred_pred * cov_true_true))
+
+
+def _single_label_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    if logits.ndim != 2:
+        raise ValueError(f"single-label logits must be (N, C); got shape {logits.shape}.")
+    labels = labels.reshape(-1).astype(np.int64)
+    predicted = logits.argmax(axis=-1)
+    confusion = _confusion_matrix(labels, predicted)
+    per_class_f1 = _f1_from_counts(
+        np.diag(confusion), confusion.sum(axis=0), confusion.sum(axis=1)
+    )
+    return {
+        "accuracy": float(np.mean(predicted == labels)),
+        "macro_f1": float(per_class_f1.mean()),
+        "mcc": _matthews_corrcoef(confusion),
+    }
+
+
+def _multi_label_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    if logits.ndim != 2 or labels.shape != logits.shape:
+        raise ValueError(
+            "multi-label logits and labels must both be (N, C); "
+            f"got {logits.shape} and {labels.shape}."
+        )
+    predicted = logits > 0
+    # Labels may arrive as 0./1. floats (the dtype BCE losses want).
+    truth = labels > 0.5
+    true_positives = np.sum(predicted & truth, axis=0)
+    predicted_count = predicted.sum(axis=0)
+    true_count = truth.sum(axis=0)
+    micro_f1 = _f1_from_counts(true_positives.sum(), predicted_count.sum(), true_count.sum())
+    return {
+        "accuracy": float(np.mean(np.all(predicted == truth, axis=1))),
+        "micro_f1": float(micro_f1),
+        "macro_f1": float(_f1_from_counts(true_positives, predicted_count, true_count).mean()),
+    }
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks with ties given their mean rank (scipy.stats.rankdata 'average')."""
+    order = np.argsort(values, kind="stable")
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    sorted_values = values[order]
+    starts_new_group = np.concatenate([[True], sorted_values[1:] != sorted_values[:-1]])
+    group_of_sorted = np.cumsum(starts_new_group) - 1
+    group_bounds = np.concatenate([np.flatnonzero(starts_new_group), [len(values)]])
+    # A tie group spanning sorted positions [lo, hi) shares rank (lo + 1 + hi) / 2.
+    group_rank = 0.5 * (group_bounds[:-1] + 1 + group_bounds[1:])
+    return group_rank[group_of_sorted][inverse]
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
+        return float("nan")
+    x_centered = x - x.mean()
+    y_centered = y - y.mean()
+    # Scale by the largest deviation before taking norms so huge values cannot overflow.
+    x_scale = np.abs(x_centered).max()
+    y_scale = np.abs(y_centered).max()
+    x_unit = x_centered / (x_scale * np.linalg.norm(x_centered / x_scale))
+    y_unit = y_centered / (y_scale * np.linalg.norm(y_centered / y_scale))
+    return float(np.clip(np.dot(x_unit, y_unit), -1.0, 1.0))
+
+
+def _regression_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    predicted = _regression_values(logits)
+    labels = labels.reshape(-1)
+    if labels.shape != predicted.shape:
+        raise ValueError(
+            f"regression labels must match the {predicted.shape[0]} predictions; "
+            f"got shape {labels.shape}."
+        )
+    return {
+        "mse": float(np.mean((predicted - labels) ** 2)),
+        "pearson": _pearson(predicted, labels),
+        "spearman": _pearson(_average_ranks(predicted), _average_ranks(labels)),
+    }
+
+
+def _example_keep(example_mask: np.ndarray | None, num_rows: int) -> np.ndarray:
+    if example_mask is None:
+        return np.ones(num_rows, dtype=bool)
+    keep = np.asarray(example_mask).reshape(-1) != 0
+    if keep.shape[0] != num_rows:
+        raise ValueError(f"example_mask has {keep.shape[0]} rows; logits have {num_rows}.")
+    return keep
+
+
+def compute_metrics(
+    problem_type: str,
+    logits: np.ndarray,
+    labels: np.ndarray,
+    example_mask: np.ndarray | None = None,
+) -> dict[str, float]:
+    """Computes the metrics of `METRIC_NAMES[problem_type]` over the rows whose mask is non-zero.
+
+    Args:
+      problem_type: "single_label_classification", "multi_label_classification" or
+        "regression" (the values of a Hugging Face config's `problem_type`).
+      logits: (N, C) for classification; (N,) or (N, 1) for regression. Any float dtype.
+      labels: (N,) integer class ids; (N, C) multi-hot (0/1, ints or floats); (N,) or (N, 1)
+        regression targets.
+      example_mask: (N,); rows where it is 0 (padding examples) are ignored. None keeps all.
+
+    Returns:
+      A dict of Python floats, keyed and ordered as `METRIC_NAMES[problem_type]`.
+
+    Raises:
+      ValueError: unknown problem type, mismatched shapes, or no unmasked rows.
+    """
+    _check_problem_type(problem_type)
+    logits = _as_float_array(logits)
+    labels = np.asarray(labels)
+    if labels.shape[:1] != logits.shape[:1]:
+        raise ValueError(f"labels have {labels.shape[:1]} rows; logits have {logits.shape[:1]}.")
+    keep = _example_keep(example_mask, logits.shape[0])
+    if not keep.any():
+        raise ValueError("compute_metrics needs at least one row with example_mask != 0.")
+    logits, labels = logits[keep], labels[keep]
+    if problem_type == SINGLE_LABEL:
+        return _single_label_metrics(logits, labels)
+    if problem_type == MULTI_LABEL:
+        return _multi_label_metrics(logits, labels)
+    return _regression_metrics(logits, _as_float_array(labels))
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch-by-batch evaluation
+
+
+class MetricAccumulator:
+    """Collects evaluation batches on the host and computes metrics once at the end.
+
+    Usage::
+
+        accumulator = MetricAccumulator("single_label_classification")
+        for batch in eval_batches:
+            logits, loss = eval_step(state, batch)
+            accumulator.add(logits, batch["labels"], batch["example_mask"], loss=loss)
+        results = accumulator.compute()  # accuracy, macro_f1, mcc and loss
+
+    Arrays are copied to host numpy when added; masked rows are dropped right away, so padding
+    costs no memory. In a multi-process run, pass arrays that hold every process's rows (e.g.
+    through `jax.experimental.multihost_utils.process_allgather`): `np.asarray` is only
+    defined for fully addressable arrays.
+    """
+
+    def __init__(self, problem_type: str):
+        _check_problem_type(problem_type)
+        self.problem_type = problem_type
+        self._logits: list[np.ndarray] = []
+        self._labels: list[np.ndarray] = []
+        self._loss_sum = 0.0
+        self._loss_weight = 0.0
+
+    @property
+    def num_examples(self) -> int:
+        """How many unmasked examples have been added."""
+        return sum(len(batch) for batch in self._logits)
+
+    def add(
+        self,
+        logits: np.ndarray,
+        labels: np.ndarray,
+        example_mask: np.ndarray | None = None,
+        *,
+        loss: np.ndarray | float | None = None,
+    ) -> None:
+        """Adds one batch.
+
+        Args:
+          logits, labels, example_mask: as in `compute_metrics`.
+          loss: either per-example losses, shape (N,), averaged with `example_mask` as weights;
+            or a scalar that is already the mean over this batch's unmasked rows, weighted by
+            their count (the sum of `example_mask`). None leaves "loss" out of the result
+            unless another batch supplies it.
+        """
+        logits = np.asarray(logits)
+        labels = np.asarray(labels)
+        weights = (
+            np.ones(logits.shape[0], dtype=np.float64)
+            if example_mask is None
+            else np.asarray(example_mask, dtype=np.float64).reshape(-1)
+        )
+        keep = _example_keep(weights, logits.shape[0])
+        if loss is not None:
+            loss = _as_float_array(loss)
+            if loss.ndim == 0:
+                self._loss_sum += float(loss) * weights.sum()
+            else:
+                self._loss_sum += float(np.sum(loss.reshape(-1) * weights))
+            self._loss_weight += float(weights.sum())
+        self._logits.append(logits[keep])
+        self._labels.append(labels[keep])
+
+    def compute(self) -> dict[str, float]:
+        """Metrics over every added example, plus "loss" (the weighted mean) if losses were given.
+
+        Raises:
+          ValueError: when no unmasked example has been added.
+        """
+        if self.num_examples == 0:
+            raise ValueError("MetricAccumulator.compute() called before any unmasked example.")
+        results = compute_metrics(
+            self.problem_type, np.concatenate(self._logits), np.concatenate(self._labels)
+        )
+        if self._loss_weight > 0:
+            results["loss"] = self._loss_sum / self._loss_weight
+        return results
+
+    def reset(self) -> None:
+        """Forgets every added batch, for reuse at the next evaluation."""
+        self._logits.clear()
+        self._labels.clear()
+        self._loss_sum = 0.0
+        self._loss_weight = 0.0

@@ -1,0 +1,84 @@
+"""The pure train and eval steps. The model is split once into (graphdef, params); the steps
+merge it back inside, so jit sees plain pytrees and compiles once per batch shape."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from flaxheads import problem
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class TrainState(NamedTuple):
+    step: jax.Array
+    """Optimizer updates done so far (int32 scalar)."""
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+def _logits(graphdef, params, batch, rngs=None):
+    model = nnx.merge(graphdef, params)
+    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    return model(**inputs, rngs=rngs)
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule, problem_type: str
+) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
+    """`(state, batch, rng) -> (state, metrics)`.
+
+    Every array in `batch` has a leading gradient-accumulation axis: (accum, batch, ...). The
+    gradient is the mean over all real examples (`example_mask` 1) of all micro-batches, so
+    filler rows and the split into micro-batches change nothing but the reduction order.
+    Dropout keys are `fold_in(fold_in(rng, step), micro_batch)`.
+    """
+
+    def summed_loss(params, micro_batch, key):
+        logits = _logits(graphdef, params, micro_batch, rngs=nnx.Rngs(dropout=key))
+        losses = problem.per_example_loss(logits, micro_batch["labels"], problem_type)
+        return jnp.sum(losses * micro_batch["example_mask"])
+
+    def train_step(state: TrainState, batch: dict, rng: jax.Array) -> tuple[TrainState, dict]:
+        step_key = jax.random.fold_in(rng, state.step)
+        accum = batch["example_mask"].shape[0]
+
+        def accumulate(carry, xs):
+            grads, loss_sum = carry
+            micro_batch, index = xs
+            loss_i, grads_i = jax.value_and_grad(summed_loss)(state.params, micro_batch, jax.random.fold_in(step_key, index))
+            return (jax.tree.map(jnp.add, grads, grads_i), loss_sum + loss_i), None
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        (grads, loss_sum), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)), (batch, jnp.arange(accum)))
+        count = jnp.maximum(jnp.sum(batch["example_mask"]), 1.0)
+        grads = jax.tree.map(lambda g: g / count, grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": loss_sum / count,
+            "grad_norm": optax.tree.norm(grads),
+            "learning_rate": schedule(state.step),
+            "examples": jnp.sum(batch["example_mask"]),
+        }
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    return train_step
+
+
+def make_eval_step(graphdef: nnx.GraphDef, problem_type: str) -> Callable[[nnx.State, dict], dict[str, Any]]:
+    """`(params, batch) -> {"logits", "loss"}` per example, deterministic (no dropout)."""
+
+    def eval_step(params, batch):
+        logits = _logits(graphdef, params, batch)
+        out = {"logits": logits}
+        if "labels" in batch:
+            out["loss"] = problem.per_example_loss(logits, batch["labels"], problem_type)
+        return out
+
+    return eval_step

