@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -44,6 +45,21 @@ def _base(table: conversion.ArchitectureTable, names: list[str]) -> str:
     return prefix if any(name.startswith(prefix) for name in names) else ""
 
 
+def _init_only(make: Callable[[], nnx.Module], keys: list[str]) -> dict[str, jax.Array]:
+    """The initial values `make()` gives the parameters `keys`, and no others: under jit, XLA
+    drops the random initialisation of everything not returned, so a new classifier costs
+    microseconds, not a whole model's init."""
+    if not keys:
+        return {}
+
+    @jax.jit
+    def init():
+        variables = _flat_variables(make())
+        return {k: variables[k][1][...] for k in keys}
+
+    return init()
+
+
 def _load(
     make: Callable[[], nnx.Module],
     reader: checkpoint_io.TensorReader,
@@ -53,10 +69,12 @@ def _load(
     param_dtype,
     ignore_mismatched_sizes: bool,
     describe: str,
+    abstract: nnx.Module | None = None,
 ) -> tuple[nnx.Module, LoadingInfo]:
     """Builds `make()` with the checkpoint's tensors. `required` rules (the backbone) must all be
-    satisfied; `optional` ones (the head) may be newly initialised, and are then reported so."""
-    abstract = nnx.eval_shape(make)
+    satisfied; `optional` ones (the head) may be newly initialised, and are then reported so.
+    `abstract` is `nnx.eval_shape(make)` when the caller already has it (tracing is not free)."""
+    abstract = abstract if abstract is not None else nnx.eval_shape(make)
     variables = _flat_variables(abstract)
     shapes = {key: var.shape for key, (_, var) in variables.items()}
     arrays, absent, mismatched = hf_to_flax(reader.read, reader.names, required + optional, shapes)
@@ -68,16 +86,12 @@ def _load(
             "a head of another size: pass the checkpoint's num_labels, or ignore_mismatched_sizes=True "
             "to start a new head"
         )
-    if absent or mismatched:
-        module = make()  # random init is needed for the new parameters only; the rest is replaced
-        nnx.update(module, nnx.from_flat_state(
-            [(variables[k][0], variables[k][1].replace(jnp.asarray(a, param_dtype))) for k, a in arrays.items()]
-        ))
-    else:
-        graphdef, _ = nnx.split(abstract)
-        module = nnx.merge(graphdef, nnx.from_flat_state(
-            [(path, var.replace(jnp.asarray(arrays[k], param_dtype))) for k, (path, var) in variables.items()]
-        ))
+    graphdef, _ = nnx.split(abstract)
+    fresh = _init_only(make, [k for k in variables if k not in arrays])
+    module = nnx.merge(graphdef, nnx.from_flat_state([
+        (path, var.replace(fresh[k] if k in fresh else jnp.asarray(arrays[k], param_dtype)))
+        for k, (path, var) in variables.items()
+    ]))
     used = {r.hf for r in required + optional if r.flax in arrays}
     info = LoadingInfo(
         source=reader.source,
@@ -142,7 +156,8 @@ def from_pretrained(
     def make(param_dtype=jnp.float32):
         return SequenceClassifier(config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=nnx.Rngs(seed))
 
-    param_paths = list(_flat_variables(nnx.eval_shape(make)))
+    abstract = nnx.eval_shape(make)
+    param_paths = list(_flat_variables(abstract))
     head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
     if (Path(path) / checkpoint_io.FLAX_NAME).is_file():
         reader = checkpoint_io.open_weights(path, checkpoint_io.FLAX_NAME)
@@ -165,6 +180,7 @@ def from_pretrained(
     model, info = _load(
         functools.partial(make, param_dtype), reader, backbone, head_rules,
         param_dtype=param_dtype, ignore_mismatched_sizes=ignore_mismatched_sizes, describe=config.head,
+        abstract=abstract,
     )
     info.notes += notes
     return (model, info) if output_loading_info else model
