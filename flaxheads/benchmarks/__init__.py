@@ -1,0 +1,1 @@
+"""Benchmarks behind `scripts/bench.py` and `flaxheads bench`. Never run by the tests."""
