@@ -233,3 +233,29 @@ def test_bfloat16_training_decreases_loss_and_keeps_float32_master_weights(tiny_
 def test_missing_label_column_names_the_column_and_the_flag(tiny_bert, snippets_csv, tmp_path):
     with pytest.raises(ValueError, match="--label_column"):
         train(_config(tiny_bert, snippets_csv, tmp_path, label_column="stars"))
+
+
+def test_evaluate_command_reproduces_the_runs_validation_metrics(uninterrupted, snippets_csv, capsys):
+    from flaxheads.cli import main
+
+    code = main(["evaluate", "--model_name_or_path", str(uninterrupted), "--train_file", str(snippets_csv["train"]),
+                 "--validation_file", str(snippets_csv["validation"]), "--text_column", "sentence",
+                 "--max_seq_length", "32", "--split", "validation"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    recorded = json.loads((uninterrupted / "results.json").read_text())["validation"]
+    for name in ("accuracy", "macro_f1", "mcc", "loss"):
+        assert printed[name] == pytest.approx(recorded[name], abs=1e-6), name
+
+
+def test_predict_command_prints_a_label_and_probabilities_per_text(uninterrupted, tmp_path, capsys):
+    from flaxheads.cli import main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("an instant classic\n\nnothing works here\n")
+    assert main(["predict", "--model_name_or_path", str(uninterrupted), "--input_file", str(texts), "so so"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in rows] == ["so so", "an instant classic", "nothing works here"]
+    for row in rows:
+        assert row["label"] in ("negative", "positive")
+        assert sum(row["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
