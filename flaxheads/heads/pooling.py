@@ -16,7 +16,10 @@ def first_token(inputs: HeadInputs) -> jax.Array:
 def masked_mean(inputs: HeadInputs) -> jax.Array:
     """Mean of the last layer over real tokens only; padding never dilutes the average."""
     hidden_BTD = inputs.hidden_states[-1]
-    weights_BT1 = inputs.attention_mask.astype(hidden_BTD.dtype)[..., None]
+    mask_BT = inputs.attention_mask
+    if mask_BT is None:
+        mask_BT = jnp.ones(hidden_BTD.shape[:2], jnp.int32)
+    weights_BT1 = mask_BT.astype(hidden_BTD.dtype)[..., None]
     # An all-padding row would divide by zero; it has no real token to average, so it gets 0s.
     count_B1 = jnp.maximum(weights_BT1.sum(axis=1), 1.0)
     return (hidden_BTD * weights_BT1).sum(axis=1) / count_B1

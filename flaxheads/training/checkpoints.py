@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
 
 from flaxheads.training.step import TrainState
@@ -40,8 +39,8 @@ class RunCheckpoints:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, state: TrainState, meta: dict[str, Any]) -> None:
-        step = int(jax.device_get(state.step))
+    def save(self, state: TrainState, step: int, meta: dict[str, Any]) -> None:
+        """Saves `state` (global arrays; every process calls this) as checkpoint `step`."""
         self.manager.save(
             step,
             args=ocp.args.Composite(

@@ -48,6 +48,18 @@ class TrainConfig:
     """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state."""
     seed: int = 42
 
+    # Where it runs.
+    mesh: str | None = None
+    """Device mesh, e.g. "data=4" or "data=2,fsdp=4" (one axis may be -1); default: data over all."""
+    parallel: str = "jit"
+    """"jit": one jitted step over the mesh (recommended); "pmap": the same step under jax.pmap."""
+    coordinator_address: str | None = None
+    """Multi-host: host:port of process 0 (else taken from the environment on TPU pods/SLURM)."""
+    num_processes: int | None = None
+    process_id: int | None = None
+    distributed: bool = False
+    """Call jax.distributed.initialize() with the cluster's auto-detection (TPU pods, SLURM)."""
+
     # Bookkeeping.
     logging_steps: int = 50
     eval_steps: int | None = None

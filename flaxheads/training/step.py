@@ -29,14 +29,25 @@ def _logits(graphdef, params, batch, rngs=None):
 
 
 def make_train_step(
-    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule, problem_type: str
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    problem_type: str,
+    *,
+    axis_name: str | None = None,
 ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
     """`(state, batch, rng) -> (state, metrics)`.
 
     Every array in `batch` has a leading gradient-accumulation axis: (accum, batch, ...). The
     gradient is the mean over all real examples (`example_mask` 1) of all micro-batches, so
     filler rows and the split into micro-batches change nothing but the reduction order.
-    Dropout keys are `fold_in(fold_in(rng, step), micro_batch)`.
+    Dropout keys are `fold_in(fold_in(rng, step), micro_batch)`, and under pmap also folded with
+    the device index so replicas drop different units.
+
+    Under `jax.jit` the batch is one global array and XLA inserts the collectives. Under
+    `jax.pmap(..., axis_name=axis_name)` each device sees its slice; the example-weighted sums
+    of loss and gradients are then summed over `axis_name` before dividing (a pmean weighted by
+    real examples, which equals the plain pmean when every device has the same count).
     """
 
     def summed_loss(params, micro_batch, key):
@@ -46,6 +57,8 @@ def make_train_step(
 
     def train_step(state: TrainState, batch: dict, rng: jax.Array) -> tuple[TrainState, dict]:
         step_key = jax.random.fold_in(rng, state.step)
+        if axis_name is not None:
+            step_key = jax.random.fold_in(step_key, jax.lax.axis_index(axis_name))
         accum = batch["example_mask"].shape[0]
 
         def accumulate(carry, xs):
@@ -56,7 +69,10 @@ def make_train_step(
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         (grads, loss_sum), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)), (batch, jnp.arange(accum)))
-        count = jnp.maximum(jnp.sum(batch["example_mask"]), 1.0)
+        examples = jnp.sum(batch["example_mask"])
+        if axis_name is not None:
+            grads, loss_sum, examples = jax.lax.psum((grads, loss_sum, examples), axis_name)
+        count = jnp.maximum(examples, 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -64,7 +80,7 @@ def make_train_step(
             "loss": loss_sum / count,
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
-            "examples": jnp.sum(batch["example_mask"]),
+            "examples": examples,
         }
         return TrainState(state.step + 1, params, opt_state), metrics
 

@@ -3,7 +3,6 @@ evaluate | predict`."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -11,13 +10,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from flaxheads import data, problem
-from flaxheads.backbones import backbone_spec
+from flaxheads.backbones import backbone_config_from_hf, backbone_spec
+from flaxheads.conversion import checkpoint_io
 from flaxheads.model import SequenceClassifier
 from flaxheads.pretrained import from_pretrained, save_pretrained
 from flaxheads.shipped_model import minilm_path
@@ -26,7 +24,10 @@ from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.optim import learning_rate_schedule, make_optimizer
 from flaxheads.training.run_log import ProgressBar, RunLogger, format_summary
-from flaxheads.training.step import TrainState, make_eval_step, make_train_step
+from flaxheads.training.distributed import initialize as initialize_distributed
+from flaxheads.training.parallel import PARALLEL, host_copy
+from flaxheads.training.sharding import Layout
+from flaxheads.training.step import make_eval_step
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -62,31 +63,27 @@ def _tokenizer(path: Path, model_type: str):
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
     tokenizer.padding_side = backbone_spec(model_type).padding_side
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        # GPT-2 ships without a pad token: pad with end-of-text, transformers' documented practice.
+        tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-@dataclasses.dataclass
-class _Layout:
-    """Where arrays live: a 1-D data-parallel mesh over every device; parameters replicated."""
+def _checkpoint_tokenizer(path: Path):
+    """(tokenizer, pad_token_id to load the model with): the tokenizer's pad id when config.json
+    has none (GPT-2), so the "last_token" head can tell padding from text; else None (keep it).
 
-    mesh: jax.sharding.Mesh
-
-    @classmethod
-    def create(cls) -> "_Layout":
-        # Auto axes: XLA propagates shardings through the model; nothing inside needs annotations.
-        return cls(jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,)))
-
-    @property
-    def replicated(self) -> NamedSharding:
-        return NamedSharding(self.mesh, P())
-
-    def batch(self, leading_axes: int) -> NamedSharding:
-        """Batch arrays shard their example axis, after `leading_axes` (the accumulation axis)."""
-        return NamedSharding(self.mesh, P(*([None] * leading_axes), "data"))
-
-    def put_batch(self, batch: dict[str, np.ndarray], leading_axes: int = 0) -> dict[str, jax.Array]:
-        sharding = self.batch(leading_axes)
-        return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+    With pad = eos and right padding, a text that really ends in eos is classified from the token
+    before it, exactly as transformers' `GPT2ForSequenceClassification` does.
+    """
+    hf_config = checkpoint_io.read_config(path)
+    tokenizer = _tokenizer(path, hf_config.get("model_type"))
+    if backbone_config_from_hf(hf_config).pad_token_id is not None or tokenizer.pad_token_id is None:
+        return tokenizer, None
+    if jax.process_index() == 0:
+        print(f"note: {path} sets no pad_token_id; using the tokenizer's {tokenizer.pad_token!r} "
+              f"(id {tokenizer.pad_token_id}), saved with the model")
+    return tokenizer, tokenizer.pad_token_id
 
 
 def _accumulation_view(batch: dict[str, np.ndarray], accum: int) -> dict[str, np.ndarray]:
@@ -107,7 +104,13 @@ def _identity(model: SequenceClassifier, task: data.TaskData, cfg: TrainConfig) 
 
 
 def _global_batch(cfg: TrainConfig) -> int:
+    """Examples per optimizer step, over every device of every process."""
     return cfg.per_device_train_batch_size * jax.device_count() * cfg.gradient_accumulation_steps
+
+
+def _host(tree: Any) -> Any:
+    """numpy values of replicated (or single-device) arrays, on any process."""
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
 
 
 def _best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
@@ -115,12 +118,20 @@ def _best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
 
 
 class _Evaluator:
-    def __init__(self, graphdef, problem_type: str, layout: _Layout, batch_format, eval_batch_size: int):
+    """Metrics over a whole split; every process feeds its rows and gets the global result."""
+
+    def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int):
         self.problem_type = problem_type
         self.layout = layout
         self.batch_format = batch_format
         self.batch_size = eval_batch_size
-        self.step = jax.jit(make_eval_step(graphdef, problem_type))
+        eval_step = make_eval_step(graphdef, problem_type)
+
+        def step(params, batch):
+            # Labels and masks ride along so that, replicated, every process sees all rows.
+            return {**eval_step(params, batch), "labels": batch["labels"], "example_mask": batch["example_mask"]}
+
+        self.step = jax.jit(step, out_shardings=layout.replicated)
 
     def __call__(self, params, split) -> dict[str, float]:
         acc = metrics_lib.MetricAccumulator(self.problem_type)
@@ -128,8 +139,8 @@ class _Evaluator:
             split, self.batch_format, global_batch_size=self.batch_size,
             process_index=jax.process_index(), process_count=jax.process_count(),
         ):
-            out = jax.device_get(self.step(params, self.layout.put_batch(batch)))
-            acc.add(out["logits"], batch["labels"], batch["example_mask"], loss=out["loss"])
+            out = _host(self.step(params, self.layout.put_batch(batch)))
+            acc.add(out["logits"], out["labels"], out["example_mask"], loss=out["loss"])
         return acc.compute()
 
 
@@ -140,12 +151,18 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     Raises ValueError for bad data or settings, CheckpointMismatch for an output_dir of another
     run, NonFiniteLoss (naming the step) when the loss stops being finite.
     """
+    initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
     start_time = time.perf_counter()
     output_dir = Path(cfg.output_dir)
     src = model_path(cfg)
     task = load_task(cfg)
+    tokenizer, pad_token_id = _checkpoint_tokenizer(src)
+    layout = Layout.create(cfg.mesh)
+    if cfg.parallel not in PARALLEL:
+        raise ValueError(f"--parallel {cfg.parallel!r}: choose one of {sorted(PARALLEL)}")
     model, info = from_pretrained(
         src,
+        pad_token_id=pad_token_id,
         num_labels=task.num_labels,
         head=cfg.head,
         problem_type=task.problem_type,
@@ -153,12 +170,11 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         classifier_dropout=cfg.classifier_dropout,
         dtype=cfg.dtype,
         seed=cfg.seed,
+        placement=layout.param_sharding if cfg.parallel == "jit" else None,
         output_loading_info=True,
     )
-    tokenizer = _tokenizer(src, model.config.backbone.model_type)
     tokenized = data.tokenize_task(task, tokenizer, cfg.max_seq_length, cache_dir=output_dir / "tokenized")
     batch_format = data.BatchFormat.for_task(task, tokenizer, cfg.max_seq_length)
-    layout = _Layout.create()
     global_batch = _global_batch(cfg)
     batches_per_epoch = data.num_batches(len(tokenized["train"]), global_batch)
     total_steps = cfg.max_steps if cfg.max_steps > 0 else math.ceil(cfg.num_train_epochs * batches_per_epoch)
@@ -170,22 +186,24 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         adam_b1=cfg.adam_beta1, adam_b2=cfg.adam_beta2, adam_eps=cfg.adam_epsilon,
     )
     graphdef, params = nnx.split(model)
-    init_state = jax.jit(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), out_shardings=layout.replicated)
-    state = init_state(params)
+    runner = PARALLEL[cfg.parallel](layout, graphdef, tx, schedule, task.problem_type, params)
+    state = runner.init(params)
+    identity = _identity(model, task, cfg)
     del params, model
 
     log = RunLogger(output_dir)
-    checkpoints = RunCheckpoints(output_dir / "checkpoints", max_to_keep=cfg.save_total_limit,
-                                 identity=_identity(nnx.merge(graphdef, state.params), task, cfg))
+    checkpoints = RunCheckpoints(output_dir / "checkpoints", max_to_keep=cfg.save_total_limit, identity=identity)
     position = data.DataPosition()
     best = {"metric": _best_metric_name(cfg, task.problem_type), "value": None, "step": None}
+    step = 0
     if checkpoints.latest_step() is not None:
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-        state, meta = checkpoints.restore(abstract)
+        restored, meta = checkpoints.restore(runner.restore_target(state))
+        state = runner.from_restored(restored)
         position = data.DataPosition.from_dict(meta["data_position"])
         best = meta["best"]
-        print(f"resuming from step {int(state.step)} of {total_steps} in {checkpoints.directory}")
-    else:
+        step = checkpoints.latest_step()
+        print(f"resuming from step {step} of {total_steps} in {checkpoints.directory}")
+    elif jax.process_index() == 0:
         print(info)
 
     train_batches = data.TrainBatches(
@@ -193,12 +211,6 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         process_index=jax.process_index(), process_count=jax.process_count(), group_by_length=cfg.group_by_length,
     )
     accum = cfg.gradient_accumulation_steps
-    train_step = jax.jit(
-        make_train_step(graphdef, tx, schedule, task.problem_type),
-        in_shardings=(layout.replicated, layout.batch(1), layout.replicated),
-        out_shardings=(layout.replicated, layout.replicated),
-        donate_argnums=0,
-    )
     evaluate = _Evaluator(graphdef, task.problem_type, layout, batch_format,
                           cfg.per_device_eval_batch_size * jax.device_count())
     rng = jax.random.key(cfg.seed)
@@ -208,7 +220,7 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         """Fetches the metrics of the steps run since the last flush; raises on a non-finite loss."""
         if not pending:
             return None
-        fetched = jax.device_get([m for _, m in pending])
+        fetched = _host([m for _, m in pending])
         for (step, _), m in zip(pending, fetched):
             if not np.isfinite(m["loss"]):
                 raise NonFiniteLoss(
@@ -224,8 +236,9 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
 
     def save() -> None:
         flush_pending()  # never checkpoint a state whose loss went non-finite
-        checkpoints.save(state, {"data_position": train_batches.position.to_dict(), "best": best,
-                                 "seed": cfg.seed, "total_steps": total_steps})
+        checkpoints.save(runner.checkpointable(state), step,
+                         {"data_position": train_batches.position.to_dict(), "best": best,
+                          "seed": cfg.seed, "total_steps": total_steps})
 
     last_eval: dict[str, Any] = {}
 
@@ -234,7 +247,7 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
             return None
         if last_eval.get("step") == step:
             return last_eval["result"]
-        result = evaluate(state.params, tokenized["validation"])
+        result = evaluate(runner.params(state), tokenized["validation"])
         last_eval.update(step=step, result=result)
         log.log(step, "eval", result)
         bar.write(format_summary("eval", step, result))
@@ -244,16 +257,15 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
             or (value > best["value"] if metrics_lib.higher_is_better(best["metric"]) else value < best["value"])
         ):
             best.update(value=float(value), step=step)
-            _export(graphdef, state.params, tokenizer, output_dir / "best_model")
+            _export(graphdef, runner.params(state), tokenizer, output_dir / "best_model", layout)
         return result
 
-    step = int(jax.device_get(state.step))
     bar = ProgressBar(total_steps, initial=step, disable=cfg.disable_tqdm)
     last_log = time.perf_counter()
     try:
         while step < total_steps:
             batch = _accumulation_view(next(train_batches), accum)
-            state, step_metrics = train_step(state, layout.put_batch(batch, leading_axes=1), rng)
+            state, step_metrics = runner.step(state, batch, rng)
             step += 1
             pending.append((step, step_metrics))
             end_of_epoch = train_batches.position.batch_in_epoch == 0
@@ -276,10 +288,10 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         if "validation" in tokenized:
             results["validation"] = run_eval(step)
         if "test" in tokenized:
-            results["test"] = evaluate(state.params, tokenized["test"])
+            results["test"] = evaluate(runner.params(state), tokenized["test"])
             log.log(step, "test", results["test"])
             bar.write(format_summary("test", step, results["test"]))
-        _export(graphdef, state.params, tokenizer, output_dir)
+        _export(graphdef, runner.params(state), tokenizer, output_dir, layout)
     finally:
         bar.close()
         log.close()
@@ -291,11 +303,13 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     return results
 
 
-def _export(graphdef, params, tokenizer, directory: Path) -> None:
-    """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0."""
+def _export(graphdef, params, tokenizer, directory: Path, layout: Layout) -> None:
+    """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0.
+    Sharded parameters are gathered first, a collective every process takes part in."""
+    params = host_copy(params, layout)
     if jax.process_index() != 0:
         return
-    model = nnx.merge(graphdef, jax.device_get(params))
+    model = nnx.merge(graphdef, params)
     save_pretrained(model, directory)
     tokenizer.save_pretrained(str(directory))
 
@@ -303,24 +317,25 @@ def _export(graphdef, params, tokenizer, directory: Path) -> None:
 def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 128,
              batch_size: int = 64) -> dict[str, float]:
     """Metrics of a saved classifier on one split of `task`."""
-    model = from_pretrained(model_dir, num_labels=task.num_labels, problem_type=task.problem_type)
+    tokenizer, pad_token_id = _checkpoint_tokenizer(Path(model_dir))
+    model = from_pretrained(model_dir, num_labels=task.num_labels, problem_type=task.problem_type,
+                            pad_token_id=pad_token_id)
     if split not in task.splits:
         raise ValueError(f"the data has no {split!r} split; it has {sorted(task.splits)}")
-    tokenizer = _tokenizer(Path(model_dir), model.config.backbone.model_type)
     tokenized = data.tokenize_split(task.splits[split], tokenizer, max_seq_length)
     batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length)
     graphdef, params = nnx.split(model)
-    evaluator = _Evaluator(graphdef, task.problem_type, _Layout.create(), batch_format, batch_size)
+    evaluator = _Evaluator(graphdef, task.problem_type, Layout.create(), batch_format, batch_size)
     return evaluator(params, tokenized)
 
 
 def predict(model_dir: str | Path, texts: Iterable[str], *, max_seq_length: int = 128,
             batch_size: int = 64) -> list[dict[str, Any]]:
     """For each text: {"text", "label", "probabilities": {label name: p}} (or "score" for regression)."""
-    model = from_pretrained(model_dir)
+    tokenizer, pad_token_id = _checkpoint_tokenizer(Path(model_dir))
+    model = from_pretrained(model_dir, pad_token_id=pad_token_id)
     cfg = model.config
     problem_type = cfg.problem_type or (problem.REGRESSION if cfg.num_labels == 1 else problem.SINGLE_LABEL)
-    tokenizer = _tokenizer(Path(model_dir), cfg.backbone.model_type)
     texts = list(texts)
     step = jax.jit(lambda ids, mask, types: model(ids, mask, types))
     out = []

@@ -1,0 +1,130 @@
+"""One train-step body, two wrappers: `jax.jit` over a device mesh, or `jax.pmap`.
+
+Both wrappers take and give host batches and rngs the same way, checkpoint the same
+unreplicated state (so a checkpoint restores under either wrapper, on any mesh), and hand the
+evaluator parameters laid out on the mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from flaxheads.training.sharding import Layout
+from flaxheads.training.step import TrainState, make_train_step
+
+PMAP_AXIS = "devices"
+
+
+def _init_fn(tx: optax.GradientTransformation) -> Callable[[nnx.State], TrainState]:
+    return lambda params: TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+class JitParallel:
+    """The step jitted once with explicit in/out shardings (from the layout's rules) and the
+    state donated; XLA inserts the collectives for data and FSDP parallelism."""
+
+    name = "jit"
+
+    def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State):
+        self.layout = layout
+        init = _init_fn(tx)
+        # Sharded from the start: shapes first, then shardings, then an init that writes each
+        # device's shard only.
+        self.state_shardings = layout.tree_shardings(jax.eval_shape(init, params))
+        self._init = jax.jit(init, out_shardings=self.state_shardings)
+        self._step = jax.jit(
+            make_train_step(graphdef, tx, schedule, problem_type),
+            in_shardings=(self.state_shardings, layout.batch(1), layout.replicated),
+            out_shardings=(self.state_shardings, layout.replicated),
+            donate_argnums=0,
+        )
+
+    def init(self, params: nnx.State) -> TrainState:
+        return self._init(params)
+
+    def step(self, state: TrainState, batch: dict[str, np.ndarray], rng: jax.Array):
+        return self._step(state, self.layout.put_batch(batch, leading_axes=1), rng)
+
+    def checkpointable(self, state: TrainState) -> TrainState:
+        return state
+
+    def restore_target(self, state: TrainState) -> TrainState:
+        return _abstract(state)
+
+    def from_restored(self, restored: TrainState) -> TrainState:
+        return restored
+
+    def params(self, state: TrainState) -> nnx.State:
+        return state.params
+
+
+class PmapParallel:
+    """The same step body under `jax.pmap`: state replicated on every local device, each device
+    a slice of this process's batch, gradients and metrics combined with `lax.psum`."""
+
+    name = "pmap"
+
+    def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State):
+        self.layout = layout
+        self.devices = jax.local_devices()
+        self._init = jax.jit(_init_fn(tx))
+        self._step = jax.pmap(
+            make_train_step(graphdef, tx, schedule, problem_type, axis_name=PMAP_AXIS),
+            axis_name=PMAP_AXIS,
+            in_axes=(0, 0, None),
+            donate_argnums=0,
+        )
+
+    def init(self, params: nnx.State) -> TrainState:
+        return self._replicate(self._init(params))
+
+    def step(self, state: TrainState, batch: dict[str, np.ndarray], rng: jax.Array):
+        n = len(self.devices)
+        # (accum, B_process, ...) -> (devices, accum, B_process / devices, ...)
+        split = {
+            k: np.moveaxis(v.reshape(v.shape[0], n, v.shape[1] // n, *v.shape[2:]), 1, 0) for k, v in batch.items()
+        }
+        state, metrics = self._step(state, split, rng)
+        return state, jax.tree.map(lambda m: m[0], metrics)
+
+    def checkpointable(self, state: TrainState) -> TrainState:
+        """One replica, as a global array replicated over the mesh (what Orbax saves)."""
+        return jax.tree.map(
+            lambda x: jax.make_array_from_single_device_arrays(
+                x.shape[1:], self.layout.replicated, [shard.data[0] for shard in x.addressable_shards]
+            ),
+            state,
+        )
+
+    def restore_target(self, state: TrainState) -> TrainState:
+        return _abstract(self.checkpointable(state))
+
+    def from_restored(self, restored: TrainState) -> TrainState:
+        return self._replicate(restored)
+
+    def params(self, state: TrainState) -> nnx.State:
+        return self.checkpointable(state).params
+
+    def _replicate(self, tree: Any) -> Any:
+        """One copy per local device, stacked on a leading axis; pmap places the copies."""
+        n = len(self.devices)
+        return jax.tree.map(lambda x: np.broadcast_to(np.asarray(x.addressable_data(0)), (n, *x.shape)), tree)
+
+
+PARALLEL = {"jit": JitParallel, "pmap": PmapParallel}
+
+
+def host_copy(tree: Any, layout: Layout) -> Any:
+    """numpy copies of a (possibly sharded, possibly multi-host) tree, on every process."""
+    replicated = jax.jit(lambda t: t, out_shardings=layout.replicated)(tree)
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), replicated)

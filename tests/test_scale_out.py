@@ -1,0 +1,149 @@
+"""Data parallel, FSDP, pmap and multi-host training on CPU with fake devices.
+
+Every run trains the same tiny BERT on the same global batches (8 examples) in a fresh process
+whose device count is set by XLA_FLAGS before jax starts. Layouts must agree up to float32
+reduction order.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+STEPS = 6
+TOLERANCE = 2e-5
+
+
+def _flags(model: Path, data: dict[str, Path], output_dir: Path, per_device: int, *extra: str) -> list[str]:
+    return [
+        "train", "--model_name_or_path", str(model), "--train_file", str(data["train"]),
+        "--validation_file", str(data["validation"]), "--text_column", "sentence", "--output_dir", str(output_dir),
+        "--max_seq_length", "32", "--per_device_train_batch_size", str(per_device),
+        "--per_device_eval_batch_size", "4", "--learning_rate", "1e-3", "--max_steps", str(STEPS),
+        "--logging_steps", "2", "--save_steps", "3", "--seed", "3", "--disable_tqdm", *extra,
+    ]
+
+
+_RUNNER = textwrap.dedent(
+    """
+    import sys
+    from flaxheads.cli import main
+    if sys.argv[1] == "stop_after_first_save":
+        from flaxheads.training import checkpoints
+        real_save = checkpoints.RunCheckpoints.save
+        def save(self, *args):
+            real_save(self, *args)
+            raise SystemExit(3)
+        checkpoints.RunCheckpoints.save = save
+    sys.exit(main(sys.argv[2:]))
+    """
+)
+
+
+def _run(devices: int, argv: list[str], *, mode: str = "plain", env: dict | None = None, check: bool = True):
+    full_env = {**os.environ, "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-c", _RUNNER, mode, *argv], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc if not check else _finish(proc)
+
+
+def _finish(proc, expected: int = 0):
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == expected, f"exit {proc.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+    return out
+
+
+def _weights(directory: Path) -> dict[str, np.ndarray]:
+    return load_file(str(directory / "model.safetensors"))
+
+
+def _max_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def one_device(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("one_device")
+    _run(1, _flags(tiny_bert, snippets_csv, out, 8))
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_devices(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("four_devices")
+    _run(4, _flags(tiny_bert, snippets_csv, out, 2, "--mesh", "data=4"))
+    return out
+
+
+def test_four_way_data_parallel_matches_one_device(one_device, four_devices):
+    difference = _max_difference(_weights(one_device), _weights(four_devices))
+    print("1 device vs data=4:", difference)
+    assert 0 <= difference < TOLERANCE
+
+
+@pytest.mark.parametrize("layout", [["--mesh", "data=2,fsdp=2"], ["--mesh", "fsdp=4"], ["--parallel", "pmap"]],
+                         ids=["data2xfsdp2", "fsdp4", "pmap"])
+def test_layout_matches_one_device(layout, tiny_bert, snippets_csv, one_device, tmp_path):
+    _run(4, _flags(tiny_bert, snippets_csv, tmp_path, 2, *layout))
+    difference = _max_difference(_weights(one_device), _weights(tmp_path))
+    print(layout, "vs 1 device:", difference)
+    assert difference < TOLERANCE
+
+
+def test_checkpoint_saved_on_four_devices_resumes_on_two(tiny_bert, snippets_csv, four_devices, tmp_path):
+    _finish(_run(4, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--mesh", "data=2,fsdp=2"),
+                 mode="stop_after_first_save", check=False), expected=3)
+    out = _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 4, "--mesh", "fsdp=2"))
+    assert "resuming from step 3" in out
+    difference = _max_difference(_weights(four_devices), _weights(tmp_path))
+    print("4 devices, stopped at step 3, resumed on 2:", difference)
+    assert difference < TOLERANCE
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process_with_four_devices(tiny_bert, snippets_csv, four_devices, tmp_path):
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = [
+        _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--mesh", "data=4", "--coordinator_address", coordinator,
+                       "--num_processes", "2", "--process_id", str(i)), check=False)
+        for i in range(2)
+    ]
+    outputs = [_finish(p) for p in procs]
+    assert "resuming" not in outputs[0]
+    difference = _max_difference(_weights(four_devices), _weights(tmp_path))
+    print("2 processes x 2 devices vs 1 process x 4 devices:", difference)
+    assert difference < TOLERANCE
+    # Logs are written once, by process 0.
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len([line for line in lines if '"split": "train"' in line]) == STEPS // 2
+
+
+def test_bfloat16_parameters_for_inference_stay_close_to_float32(tiny_bert):
+    import jax
+    import jax.numpy as jnp
+
+    import flaxheads
+
+    full = flaxheads.from_pretrained(tiny_bert, num_labels=3, seed=1)
+    half = flaxheads.from_pretrained(tiny_bert, num_labels=3, seed=1, dtype="bfloat16", param_dtype="bfloat16")
+    leaves = jax.tree_util.tree_leaves(jax.tree.map(lambda x: x, __import__("flax").nnx.state(half)))
+    assert {leaf.dtype for leaf in leaves} == {jnp.dtype("bfloat16")}
+    ids = jnp.asarray(np.random.RandomState(0).randint(1000, 30000, (4, 16)), jnp.int32)
+    difference = float(jnp.abs(full(ids) - half(ids)).max())
+    print("bf16 parameters vs float32, max logit difference:", difference)
+    assert difference < 5e-2
