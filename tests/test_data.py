@@ -32,6 +32,8 @@ from flaxheads.data import (
     load_builtin,
     load_local_files,
     num_batches,
+    process_rows,
+    process_shards,
     tokenize_split,
     tokenize_task,
 )
@@ -532,3 +534,138 @@ def test_eval_process_slices_together_cover_every_example_once(indexed_train):
     assert shapes[0] == shapes[1]
     seen = [i for first, second in zip(*halves) for i in _real_examples([first, second])]
     assert seen == list(range(len(indexed_train)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Data shards
+
+
+def _own_rows(split, num_shards, process_index, process_count=2):
+    """What the trainer gives a process: its rows of the split, and the lengths of every example."""
+    rows = process_rows(len(split), num_shards, process_index, process_count)
+    shards = {"lengths": np.asarray(split["length"]), "num_shards": num_shards, "process_index": process_index,
+              "process_count": process_count}
+    return split.select(rows), shards
+
+
+def _shard_bounds(num_examples, num_shards):
+    return np.cumsum([0] + [len(c) for c in np.array_split(np.arange(num_examples), num_shards)])
+
+
+@pytest.mark.parametrize("num_shards", [2, 4])
+def test_a_process_reads_the_array_split_rows_of_its_block_of_shards(num_shards):
+    chunks = np.array_split(np.arange(203), num_shards)
+    for p in range(2):
+        shards = process_shards(num_shards, p, 2)
+        assert list(shards) == list(range(p * num_shards // 2, (p + 1) * num_shards // 2))
+        assert list(process_rows(203, num_shards, p, 2)) == np.concatenate([chunks[s] for s in shards]).tolist()
+    assert list(process_rows(203, 1, 1, 2)) == list(range(203))  # one shard: every process reads it all
+
+
+@pytest.mark.parametrize("group_by_length", [False, True], ids=["shuffled", "grouped"])
+@pytest.mark.parametrize("num_shards", [2, 4])
+def test_sharded_stream_visits_every_example_exactly_once_per_epoch(indexed_train, num_shards, group_by_length):
+    stream = TrainBatches(indexed_train, _index_format(), global_batch_size=32, seed=0, num_shards=num_shards,
+                          group_by_length=group_by_length)
+    assert stream.batches_per_epoch == num_batches(len(indexed_train), 32)
+    for _ in range(2):
+        epoch = [next(stream) for _ in range(stream.batches_per_epoch)]
+        assert sorted(_real_examples(epoch)) == list(range(len(indexed_train)))
+
+
+@pytest.mark.parametrize("num_shards", [2, 4])
+def test_part_s_of_every_sharded_batch_fillers_included_comes_from_shard_s(indexed_train, num_shards):
+    bounds = _shard_bounds(len(indexed_train), num_shards)
+    stream = TrainBatches(indexed_train, _index_format(), global_batch_size=32, seed=0, num_shards=num_shards,
+                          group_by_length=True)
+    for _ in range(stream.batches_per_epoch):
+        parts = next(stream)["labels"].reshape(num_shards, -1)
+        for shard, part in enumerate(parts):
+            assert bounds[shard] <= part.min() and part.max() < bounds[shard + 1]
+
+
+@pytest.mark.parametrize("num_shards", [2, 4])
+def test_processes_given_only_their_own_shards_reassemble_the_single_process_batches(indexed_train, num_shards):
+    def stream(dataset, **shards):
+        return TrainBatches(dataset, _index_format(), global_batch_size=32, seed=2, group_by_length=True, **shards)
+
+    whole = stream(indexed_train, num_shards=num_shards)
+    halves = [stream(own, **shards) for own, shards in (_own_rows(indexed_train, num_shards, p) for p in range(2))]
+    for _ in range(whole.batches_per_epoch + 3):  # into the second epoch
+        expected, parts = next(whole), [next(h) for h in halves]
+        for name in expected:
+            np.testing.assert_array_equal(np.concatenate([p[name] for p in parts]), expected[name])
+        for p, part in enumerate(parts):
+            rows = process_rows(len(indexed_train), num_shards, p, 2)
+            assert rows.start <= part["labels"].min() and part["labels"].max() < rows.stop
+
+
+def test_resuming_a_process_stream_of_sharded_data_yields_the_same_batches(indexed_train):
+    own, processes = _own_rows(indexed_train, 4, 1)
+
+    def stream(start=DataPosition()):
+        return TrainBatches(own, _index_format(), global_batch_size=32, seed=1, group_by_length=True, start=start,
+                            **processes)
+
+    uninterrupted = stream()
+    reference = [next(uninterrupted) for _ in range(12)]
+    resumed = stream(start=DataPosition(epoch=0, batch_in_epoch=4))
+    for expected in reference[4:]:
+        actual = next(resumed)
+        for name in expected:
+            np.testing.assert_array_equal(actual[name], expected[name])
+    assert resumed.position == uninterrupted.position
+
+
+@pytest.mark.parametrize("num_shards", [2, 4])
+def test_sharded_eval_walks_each_shard_in_order_and_processes_together_cover_every_example_once(
+    indexed_train, num_shards
+):
+    fmt = _index_format()
+    whole = list(eval_batches(indexed_train, fmt, global_batch_size=32, num_shards=num_shards))
+    bounds = _shard_bounds(len(indexed_train), num_shards)
+    for shard in range(num_shards):
+        in_shard = [b["labels"].reshape(num_shards, -1)[shard][b["example_mask"].reshape(num_shards, -1)[shard] == 1]
+                    for b in whole]
+        assert np.concatenate(in_shard).tolist() == list(range(bounds[shard], bounds[shard + 1]))
+    halves = [list(eval_batches(own, fmt, global_batch_size=32, **processes))
+              for own, processes in (_own_rows(indexed_train, num_shards, p) for p in range(2))]
+    assert len(halves[0]) == len(halves[1]) == len(whole) == num_batches(len(indexed_train), 32)
+    for first, second, expected in zip(*halves, whole):
+        for name in expected:
+            np.testing.assert_array_equal(np.concatenate([first[name], second[name]]), expected[name])
+    assert sorted(_real_examples(halves[0] + halves[1])) == list(range(len(indexed_train)))
+
+
+def test_a_shard_that_ran_out_fills_its_part_with_masked_copies_of_its_shortest_example():
+    # 33 examples in 2 shards: rows 0-16 (length 3) and 17-32 (length 6, except row 20: 2 tokens).
+    lengths = [3] * 17 + [6] * 16
+    lengths[20] = 2
+    _, last = eval_batches(_rows_of_lengths(lengths), _index_format(), global_batch_size=32, num_shards=2)
+    assert last["labels"].tolist() == [16] * 16 + [20] * 16
+    assert last["example_mask"].tolist() == [1.0] + [0.0] * 31
+    assert last["input_ids"].shape == (32, 16)
+
+
+def test_every_process_pads_to_the_bucket_of_the_longest_row_of_the_global_batch():
+    split = _rows_of_lengths([3, 3, 40, 40])  # shard 0 short, shard 1 long
+    for p in range(2):
+        own, processes = _own_rows(split, 2, p)
+        shapes = [b["input_ids"].shape for b in eval_batches(own, _index_format(), global_batch_size=2, **processes)]
+        assert shapes == [(1, 64), (1, 64)]
+
+
+def test_data_shards_that_do_not_divide_the_global_batch_are_rejected(indexed_train):
+    with pytest.raises(ValueError, match="multiple of the number of data shards 3"):
+        TrainBatches(indexed_train, _index_format(), global_batch_size=32, num_shards=3)
+
+
+def test_a_process_given_more_than_its_own_shards_is_rejected(indexed_train):
+    with pytest.raises(ValueError, match=r"reads rows \[0, 102\) of the 203 examples"):
+        TrainBatches(indexed_train, _index_format(), global_batch_size=32, num_shards=2, process_index=0,
+                     process_count=2)
+
+
+def test_more_data_shards_than_examples_are_rejected():
+    with pytest.raises(ValueError, match="2 examples cannot be cut into 4 data shards"):
+        list(eval_batches(_rows_of_lengths([3, 4]), _index_format(), global_batch_size=4, num_shards=4))

@@ -2,11 +2,13 @@
 
 Every run trains the same tiny BERT on the same global batches (8 examples) in a fresh process
 whose device count is set by XLA_FLAGS before jax starts. Layouts must agree up to float32
-reduction order.
+reduction order. The data is one shard, except for the two-process run and its reference, which
+cut it into two (`--data_shards 2`) so that each process reads only its half.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -85,6 +87,13 @@ def four_devices(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def four_devices_two_shards(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("four_devices_two_shards")
+    _run(4, _flags(tiny_bert, snippets_csv, out, 2, "--mesh", "data=4", "--data_shards", "2"))
+    return out
+
+
 def test_four_way_data_parallel_matches_one_device(one_device, four_devices):
     difference = _max_difference(_weights(one_device), _weights(four_devices))
     print("1 device vs data=4:", difference)
@@ -116,21 +125,43 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_match_one_process_with_four_devices(tiny_bert, snippets_csv, four_devices, tmp_path):
+def test_two_processes_reading_their_own_shards_match_one_process_with_four_devices(
+    tiny_bert, snippets_csv, four_devices_two_shards, tmp_path
+):
     coordinator = f"127.0.0.1:{_free_port()}"
     procs = [
-        _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--mesh", "data=4", "--coordinator_address", coordinator,
-                       "--num_processes", "2", "--process_id", str(i)), check=False)
+        _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--mesh", "data=4", "--data_shards", "2",
+                       "--coordinator_address", coordinator, "--num_processes", "2", "--process_id", str(i)),
+             check=False)
         for i in range(2)
     ]
     outputs = [_finish(p) for p in procs]
     assert "resuming" not in outputs[0]
-    difference = _max_difference(_weights(four_devices), _weights(tmp_path))
+    for i, out in enumerate(outputs):  # 128 train and 32 validation examples, half each
+        assert f"process {i}/2 tokenized 64 of 128 train, 16 of 32 validation examples (shards {i}-{i} of 2)" in out
+    difference = _max_difference(_weights(four_devices_two_shards), _weights(tmp_path))
     print("2 processes x 2 devices vs 1 process x 4 devices:", difference)
     assert difference < TOLERANCE
+    # Evaluation counts both processes' examples, as the single process does.
+    ours, reference = (json.loads((d / "results.json").read_text())["validation"]
+                       for d in (tmp_path, four_devices_two_shards))
+    assert ours["accuracy"] == reference["accuracy"] and ours["loss"] == pytest.approx(reference["loss"], abs=1e-5)
     # Logs are written once, by process 0.
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len([line for line in lines if '"split": "train"' in line]) == STEPS // 2
+
+
+def test_two_processes_reading_one_shard_are_refused_naming_data_shards(tiny_bert, snippets_csv, tmp_path):
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = [
+        _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--coordinator_address", coordinator,
+                       "--num_processes", "2", "--process_id", str(i)), check=False)
+        for i in range(2)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 2, f"exit {proc.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+        assert "--data_shards 1 must be a multiple of the process count 2" in err
 
 
 def test_bfloat16_parameters_for_inference_stay_close_to_float32(tiny_bert):

@@ -167,6 +167,18 @@ def test_output_dir_of_another_head_is_refused(tiny_bert, snippets_csv, uninterr
         train(_config(tiny_bert, snippets_csv, uninterrupted, head="mean"))
 
 
+def test_output_dir_of_a_run_with_other_data_shards_is_refused(tiny_bert, snippets_csv, uninterrupted):
+    with pytest.raises(CheckpointMismatch, match="data_shards"):
+        train(_config(tiny_bert, snippets_csv, uninterrupted, data_shards=2))
+
+
+def test_data_shards_that_do_not_divide_the_global_batch_are_refused_naming_the_flag(
+    tiny_bert, snippets_csv, tmp_path
+):
+    with pytest.raises(ValueError, match="--data_shards 3 must divide the global train batch of 8"):
+        train(_config(tiny_bert, snippets_csv, tmp_path, data_shards=3))
+
+
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tiny_bert, snippets_csv, tmp_path):
     with pytest.raises(NonFiniteLoss, match=r"at step \d+") as err:
         train(_config(tiny_bert, snippets_csv, tmp_path, learning_rate=1e30, max_grad_norm=0.0, warmup_ratio=0.0,

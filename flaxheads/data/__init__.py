@@ -5,6 +5,10 @@
     batch_format = BatchFormat.for_task(task, tokenizer, max_seq_length=128)
     train = TrainBatches(tokenized["train"], batch_format, global_batch_size=32, seed=0)
     for batch in eval_batches(tokenized["validation"], batch_format, global_batch_size=64): ...
+
+Several processes, each reading only its data shards: process p tokenises
+`split.select(process_rows(len(split), S, p, P))` and passes those rows with `num_shards=S`,
+`process_index=p`, `process_count=P` and `lengths` (`example_lengths` of every example, gathered).
 """
 
 from flaxheads.data.batching import (
@@ -15,7 +19,10 @@ from flaxheads.data.batching import (
     bucket_lengths,
     epoch_order,
     eval_batches,
+    example_lengths,
     num_batches,
+    process_rows,
+    process_shards,
 )
 from flaxheads.data.builtin import (
     BUILTIN_DATASETS,
@@ -45,12 +52,15 @@ __all__ = [
     "encode_labels",
     "epoch_order",
     "eval_batches",
+    "example_lengths",
     "load_builtin",
     "load_local_files",
     "load_named_dataset",
     "movie_snippets",
     "movie_snippets_regression",
     "num_batches",
+    "process_rows",
+    "process_shards",
     "sms_spam",
     "split_dataset",
     "tokenize_split",

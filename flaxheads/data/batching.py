@@ -4,19 +4,28 @@ evaluation pass that sees every example exactly once.
 Shapes. The batch size is fixed and the sequence length is padded up to a bucket from
 `bucket_lengths(max_seq_length)`, so a jitted step compiles at most once per bucket.
 
-Filler rows. A global batch that runs out of examples (the last of an epoch or of an
-evaluation pass) is completed with copies of its own first example carrying `example_mask` 0.
-Copies rather than all-padding rows keep every row a well-formed sequence: a fully masked row
-turns a `-inf` attention bias into NaN, and a NaN loss times a 0 mask is still NaN.
+Data shards. A split's rows are cut into `num_shards` S contiguous shards (the boundaries of
+`np.array_split`), and rows `[s * B/S, (s + 1) * B/S)` of every global batch of B rows come from
+shard s: in each epoch's order of that shard for training, in index order for evaluation. With
+S = 1 the whole split is one shard, walked in one order.
+
+Filler rows. A shard that runs out of examples (in the last batches of an epoch or of an
+evaluation pass) completes its part of the batch with copies of that part's first example, or,
+once it has none left, of the shard's shortest example, carrying `example_mask` 0. Copies rather
+than all-padding rows keep every row a well-formed sequence: a fully masked row turns a `-inf`
+attention bias into NaN, and a NaN loss times a 0 mask is still NaN.
 
 Several hosts. With `process_count` P every process builds the same global batch plan and keeps
-rows `[p * B/P, (p + 1) * B/P)` of it, reading only those rows from the split. The bucket comes
-from the lengths of the whole global batch, so all processes pad to the same shape.
+rows `[p * B/P, (p + 1) * B/P)` of it. When S is a multiple of P those rows are exactly the parts
+of shards `[p * S/P, (p + 1) * S/P)`, so a process needs (and tokenises) only those shards' rows
+(`process_rows`); it is given them together with the lengths of every example of the split, from
+which all processes pick the same bucket for a global batch and pad to the same shape.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 
@@ -111,49 +120,93 @@ class DataPosition:
         return cls(epoch=int(saved["epoch"]), batch_in_epoch=int(saved["batch_in_epoch"]))
 
 
-def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+def epoch_order(num_examples: int, seed: int, epoch: int, shard: int | None = None) -> np.ndarray:
     """The order in which epoch `epoch` visits the examples: a permutation of
-    `range(num_examples)` that depends only on `(seed, epoch)`."""
-    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+    `range(num_examples)` that depends only on `(seed, epoch)`, and on `shard` when the split is
+    cut into several data shards (None: a single shard)."""
+    return np.random.default_rng(_stream(seed, epoch, shard)).permutation(num_examples)
 
 
 def length_grouped_order(
-    lengths: np.ndarray, seed: int, epoch: int, global_batch_size: int, batches_per_group: int = 32
+    lengths: np.ndarray, seed: int, epoch: int, batch_size: int, batches_per_group: int = 32,
+    shard: int | None = None,
 ) -> np.ndarray:
-    """`epoch_order`, rearranged so each global batch holds examples of similar length.
+    """`epoch_order`, rearranged so each batch of `batch_size` rows (a shard's part of a global
+    batch) holds examples of similar length.
 
     The shuffled order is cut into groups of `batches_per_group` batches; each group is sorted
     by length and cut into batches, and the batches of the epoch are shuffled again. Batches stay
     random in content and order, but pad to smaller buckets (the idea of transformers'
-    `group_by_length`). Depends only on (lengths, seed, epoch), so resuming stays exact.
+    `group_by_length`). Depends only on (lengths, seed, epoch, shard), so resuming stays exact.
     """
-    order = epoch_order(len(lengths), seed, epoch)
-    group = global_batch_size * batches_per_group
+    order = epoch_order(len(lengths), seed, epoch, shard)
+    group = batch_size * batches_per_group
     # A stable sort keeps ties in shuffled order.
     chunks = [c[np.argsort(-lengths[c], kind="stable")] for c in np.split(order, range(group, len(order), group))]
     grouped = np.concatenate(chunks)
-    batches = np.split(grouped, range(global_batch_size, len(grouped), global_batch_size))
+    batches = np.split(grouped, range(batch_size, len(grouped), batch_size))
     # The partial batch stays last so the epoch still ends with the only filler rows.
-    full, last = (batches[:-1], batches[-1:]) if len(batches[-1]) < global_batch_size else (batches, [])
-    shuffled = [full[i] for i in np.random.default_rng([seed, epoch, 1]).permutation(len(full))]
+    full, last = (batches[:-1], batches[-1:]) if len(batches[-1]) < batch_size else (batches, [])
+    shuffled = [full[i] for i in np.random.default_rng(_stream(seed, epoch, shard, 1)).permutation(len(full))]
     return np.concatenate(shuffled + last)
 
 
+def _stream(seed: int, epoch: int, shard: int | None, *more: int) -> list[int]:
+    """Seed of a random stream. A single shard (None) keys on (seed, epoch) alone, as runs did
+    before data shards, so their data order is unchanged."""
+    return [seed, epoch, *([] if shard is None else [shard]), *more]
+
+
 def num_batches(num_examples: int, global_batch_size: int) -> int:
-    """Global batches needed to see every example once, the last one completed with filler."""
+    """Global batches needed to see every example once, the last one completed with filler.
+
+    The same for any number of data shards S: the largest shard has ceil(n / S) examples, and
+    ceil(ceil(n / S) / (B / S)) = ceil(n / B).
+    """
     return math.ceil(num_examples / global_batch_size)
+
+
+def shard_bounds(num_examples: int, num_shards: int) -> np.ndarray:
+    """(num_shards + 1,) int64: shard s is rows `[bounds[s], bounds[s + 1])`, cut as
+    `np.array_split` cuts (the first `num_examples % num_shards` shards one row longer)."""
+    if num_shards <= 0:
+        raise ValueError(f"the number of data shards must be positive, got {num_shards}")
+    sizes = np.full(num_shards, num_examples // num_shards, dtype=np.int64)
+    sizes[: num_examples % num_shards] += 1
+    return np.concatenate([[0], np.cumsum(sizes)])
+
+
+def process_shards(num_shards: int, process_index: int = 0, process_count: int = 1) -> range:
+    """The shards with rows in process p's slice of every global batch: `[p * S/P, (p + 1) * S/P)`
+    when S is a multiple of P, so that each shard is read by one process; with S = 1, the whole
+    split, read by every process."""
+    return range(process_index * num_shards // process_count, -(-(process_index + 1) * num_shards // process_count))
+
+
+def process_rows(num_examples: int, num_shards: int, process_index: int = 0, process_count: int = 1) -> range:
+    """The rows of a split of `num_examples` that a process reads: those of its `process_shards`,
+    one contiguous range. Give `TrainBatches` and `eval_batches` exactly these rows."""
+    bounds = shard_bounds(num_examples, num_shards)
+    shards = process_shards(num_shards, process_index, process_count)
+    return range(int(bounds[shards.start]), int(bounds[shards.stop]))
 
 
 class TrainBatches:
     """An endless stream of training batches, reshuffled each epoch and resumable anywhere.
 
-    Each epoch visits every example exactly once, in `epoch_order(n, seed, epoch)`, as
-    `num_batches(n, global_batch_size)` global batches; the last is completed with filler rows.
-    `position` is the position of the next batch: save `position.to_dict()` with a checkpoint,
-    and a stream started from `DataPosition.from_dict(saved)` yields exactly the batches an
-    uninterrupted stream would have yielded from there.
+    Each epoch visits every example exactly once, as `num_batches(n, global_batch_size)` global
+    batches; the last ones are completed with filler rows. With one data shard the epoch's order
+    is `epoch_order(n, seed, epoch)` (or `length_grouped_order` with `group_by_length`); with
+    `num_shards` S > 1 each shard is walked in its own such order (`shard=s`), and part s of every
+    global batch comes from shard s (see the module docstring). `position` is the position of the
+    next batch: save `position.to_dict()` with a checkpoint, and a stream started from
+    `DataPosition.from_dict(saved)` yields exactly the batches an uninterrupted stream would have
+    yielded from there.
 
-    Each batch is this process's `global_batch_size // process_count` rows (see `make_batch`).
+    `dataset` is the split (a single process, or S = 1), or this process's `process_rows` of it
+    with `lengths` the token counts of every example of the split. Each batch is this process's
+    `global_batch_size // process_count` rows (see `make_batch`). The batches depend on
+    (split, seed, global_batch_size, num_shards, group_by_length), not on the process count.
     """
 
     def __init__(
@@ -167,21 +220,20 @@ class TrainBatches:
         process_index: int = 0,
         process_count: int = 1,
         group_by_length: bool = False,
+        num_shards: int = 1,
+        lengths: np.ndarray | None = None,
     ):
-        if len(dataset) == 0:
+        if (len(dataset) if lengths is None else len(lengths)) == 0:
             raise ValueError("cannot train on an empty split")
         self._group_by_length = group_by_length
-        _check_processes(global_batch_size, process_index, process_count)
-        self._dataset = dataset
-        self._lengths = example_lengths(dataset)
-        self._format = batch_format
-        self._global_batch_size = global_batch_size
+        self._split = _ShardedSplit(
+            dataset, lengths, batch_format, global_batch_size=global_batch_size, num_shards=num_shards,
+            process_index=process_index, process_count=process_count,
+        )
         self._seed = seed
-        self._process_index = process_index
-        self._process_count = process_count
-        self.batches_per_epoch = num_batches(len(dataset), global_batch_size)
+        self.batches_per_epoch = num_batches(len(self._split.lengths), global_batch_size)
         self.position = start
-        self._order_epoch, self._order = None, None
+        self._order_epoch, self._orders = None, None
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -199,26 +251,22 @@ class TrainBatches:
         """The batch at `position`, without moving the stream."""
         if not 0 <= position.batch_in_epoch < self.batches_per_epoch:
             raise ValueError(f"{position} is outside an epoch of {self.batches_per_epoch} batches")
-        start = position.batch_in_epoch * self._global_batch_size
-        examples = self._epoch_order(position.epoch)[start : start + self._global_batch_size]
-        return make_batch(
-            self._dataset,
-            self._lengths,
-            examples,
-            self._format,
-            global_batch_size=self._global_batch_size,
-            process_index=self._process_index,
-            process_count=self._process_count,
-        )
+        return self._split.batch(self._epoch_orders(position.epoch), position.batch_in_epoch)
 
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        if self._order_epoch != epoch:  # one permutation per epoch, not per batch
-            if self._group_by_length:
-                order = length_grouped_order(self._lengths, self._seed, epoch, self._global_batch_size)
-            else:
-                order = epoch_order(len(self._dataset), self._seed, epoch)
-            self._order_epoch, self._order = epoch, order
-        return self._order
+    def _epoch_orders(self, epoch: int) -> list[np.ndarray]:
+        if self._order_epoch != epoch:  # one permutation per shard and epoch, not per batch
+            split = self._split
+            orders = []
+            for shard, (first, end) in enumerate(split.shard_ranges):
+                key = None if len(split.shard_ranges) == 1 else shard
+                if self._group_by_length:
+                    order = length_grouped_order(split.lengths[first:end], self._seed, epoch, split.part_size,
+                                                 shard=key)
+                else:
+                    order = epoch_order(end - first, self._seed, epoch, key)
+                orders.append(first + order)
+            self._order_epoch, self._orders = epoch, orders
+        return self._orders
 
 
 def eval_batches(
@@ -228,25 +276,23 @@ def eval_batches(
     global_batch_size: int,
     process_index: int = 0,
     process_count: int = 1,
+    num_shards: int = 1,
+    lengths: np.ndarray | None = None,
 ) -> Iterator[Batch]:
-    """One pass over `dataset` in order, `num_batches(len(dataset), global_batch_size)` batches.
+    """One pass over the split, `num_batches(n, global_batch_size)` batches; part s of each global
+    batch walks shard s in index order (one shard: the whole split in order).
 
     Concatenating the rows with `example_mask` 1 across processes and batches gives every
-    example exactly once, in dataset order; the last batch is completed with filler rows.
+    example exactly once (in dataset order when `num_shards` is 1); the last batches are completed
+    with filler rows. `dataset` and `lengths` are as for `TrainBatches`.
     """
-    _check_processes(global_batch_size, process_index, process_count)
-    lengths = example_lengths(dataset)
-    for start in range(0, len(dataset), global_batch_size):
-        examples = np.arange(start, min(start + global_batch_size, len(dataset)))
-        yield make_batch(
-            dataset,
-            lengths,
-            examples,
-            batch_format,
-            global_batch_size=global_batch_size,
-            process_index=process_index,
-            process_count=process_count,
-        )
+    split = _ShardedSplit(
+        dataset, lengths, batch_format, global_batch_size=global_batch_size, num_shards=num_shards,
+        process_index=process_index, process_count=process_count,
+    )
+    in_order = [np.arange(first, end) for first, end in split.shard_ranges]
+    for batch_index in range(num_batches(len(split.lengths), global_batch_size)):
+        yield split.batch(in_order, batch_index)
 
 
 def example_lengths(dataset: datasets.Dataset) -> np.ndarray:
@@ -256,41 +302,96 @@ def example_lengths(dataset: datasets.Dataset) -> np.ndarray:
     return np.asarray([len(ids) for ids in dataset["input_ids"]], dtype=np.int64)
 
 
+class _ShardedSplit:
+    """This process's rows of a split cut into data shards, and how global batches take them."""
+
+    def __init__(
+        self,
+        dataset: datasets.Dataset,
+        lengths: np.ndarray | None,
+        batch_format: BatchFormat,
+        *,
+        global_batch_size: int,
+        num_shards: int,
+        process_index: int,
+        process_count: int,
+    ):
+        _check_processes(global_batch_size, process_index, process_count, num_shards)
+        self.lengths = example_lengths(dataset) if lengths is None else np.asarray(lengths, dtype=np.int64)
+        num_examples = len(self.lengths)
+        if 0 < num_examples < num_shards:
+            raise ValueError(f"a split of {num_examples} examples cannot be cut into {num_shards} data shards")
+        rows = process_rows(num_examples, num_shards, process_index, process_count)
+        if len(dataset) != len(rows):
+            raise ValueError(
+                f"process {process_index} of {process_count} reads rows [{rows.start}, {rows.stop}) of the "
+                f"{num_examples} examples ({num_shards} data shards) but was given {len(dataset)} rows: pass "
+                "exactly its `process_rows` and the `lengths` of the whole split"
+            )
+        bounds = shard_bounds(num_examples, num_shards)
+        self.shard_ranges = [(int(first), int(end)) for first, end in itertools.pairwise(bounds)]
+        # A shard that has run out pads with its shortest example: it rarely raises the bucket.
+        self._shortest = [first + int(np.argmin(self.lengths[first:end])) if end > first else -1
+                          for first, end in self.shard_ranges]
+        self.part_size = global_batch_size // num_shards
+        self._dataset, self._first_row, self._format = dataset, rows.start, batch_format
+        self._process_index, self._process_count = process_index, process_count
+
+    def batch(self, shard_orders: Sequence[np.ndarray], batch_index: int) -> Batch:
+        """This process's rows of global batch `batch_index`, whose part s holds rows
+        `[b * B/S, (b + 1) * B/S)` of `shard_orders[s]` (split indices of shard s), then filler."""
+        rows, real = [], []
+        for shard, order in enumerate(shard_orders):
+            part = order[batch_index * self.part_size : (batch_index + 1) * self.part_size]
+            filler = part[0] if len(part) else self._shortest[shard]
+            rows.append(np.concatenate([part, np.full(self.part_size - len(part), filler, dtype=np.int64)]))
+            real.append(np.arange(self.part_size) < len(part))
+        return make_batch(
+            self._dataset, self.lengths, np.concatenate(rows), np.concatenate(real).astype(np.float32),
+            self._format, process_index=self._process_index, process_count=self._process_count,
+            first_row=self._first_row,
+        )
+
+
 def make_batch(
     dataset: datasets.Dataset,
     lengths: np.ndarray,
-    examples: np.ndarray,
+    rows: np.ndarray,
+    example_mask: np.ndarray,
     batch_format: BatchFormat,
     *,
-    global_batch_size: int,
     process_index: int = 0,
     process_count: int = 1,
+    first_row: int = 0,
 ) -> Batch:
-    """This process's slice of the global batch holding `examples` (1 to global_batch_size
-    dataset indices) followed by filler rows.
+    """This process's slice of the global batch of split rows `rows` (global_batch_size indices,
+    filler rows included), whose `example_mask` is 1 for real examples and 0 for fillers.
+
+    `dataset` holds split rows `[first_row, first_row + len(dataset))`, which must include this
+    process's slice of `rows`; `lengths` is the token count of every example of the split, so that
+    every process pads to the bucket of the longest row of the whole global batch.
 
     Returns, for B = global_batch_size // process_count and T the global batch's bucket:
     `input_ids`, `attention_mask` and (if the split has them) `token_type_ids` int32 (B, T);
     `labels` int32 (B,) single-label, float32 (B,) regression or float32 (B, num_labels)
     multi-label (absent if the split has none); `example_mask` float32 (B,), 1 for real rows.
     """
-    if not 0 < len(examples) <= global_batch_size:
-        raise ValueError(f"a batch needs 1 to {global_batch_size} examples, got {len(examples)}")
-    padded_length = bucket_for(int(lengths[examples].max()), batch_format.buckets)
-    rows = np.full(global_batch_size, examples[0])
-    rows[: len(examples)] = examples
-    example_mask = (np.arange(global_batch_size) < len(examples)).astype(np.float32)
-    local_size = global_batch_size // process_count
+    padded_length = bucket_for(int(lengths[rows].max()), batch_format.buckets)
+    local_size = len(rows) // process_count
     local = slice(process_index * local_size, (process_index + 1) * local_size)
-    records = dataset[rows[local].tolist()]
+    records = dataset[(rows[local] - first_row).tolist()]
     return _collate(records, padded_length, example_mask[local], batch_format)
 
 
-def _check_processes(global_batch_size: int, process_index: int, process_count: int) -> None:
+def _check_processes(global_batch_size: int, process_index: int, process_count: int, num_shards: int = 1) -> None:
     if global_batch_size <= 0 or global_batch_size % process_count:
         raise ValueError(
             f"the global batch size {global_batch_size} must be a positive multiple of the "
             f"process count {process_count}"
+        )
+    if num_shards <= 0 or global_batch_size % num_shards:
+        raise ValueError(
+            f"the global batch size {global_batch_size} must be a multiple of the number of data shards {num_shards}"
         )
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} is outside [0, {process_count})")

@@ -59,6 +59,11 @@ class TrainConfig:
     process_id: int | None = None
     distributed: bool = False
     """Call jax.distributed.initialize() with the cluster's auto-detection (TPU pods, SLURM)."""
+    data_shards: int = 1
+    """Contiguous shards the data is cut into; each process reads and tokenises only its own. Set
+    it to the number of processes (or a multiple) on multi-host runs: it must be a multiple of the
+    process count and divide the global train and eval batches. The data order depends on it, not
+    on the layout, so a run is reproducible on any devices and processes with the same value."""
 
     # Bookkeeping.
     logging_steps: int = 50
@@ -72,7 +77,8 @@ class TrainConfig:
 
     def __post_init__(self):
         positive = ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size",
-                    "gradient_accumulation_steps", "logging_steps", "save_steps", "save_total_limit")
+                    "gradient_accumulation_steps", "logging_steps", "save_steps", "save_total_limit",
+                    "data_shards")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")

@@ -7,11 +7,13 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
+import datasets
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from flaxheads import data, problem
 from flaxheads.backbones import backbone_config_from_hf, backbone_spec
@@ -100,12 +102,78 @@ def _identity(model: SequenceClassifier, task: data.TaskData, cfg: TrainConfig) 
         "problem_type": task.problem_type,
         "global_batch_size": _global_batch(cfg),
         "max_seq_length": cfg.max_seq_length,
+        # Only more than one data shard changes the data order: with one, the identity (and so
+        # which existing checkpoints resume) stays as it was before data shards.
+        **({"data_shards": cfg.data_shards} if cfg.data_shards > 1 else {}),
     }
 
 
 def _global_batch(cfg: TrainConfig) -> int:
     """Examples per optimizer step, over every device of every process."""
     return cfg.per_device_train_batch_size * jax.device_count() * cfg.gradient_accumulation_steps
+
+
+def _check_data_shards(cfg: TrainConfig, task: data.TaskData, train_batch: int, eval_batch: int) -> None:
+    """ValueError naming --data_shards unless each process can read only its own shards."""
+    shards, processes = cfg.data_shards, jax.process_count()
+    if shards % processes:
+        raise ValueError(
+            f"--data_shards {shards} must be a multiple of the process count {processes}, so that each process "
+            f"reads and tokenises only its own shards of the data: set it to {processes} (or a multiple)"
+        )
+    for name, size in (("train", train_batch), ("eval", eval_batch)):
+        if size % shards:
+            raise ValueError(
+                f"--data_shards {shards} must divide the global {name} batch of {size} examples: each shard "
+                "fills an equal part of every batch"
+            )
+    for name, split in task.splits.items():
+        if len(split) < shards:
+            raise ValueError(f"--data_shards {shards} is more than the {len(split)} examples of the {name} split")
+
+
+class _OwnSplit(NamedTuple):
+    """A split as this process holds it."""
+
+    rows: datasets.Dataset
+    """This process's rows of the split (those of its data shards), tokenised."""
+    lengths: np.ndarray
+    """Token count of every example of the whole split, the same on every process."""
+
+
+def _tokenize_own_shards(task: data.TaskData, tokenizer, cfg: TrainConfig, cache_dir: Path) -> dict[str, _OwnSplit]:
+    """Every split of `task`, of which this process tokenises only the rows of its data shards."""
+    index, count = jax.process_index(), jax.process_count()
+    shards = data.process_shards(cfg.data_shards, index, count)
+    own, counts = {}, []
+    for name, split in task.splits.items():
+        rows = data.process_rows(len(split), cfg.data_shards, index, count)
+        # The whole split is not re-selected, so that it keeps its tokenisation cache.
+        selected = split if len(rows) == len(split) else split.select(rows)
+        tokenized = data.tokenize_split(selected, tokenizer, cfg.max_seq_length, cache_dir=cache_dir)
+        lengths = _gather_lengths(data.example_lengths(tokenized), len(split), cfg.data_shards)
+        own[name] = _OwnSplit(tokenized, lengths)
+        counts.append(f"{len(rows)} of {len(split)} {name}")
+    print(f"process {index}/{count} tokenized {', '.join(counts)} examples "
+          f"(shards {shards.start}-{shards.stop - 1} of {cfg.data_shards})")
+    return own
+
+
+def _gather_lengths(own_lengths: np.ndarray, num_examples: int, num_shards: int) -> np.ndarray:
+    """Token counts of every example of a split, from each process's counts of its own rows: a
+    collective every process takes part in (a single process holds every row already)."""
+    count = jax.process_count()
+    if count == 1:
+        return own_lengths
+    rows_by_process = [data.process_rows(num_examples, num_shards, p, count) for p in range(count)]
+    # process_allgather stacks arrays of one shape: each process pads its counts to the longest.
+    padded = np.zeros(max(map(len, rows_by_process)), np.int32)
+    padded[: len(own_lengths)] = own_lengths
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    lengths = np.empty(num_examples, np.int64)
+    for p, rows in enumerate(rows_by_process):
+        lengths[rows.start : rows.stop] = gathered[p, : len(rows)]
+    return lengths
 
 
 def _host(tree: Any) -> Any:
@@ -120,8 +188,10 @@ def _best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
 class _Evaluator:
     """Metrics over a whole split; every process feeds its rows and gets the global result."""
 
-    def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int):
+    def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int,
+                 num_shards: int = 1):
         self.problem_type = problem_type
+        self.num_shards = num_shards
         self.layout = layout
         self.batch_format = batch_format
         self.batch_size = eval_batch_size
@@ -133,11 +203,13 @@ class _Evaluator:
 
         self.step = jax.jit(step, out_shardings=layout.replicated)
 
-    def __call__(self, params, split) -> dict[str, float]:
+    def __call__(self, params, rows, lengths: np.ndarray | None = None) -> dict[str, float]:
+        """`rows`: the split, or this process's rows of it with `lengths` of the whole split."""
         acc = metrics_lib.MetricAccumulator(self.problem_type)
         for batch in data.eval_batches(
-            split, self.batch_format, global_batch_size=self.batch_size,
+            rows, self.batch_format, global_batch_size=self.batch_size,
             process_index=jax.process_index(), process_count=jax.process_count(),
+            num_shards=self.num_shards, lengths=lengths,
         ):
             out = _host(self.step(params, self.layout.put_batch(batch)))
             acc.add(out["logits"], out["labels"], out["example_mask"], loss=out["loss"])
@@ -156,6 +228,9 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     output_dir = Path(cfg.output_dir)
     src = model_path(cfg)
     task = load_task(cfg)
+    global_batch = _global_batch(cfg)
+    eval_batch = cfg.per_device_eval_batch_size * jax.device_count()
+    _check_data_shards(cfg, task, global_batch, eval_batch)
     tokenizer, pad_token_id = _checkpoint_tokenizer(src)
     layout = Layout.create(cfg.mesh)
     if cfg.parallel not in PARALLEL:
@@ -173,10 +248,9 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         placement=layout.param_sharding if cfg.parallel == "jit" else None,
         output_loading_info=True,
     )
-    tokenized = data.tokenize_task(task, tokenizer, cfg.max_seq_length, cache_dir=output_dir / "tokenized")
+    tokenized = _tokenize_own_shards(task, tokenizer, cfg, output_dir / "tokenized")
     batch_format = data.BatchFormat.for_task(task, tokenizer, cfg.max_seq_length)
-    global_batch = _global_batch(cfg)
-    batches_per_epoch = data.num_batches(len(tokenized["train"]), global_batch)
+    batches_per_epoch = data.num_batches(len(tokenized["train"].lengths), global_batch)
     total_steps = cfg.max_steps if cfg.max_steps > 0 else math.ceil(cfg.num_train_epochs * batches_per_epoch)
     schedule = learning_rate_schedule(
         cfg.learning_rate, total_steps, math.ceil(cfg.warmup_ratio * total_steps), cfg.lr_scheduler_type
@@ -207,12 +281,12 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         print(info)
 
     train_batches = data.TrainBatches(
-        tokenized["train"], batch_format, global_batch_size=global_batch, seed=cfg.seed, start=position,
+        tokenized["train"].rows, batch_format, global_batch_size=global_batch, seed=cfg.seed, start=position,
         process_index=jax.process_index(), process_count=jax.process_count(), group_by_length=cfg.group_by_length,
+        num_shards=cfg.data_shards, lengths=tokenized["train"].lengths,
     )
     accum = cfg.gradient_accumulation_steps
-    evaluate = _Evaluator(graphdef, task.problem_type, layout, batch_format,
-                          cfg.per_device_eval_batch_size * jax.device_count())
+    evaluate = _Evaluator(graphdef, task.problem_type, layout, batch_format, eval_batch, cfg.data_shards)
     rng = jax.random.key(cfg.seed)
     pending: list[tuple[int, dict]] = []
 
@@ -247,7 +321,7 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
             return None
         if last_eval.get("step") == step:
             return last_eval["result"]
-        result = evaluate(runner.params(state), tokenized["validation"])
+        result = evaluate(runner.params(state), *tokenized["validation"])
         last_eval.update(step=step, result=result)
         log.log(step, "eval", result)
         bar.write(format_summary("eval", step, result))
@@ -288,7 +362,7 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         if "validation" in tokenized:
             results["validation"] = run_eval(step)
         if "test" in tokenized:
-            results["test"] = evaluate(runner.params(state), tokenized["test"])
+            results["test"] = evaluate(runner.params(state), *tokenized["test"])
             log.log(step, "test", results["test"])
             bar.write(format_summary("test", step, results["test"]))
         _export(graphdef, runner.params(state), tokenizer, output_dir, layout)
