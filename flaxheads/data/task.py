@@ -11,11 +11,8 @@ from collections.abc import Mapping
 
 import datasets
 
-# The strings Hugging Face's `config.problem_type` uses; `flaxheads.problem` uses the same ones.
-REGRESSION = "regression"
-SINGLE_LABEL = "single_label_classification"
-MULTI_LABEL = "multi_label_classification"
-PROBLEM_TYPES = (SINGLE_LABEL, MULTI_LABEL, REGRESSION)
+# Hugging Face's `config.problem_type` strings, defined once in `flaxheads.problem`.
+from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL  # noqa: F401 (re-exported)
 
 TEXT = "text"
 TEXT_PAIR = "text_pair"
