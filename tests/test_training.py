@@ -226,3 +226,32 @@ def test_predict_command_prints_a_label_and_probabilities_per_text(uninterrupted
     for row in rows:
         assert row["label"] in ("negative", "positive")
         assert sum(row["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_regression_run_reports_mse_and_exports_a_regression_config(tiny_bert, tmp_path):
+    import transformers
+
+    rows = [("a great and moving film", 3.1), ("dull, tedious, far too long", -2.4), ("fine", 0.4),
+            ("an instant classic", 3.6), ("a mess", -3.0), ("watchable", 0.8), ("awful", -3.5), ("lovely", 2.7)]
+    for split in ("train", "validation"):
+        with open(tmp_path / f"{split}.csv", "w") as f:
+            f.write("sentence,score\n" + "".join(f'"{t}",{s}\n' for t, s in rows))
+    data = {"train": tmp_path / "train.csv", "validation": tmp_path / "validation.csv"}
+    result = train(_config(tiny_bert, data, tmp_path / "out", label_column="score", max_steps=2))
+    assert set(result["validation"]) == {"mse", "pearson", "spearman", "loss"}
+    assert result["best"]["metric"] == "mse"
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "out")
+    assert (config.num_labels, config.problem_type) == (1, "regression")
+
+
+def test_multi_label_run_reports_f1_and_predicts_label_sets(tiny_bert, tmp_path):
+    rows = [{"text": "goal match", "tags": ["sports"]}, {"text": "vote law", "tags": ["politics"]},
+            {"text": "goal vote", "tags": ["politics", "sports"]}, {"text": "chip code", "tags": ["tech"]}] * 4
+    for split in ("train", "validation"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = {"train": tmp_path / "train.jsonl", "validation": tmp_path / "validation.jsonl"}
+    result = train(_config(tiny_bert, data, tmp_path / "out", text_column="text", label_column="tags", max_steps=2))
+    assert set(result["validation"]) == {"accuracy", "micro_f1", "macro_f1", "loss"}
+    (row,) = predict(tmp_path / "out", ["goal vote"])
+    assert set(row["probabilities"]) == {"politics", "sports", "tech"}
+    assert set(row["labels"]) <= {"politics", "sports", "tech"}
