@@ -124,7 +124,11 @@ class PmapParallel:
 PARALLEL = {"jit": JitParallel, "pmap": PmapParallel}
 
 
+def host_values(tree: Any) -> Any:
+    """numpy values of replicated (or single-device) arrays, on any process."""
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
 def host_copy(tree: Any, layout: Layout) -> Any:
     """numpy copies of a (possibly sharded, possibly multi-host) tree, on every process."""
-    replicated = jax.jit(lambda t: t, out_shardings=layout.replicated)(tree)
-    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), replicated)
+    return host_values(jax.jit(lambda t: t, out_shardings=layout.replicated)(tree))

@@ -27,7 +27,7 @@ from flaxheads.training.config import TrainConfig
 from flaxheads.training.optim import learning_rate_schedule, make_optimizer
 from flaxheads.training.run_log import ProgressBar, RunLogger, format_summary
 from flaxheads.training.distributed import initialize as initialize_distributed
-from flaxheads.training.parallel import PARALLEL, host_copy
+from flaxheads.training.parallel import PARALLEL, host_copy, host_values
 from flaxheads.training.sharding import Layout
 from flaxheads.training.step import make_eval_step
 
@@ -176,11 +176,6 @@ def _gather_lengths(own_lengths: np.ndarray, num_examples: int, num_shards: int)
     return lengths
 
 
-def _host(tree: Any) -> Any:
-    """numpy values of replicated (or single-device) arrays, on any process."""
-    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
-
-
 def _best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
     return cfg.metric_for_best_model or ("mse" if problem_type == problem.REGRESSION else "accuracy")
 
@@ -211,7 +206,7 @@ class _Evaluator:
             process_index=jax.process_index(), process_count=jax.process_count(),
             num_shards=self.num_shards, lengths=lengths,
         ):
-            out = _host(self.step(params, self.layout.put_batch(batch)))
+            out = host_values(self.step(params, self.layout.put_batch(batch)))
             acc.add(out["logits"], out["labels"], out["example_mask"], loss=out["loss"])
         return acc.compute()
 
@@ -294,7 +289,7 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
         """Fetches the metrics of the steps run since the last flush; raises on a non-finite loss."""
         if not pending:
             return None
-        fetched = _host([m for _, m in pending])
+        fetched = host_values([m for _, m in pending])
         for (step, _), m in zip(pending, fetched):
             if not np.isfinite(m["loss"]):
                 raise NonFiniteLoss(
