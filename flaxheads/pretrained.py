@@ -66,8 +66,8 @@ def _init_only(make: Callable[[], nnx.Module], keys: list[str], out_shardings=No
 def _place(array, param_dtype, sharding: jax.sharding.Sharding | None) -> jax.Array:
     """A checkpoint tensor on device; with a sharding each device receives only its shard, so a
     model larger than one device's memory still loads."""
-    if sharding is None:
-        return jnp.asarray(array, param_dtype)
+    # device_put, not jnp.asarray: the array it makes is one np.asarray can later view without
+    # a copy (measured: saving a BERT-base model after jnp.asarray loading cost 30% more memory).
     return jax.device_put(np.asarray(array, dtype=param_dtype), sharding)
 
 

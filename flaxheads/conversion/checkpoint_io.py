@@ -2,21 +2,25 @@
 
 Read order: `model.safetensors`, `model.safetensors.index.json` (sharded), `pytorch_model.bin`,
 `pytorch_model.bin.index.json`. `.bin` files are unpickled only through
-`torch.load(weights_only=True)`; everything else uses safetensors' numpy API.
+`torch.load(weights_only=True)`. safetensors files are read and written by flaxheads itself
+(the format is a JSON header and raw bytes), one tensor at a time, so converting a checkpoint
+costs about its own size in memory.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
+
+from flaxheads.conversion.table import aligned_empty
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -79,24 +83,70 @@ def open_weights(path: str | os.PathLike, file_name: str | None = None) -> Tenso
 
 
 def _open_safetensors(file: Path) -> TensorReader:
-    try:
-        handle = safe_open(str(file), framework="numpy")
-        names = list(handle.keys())
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(
-            f"cannot read {file}: {err}. The file is truncated or not safetensors; re-download or re-export it"
-        ) from None
+    """Reads the header once; each tensor is then read with plain file I/O straight into its own
+    array. (safetensors' `safe_open` maps the whole file, and every page it touches counts in
+    this process's memory on top of the copies.)"""
+    entries, data_start = _safetensors_header(file)
 
     def read(name: str) -> np.ndarray:
+        dtype, shape, (begin, end) = entries[name]
+        array = aligned_empty(shape, dtype)
+        with open(file, "rb") as f:
+            f.seek(data_start + begin)
+            got = f.readinto(array.reshape(-1).view(np.uint8).data)
+        if got != end - begin:
+            raise CheckpointError(f"cannot read tensor {name} from {file}: the file is truncated; re-download or re-export it")
+        return array
+
+    return TensorReader(list(entries), read, str(file), lambda name: entries[name][0])
+
+
+_MAX_HEADER_BYTES = 100 * 2**20
+
+
+def _safetensors_header(file: Path) -> tuple[dict[str, tuple[np.dtype, tuple[int, ...], tuple[int, int]]], int]:
+    """{name: (dtype, shape, (begin, end))} and where the data starts, every entry checked
+    against the file's size so that a damaged file fails here, naming itself."""
+
+    def damaged(why: str) -> CheckpointError:
+        return CheckpointError(f"cannot read {file}: {why}. The file is truncated or not safetensors; re-download or re-export it")
+
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise damaged("it is shorter than a safetensors header")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > min(size - 8, _MAX_HEADER_BYTES):
+            raise damaged(f"its header claims {header_len} bytes and the file has {size}")
         try:
-            return handle.get_tensor(name)
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"cannot read tensor {name} from {file}: {err}; the file is corrupt") from None
-
-    def dtype_of(name: str) -> np.dtype:
-        return np.dtype(_SAFETENSORS_DTYPES[handle.get_slice(name).get_dtype()])
-
-    return TensorReader(names, read, str(file), dtype_of)
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise damaged("its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise damaged("its header is not a JSON object")
+    data_start = 8 + header_len
+    entries = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if isinstance(entry, dict) and entry.get("dtype") not in _SAFETENSORS_DTYPES and "dtype" in entry:
+            raise CheckpointError(
+                f"{file}: tensor {name!r} has dtype {entry['dtype']}, which flaxheads does not read; "
+                f"re-export it in one of {sorted(_SAFETENSORS_DTYPES)}"
+            )
+        try:
+            dtype = np.dtype(_SAFETENSORS_DTYPES[entry["dtype"]])
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise damaged(f"tensor {name!r} has no valid dtype, shape and data_offsets ({entry!r})") from None
+        if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
+            raise damaged(f"tensor {name!r}: data_offsets {begin}..{end} do not fit shape {shape} of {dtype}")
+        if data_start + end > size:
+            raise damaged(f"tensor {name!r} ends at byte {data_start + end} and the file has {size}")
+        entries[name] = (dtype, shape, (begin, end))
+    return entries, data_start
 
 
 _SAFETENSORS_DTYPES = {
@@ -183,6 +233,36 @@ def write_checkpoint(
     """Writes `config.json` and one safetensors file (metadata format "pt", as transformers requires)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    contiguous = {name: np.ascontiguousarray(array) for name, array in tensors.items()}
-    _atomic_write(path / file_name, lambda tmp: save_file(contiguous, tmp, metadata={"format": "pt"}))
+    _atomic_write(path / file_name, lambda tmp: write_safetensors(tmp, tensors, metadata={"format": "pt"}))
     _atomic_write(path / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n"))
+
+
+_DTYPE_CODES = {np.dtype(t): code for code, t in _SAFETENSORS_DTYPES.items()}
+
+
+def write_safetensors(file: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """The safetensors format, streamed: each tensor goes from its own memory to the file, one at a
+    time, so writing costs at most one tensor's copy (for a transposed view) on top of the arrays
+    themselves; `safetensors.numpy.save_file` first copies every tensor with `tobytes()`.
+
+    Layout as the safetensors library writes it: a little-endian u64 header length, a JSON header
+    padded with spaces to 8 bytes, then the tensors' bytes, larger items first so every tensor is
+    aligned to its item size.
+    """
+    order = sorted(tensors, key=lambda name: (-tensors[name].dtype.itemsize, name))
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name in order:
+        array = tensors[name]
+        if array.dtype not in _DTYPE_CODES:
+            raise TypeError(f"tensor {name} has dtype {array.dtype}, which safetensors cannot store")
+        header[name] = {"dtype": _DTYPE_CODES[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(file, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name in order:
+            f.write(np.ascontiguousarray(tensors[name]).reshape(-1).view(np.uint8).data)

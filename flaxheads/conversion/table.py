@@ -9,6 +9,7 @@ guessing: a tensor is converted only if a rule names it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
@@ -25,9 +26,30 @@ class Transform:
     """The Hugging Face shape that corresponds to a flaxheads shape."""
 
 
+ALIGNMENT = 64
+"""Bytes. jax on CPU adopts a numpy array aligned to this without copying it (`jax.device_put`);
+any other array is copied, so a checkpoint read into unaligned memory briefly lives twice."""
+
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """`np.empty`, but starting on an `ALIGNMENT`-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """`a.T` as a new aligned C-contiguous array."""
+    out = aligned_empty(a.shape[::-1], a.dtype)
+    np.copyto(out, a.T)
+    return out
+
+
 IDENTITY = Transform("identity", lambda a: a, lambda a: a, lambda s: s)
 # torch.nn.Linear stores (out, in); Flax kernels are (in, out).
-LINEAR = Transform("transpose", lambda a: np.ascontiguousarray(a.T), lambda a: np.ascontiguousarray(a.T), lambda s: s[::-1])
+LINEAR = Transform("transpose", transposed, transposed, lambda s: s[::-1])
 # transformers' `Conv1D` (GPT, GPT-2) already stores (in, out), like a Flax kernel: no transpose.
 CONV1D = Transform("conv1d (in, out) as is", lambda a: a, lambda a: a, lambda s: s)
 
