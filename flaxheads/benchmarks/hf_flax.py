@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,8 @@ def _check_python(python: str, env: dict[str, str]) -> None:
     """Fails with the command that builds a suitable environment unless `python` runs and has
     transformers 4.57 with its Flax models."""
     fix = f"pass --hf-flax-python DIR/bin/python after building DIR with `{MAKE_ENV}`"
-    if not Path(python).is_file():
-        raise FileNotFoundError(f"--hf-flax-python {python}: no such file; {fix}")
+    if shutil.which(python) is None:
+        raise FileNotFoundError(f"--hf-flax-python {python}: no such executable; {fix}")
     probe = subprocess.run([python, "-c", _CHECK], env=env, capture_output=True, text=True)
     if probe.returncode != 0:
         raise RuntimeError(
@@ -42,9 +43,11 @@ def _check_python(python: str, env: dict[str, str]) -> None:
 
 def hf_flax_steps(bench: StepBench, python: str, checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
     """Train- and eval-step timings of `FlaxBertForSequenceClassification` run by `python`: rows with
-    the keys of `steps.flaxheads_steps`' rows. `checkpoint` is a Hugging Face PyTorch folder
-    (safetensors) or None for a random model of `bench.hf_config()`. Raises with the peer's stderr
-    if it fails."""
+    the keys of `steps.flaxheads_steps`' rows. `checkpoint` is a Hugging Face BERT folder with
+    PyTorch safetensors, or None for a random model of `bench.hf_config()`. Raises with the peer's
+    stderr if it fails, and if the peer's jax ran on another device than this process's."""
+    if bench.arch != "bert":
+        raise ValueError(f"the Hugging Face Flax peer runs BERT (FlaxBertForSequenceClassification), not {bench.arch!r}")
     # The same XLA_FLAGS and platform as this process. Without preallocation, so that on a GPU the
     # peer still finds memory when this process's jax already holds its share.
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
