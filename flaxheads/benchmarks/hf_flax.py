@@ -46,8 +46,9 @@ def hf_flax_steps(bench: StepBench, python: str, checkpoint: str | Path | None =
     the keys of `steps.flaxheads_steps`' rows. `checkpoint` is a Hugging Face BERT folder with
     PyTorch safetensors, or None for a random model of `bench.hf_config()`. Raises with the peer's
     stderr if it fails, and if the peer's jax ran on another device than this process's."""
-    if bench.arch != "bert":
-        raise ValueError(f"the Hugging Face Flax peer runs BERT (FlaxBertForSequenceClassification), not {bench.arch!r}")
+    arch = getattr(bench, "arch", "bert")  # StepBench without an arch field benches BERT only
+    if arch != "bert":
+        raise ValueError(f"the Hugging Face Flax peer runs BERT (FlaxBertForSequenceClassification), not {arch!r}")
     # The same XLA_FLAGS and platform as this process. Without preallocation, so that on a GPU the
     # peer still finds memory when this process's jax already holds its share.
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
