@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input_file", help="one text per line")
     p.add_argument("--max_seq_length", type=int, default=128)
     p.set_defaults(run=_predict)
+
+    from flaxheads.benchmarks import cli as bench_cli
+
+    p = sub.add_parser("bench", help="train/eval steps vs transformers PyTorch (and HF Flax), conversion speed",
+                       description=bench_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_cli.build_parser(p)
+    p.set_defaults(run=bench_cli.run_args)
     return parser
 
 

@@ -43,7 +43,7 @@ def _check_python(python: str, env: dict[str, str]) -> None:
 
 def hf_flax_steps(bench: StepBench, python: str, checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
     """Train- and eval-step timings of `FlaxBertForSequenceClassification` run by `python`: rows with
-    the keys of `steps.flaxheads_steps`' rows. `checkpoint` is a Hugging Face BERT folder with
+    the keys of `steps.timed`'s rows. `checkpoint` is a Hugging Face BERT folder with
     PyTorch safetensors, or None for a random model of `bench.hf_config()`. Raises with the peer's
     stderr if it fails, and if the peer's jax ran on another device than this process's."""
     arch = getattr(bench, "arch", "bert")  # StepBench without an arch field benches BERT only

@@ -12,7 +12,7 @@ and reads one JSON line per step kind from stdout. The model is `FlaxBertForSequ
 Flax GLUE example (examples/flax/text-classification/run_flax_glue.py): optax.adamw with the
 example's decay mask, a dropout key split every step, value_and_grad, jit with donated state; plus
 global-norm clipping, so the optimizer does the same work as the other two peers. The batch and the
-timing protocol are copies of `_batch` and `_timed` in flaxheads/benchmarks/steps.py.
+timing protocol are copies of `_batch` and `timed` (for one runner) in flaxheads/benchmarks/steps.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 _MEASURE = r"""
 import json, sys, time

@@ -1,16 +1,15 @@
 """Train- and eval-step throughput of flaxheads and of Hugging Face PyTorch, same config and data.
 
-Both sides run BERT-family `*ForSequenceClassification` (flaxheads: the "pooler" head) on the
-same random token batch with a full attention mask, AdamW and global-norm clipping; flaxheads
-through exactly the jitted step `flaxheads train` uses. Timings: warm-up steps (compilation
-included, reported separately), then `repeats` timed runs of `steps` steps each; median and
-spread over runs.
+Both sides run `*ForSequenceClassification` of one architecture (flaxheads: that family's
+canonical head) on the same random token batch with a full attention mask, AdamW and global-norm
+clipping; flaxheads through exactly the jitted step `flaxheads train` uses. Timings: a first step
+(compilation included, reported separately) and warm-up steps, then `repeats` rounds of `steps`
+steps each, the implementations taking turns within a round; median and spread over rounds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -31,6 +30,14 @@ PUBLISHED_PEAKS = {
 }
 
 
+SIZES = {
+    # (hidden, layers, heads, intermediate)
+    "minilm": (384, 6, 12, 1536),
+    "bert-base": (768, 12, 12, 3072),
+}
+ARCHS = ("bert", "roberta", "gpt2", "xlnet")
+
+
 @dataclasses.dataclass(frozen=True)
 class StepBench:
     size: str = "minilm"  # "minilm" (6 x 384) or "bert-base" (12 x 768)
@@ -40,61 +47,98 @@ class StepBench:
     steps: int = 5
     repeats: int = 5
     warmup: int = 2
+    arch: str = "bert"  # the Hugging Face model_type; each gets its canonical head
     attention_dropout: float = 0.1
     """BERT trains with 0.1; with 0 the flaxheads train step keeps cuDNN's fused attention."""
 
     def hf_config(self) -> dict[str, Any]:
-        if self.size == "minilm":
-            sizes = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
-        elif self.size == "bert-base":
-            sizes = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
-        else:
-            raise ValueError(f"size {self.size!r}: choose minilm or bert-base")
-        return dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
-                    hidden_act="gelu", layer_norm_eps=1e-12, num_labels=2,
-                    attention_probs_dropout_prob=self.attention_dropout, **sizes)
+        if self.size not in SIZES:
+            raise ValueError(f"size {self.size!r}: choose one of {sorted(SIZES)}")
+        d, layers, heads, ffn = SIZES[self.size]
+        common = dict(model_type=self.arch, num_labels=2)
+        if self.arch in ("bert", "roberta"):
+            vocab = dict(vocab_size=30522, max_position_embeddings=512, type_vocab_size=2) if self.arch == "bert" else dict(
+                vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1)
+            return dict(common, **vocab, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=ffn, hidden_act="gelu", layer_norm_eps=1e-12,
+                        attention_probs_dropout_prob=self.attention_dropout)
+        if self.arch == "gpt2":
+            # pad id 0 never occurs in the benchmark batch (ids from 1000), so every row is full length
+            return dict(common, vocab_size=50257, n_positions=1024, n_embd=d, n_layer=layers, n_head=heads,
+                        n_inner=ffn, attn_pdrop=self.attention_dropout, pad_token_id=0)
+        if self.arch == "xlnet":
+            return dict(common, vocab_size=32000, d_model=d, n_layer=layers, n_head=heads, d_head=d // heads,
+                        d_inner=ffn, ff_activation="gelu", mem_len=None)
+        raise ValueError(f"arch {self.arch!r}: choose one of {ARCHS}")
 
 
-def train_flops(cfg: dict[str, Any], batch: int, seq_len: int) -> float:
+def train_flops(bench: StepBench) -> float:
     """Matmul FLOPs of one training step (forward + backward = 3x forward), embeddings excluded:
-    6 * tokens * (dense parameters) + 12 * layers * batch * seq^2 * hidden (attention scores)."""
-    d, f, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    dense_params = layers * (4 * d * d + 2 * d * f) + d * d + d * cfg["num_labels"]
-    tokens = batch * seq_len
-    return 6 * tokens * dense_params + 12 * layers * batch * seq_len**2 * d
+    6 * tokens * (dense parameters used per token) + 6 * layers * batch * (attention multiply-adds).
+    Attention per sequence and layer: scores and values, 2 * seq^2 * hidden multiply-adds; XLNet's
+    relative attention adds scores against 2 * seq positions (2 * seq^2 * hidden more) and the
+    projection of those positions (2 * seq * hidden^2, counted as 2 * hidden^2 per token)."""
+    d, layers, _, f = SIZES[bench.size]
+    per_token = layers * (4 * d * d + 2 * d * f) + d * d + 2 * d
+    attention = 2 * bench.seq_len**2 * d
+    if bench.arch == "xlnet":
+        per_token += layers * 2 * d * d
+        attention *= 2
+    tokens = bench.batch * bench.seq_len
+    return 6 * tokens * per_token + 6 * layers * bench.batch * attention
 
 
-def _timed(run_steps: Callable[[int], None], bench: StepBench) -> dict[str, float]:
-    t0 = time.perf_counter()
-    run_steps(1)
-    first = time.perf_counter() - t0
-    run_steps(bench.warmup)
-    per_step = []
-    for _ in range(bench.repeats):
+@dataclasses.dataclass
+class Runner:
+    impl: str
+    step: str  # "train" or "eval"
+    device: str
+    run: Callable[[int], None]
+    """Runs n steps and waits for them."""
+
+
+def timed(runners: list[Runner], bench: StepBench) -> list[dict[str, Any]]:
+    """First step (compilation included) and warm-up for each runner, then `repeats` rounds in
+    which every runner does `steps` timed steps in turn: peers are interleaved, so a machine that
+    slows down for a while slows all of them alike. Median and spread of seconds per step."""
+    first = {}
+    for r in runners:
         t0 = time.perf_counter()
-        run_steps(bench.steps)
-        per_step.append((time.perf_counter() - t0) / bench.steps)
-    return {"first_step_s": first, "step_s_median": statistics.median(per_step),
-            "step_s_min": min(per_step), "step_s_max": max(per_step)}
+        r.run(1)
+        first[id(r)] = time.perf_counter() - t0
+        r.run(bench.warmup)
+    per_step: dict[int, list[float]] = {id(r): [] for r in runners}
+    for _ in range(bench.repeats):
+        for r in runners:
+            t0 = time.perf_counter()
+            r.run(bench.steps)
+            per_step[id(r)].append((time.perf_counter() - t0) / bench.steps)
+    return [{"impl": r.impl, "step": r.step, "device": r.device, "first_step_s": first[id(r)],
+             "step_s_median": statistics.median(per_step[id(r)]), "step_s_min": min(per_step[id(r)]),
+             "step_s_max": max(per_step[id(r)])} for r in runners]
 
 
 def _batch(bench: StepBench, vocab: int) -> dict[str, np.ndarray]:
     rs = np.random.RandomState(0)
-    return {
+    batch = {
         "input_ids": rs.randint(1000, vocab, (bench.batch, bench.seq_len)).astype(np.int32),
         "attention_mask": np.ones((bench.batch, bench.seq_len), np.int32),
         "token_type_ids": np.zeros((bench.batch, bench.seq_len), np.int32),
         "labels": rs.randint(0, 2, (bench.batch,)).astype(np.int32),
     }
+    if bench.arch == "gpt2":  # GPT-2 has no segments (transformers would add a token embedding)
+        del batch["token_type_ids"]
+    return batch
 
 
-def flaxheads_steps(bench: StepBench, checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
+def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None) -> list[Runner]:
     import jax
     import jax.numpy as jnp
     import optax
     from flax import nnx
 
-    from flaxheads.backbones import EncoderConfig
+    from flaxheads import conversion
+    from flaxheads.backbones import backbone_config_from_hf
     from flaxheads.model import ClassifierConfig, SequenceClassifier
     from flaxheads.pretrained import from_pretrained
     from flaxheads.training.optim import make_optimizer
@@ -104,7 +148,8 @@ def flaxheads_steps(bench: StepBench, checkpoint: str | Path | None = None) -> l
     if checkpoint:
         model = from_pretrained(checkpoint, num_labels=2, dtype=bench.dtype)
     else:
-        config = ClassifierConfig(backbone=EncoderConfig.from_hf_config(hf), head="pooler", num_labels=2)
+        head = conversion.architecture_table(bench.arch).canonical_head
+        config = ClassifierConfig(backbone=backbone_config_from_hf(hf), head=head, num_labels=2)
         model = SequenceClassifier(config, dtype=jnp.dtype(bench.dtype), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     schedule = optax.constant_schedule(2e-5)
@@ -129,11 +174,10 @@ def flaxheads_steps(bench: StepBench, checkpoint: str | Path | None = None) -> l
         jax.block_until_ready(out)
 
     device = jax.devices()[0].device_kind
-    return [dict(_timed(run_train, bench), impl="flaxheads", step="train", device=device),
-            dict(_timed(run_eval, bench), impl="flaxheads", step="eval", device=device)]
+    return [Runner("flaxheads", "train", device, run_train), Runner("flaxheads", "eval", device, run_eval)]
 
 
-def torch_steps(bench: StepBench, checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
+def torch_runners(bench: StepBench, checkpoint: str | Path | None = None) -> list[Runner]:
     import torch
     import transformers
 
@@ -141,11 +185,15 @@ def torch_steps(bench: StepBench, checkpoint: str | Path | None = None) -> list[
     device = torch.device("cuda" if cuda else "cpu")
     if not cuda:
         torch.set_num_threads(os.cpu_count())
-    attn = "sdpa" if cuda else "eager"
+    # XLNet has one attention implementation of its own in transformers.
+    attn = None if bench.arch == "xlnet" else "sdpa" if cuda else "eager"
+    kwargs = {"attn_implementation": attn} if attn else {}
     if checkpoint:
-        model = transformers.BertForSequenceClassification.from_pretrained(checkpoint, num_labels=2, attn_implementation=attn)
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2, **kwargs)
     else:
-        model = transformers.BertForSequenceClassification(transformers.BertConfig(**bench.hf_config(), attn_implementation=attn))
+        hf = dict(bench.hf_config())
+        config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
+        model = transformers.AutoModelForSequenceClassification.from_config(config, **kwargs)
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
     batch = {k: torch.as_tensor(v.astype(np.int64)).to(device) for k, v in _batch(bench, model.config.vocab_size).items()}
@@ -174,9 +222,8 @@ def torch_steps(bench: StepBench, checkpoint: str | Path | None = None) -> list[
         sync()
 
     name = torch.cuda.get_device_name() if cuda else "cpu"
-    label = f"transformers {transformers.__version__} PyTorch {torch.__version__} ({attn})"
-    return [dict(_timed(run_train, bench), impl=label, step="train", device=name),
-            dict(_timed(run_eval, bench), impl=label, step="eval", device=name)]
+    label = f"transformers {transformers.__version__} PyTorch {torch.__version__} ({attn or 'own attention'})"
+    return [Runner(label, "train", name, run_train), Runner(label, "eval", name, run_eval)]
 
 
 def matmul_peak(dtype: str, n: int | None = None) -> float:
@@ -199,8 +246,7 @@ def matmul_peak(dtype: str, n: int | None = None) -> float:
 
 def summarise(rows: list[dict[str, Any]], bench: StepBench, peak_measured: float, published: float | None) -> list[dict]:
     """Adds examples/s, tokens/s, FLOP/s, utilisation and the ratio to flaxheads to every row."""
-    cfg = bench.hf_config()
-    flops = {"train": train_flops(cfg, bench.batch, bench.seq_len)}
+    flops = {"train": train_flops(bench)}
     flops["eval"] = flops["train"] / 3
     ours = {r["step"]: r["step_s_median"] for r in rows if r["impl"] == "flaxheads"}
     out = []
@@ -225,19 +271,26 @@ def published_peak(device_kind: str, dtype: str) -> float | None:
     return None
 
 
-def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = None) -> list[dict[str, Any]]:
+def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = None,
+        hf_flax_python: str | None = None) -> list[dict[str, Any]]:
+    """flaxheads and transformers PyTorch interleaved in this process, then the Flax peer in its own
+    interpreter, then the matmul peak: every row of one call comes from the same machine state."""
     import jax
 
-    rows = flaxheads_steps(bench, checkpoint)
+    runners = flaxheads_runners(bench, checkpoint)
     if torch_peer:
-        rows += torch_steps(bench, checkpoint)
+        runners += torch_runners(bench, checkpoint)
+    rows = timed(runners, bench)
+    del runners
+    if hf_flax_python:
+        if bench.arch != "bert":
+            raise ValueError(f"--hf-flax-python: the Hugging Face Flax peer runs BERT only, not {bench.arch!r}")
+        from flaxheads.benchmarks.hf_flax import hf_flax_steps
+
+        rows += hf_flax_steps(bench, hf_flax_python, checkpoint)
     peak = matmul_peak(bench.dtype)
     device = jax.devices()[0].device_kind
     return summarise(rows, bench, peak, published_peak(device, bench.dtype)) + [
         {"bench": "matmul_peak", "device": device, "dtype": bench.dtype, "tflops": round(peak / 1e12, 3)}
     ]
 
-
-if __name__ == "__main__":
-    for row in run(StepBench(steps=2, repeats=2)):
-        print(json.dumps(row))

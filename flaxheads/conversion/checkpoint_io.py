@@ -109,7 +109,9 @@ def _safetensors_header(file: Path) -> tuple[dict[str, tuple[np.dtype, tuple[int
     against the file's size so that a damaged file fails here, naming itself."""
 
     def damaged(why: str) -> CheckpointError:
-        return CheckpointError(f"cannot read {file}: {why}. The file is truncated or not safetensors; re-download or re-export it")
+        return CheckpointError(
+            f"cannot read {file}: {why}. The file is truncated or not safetensors; re-download or re-export it"
+        )
 
     size = file.stat().st_size
     with open(file, "rb") as f:

@@ -67,8 +67,14 @@ def make_train_step(
             loss_i, grads_i = jax.value_and_grad(summed_loss)(state.params, micro_batch, jax.random.fold_in(step_key, index))
             return (jax.tree.map(jnp.add, grads, grads_i), loss_sum + loss_i), None
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        (grads, loss_sum), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)), (batch, jnp.arange(accum)))
+        if accum == 1:  # no scan: its zero-filled carry and adds cost a pass over every parameter
+            micro_batch = jax.tree.map(lambda x: x[0], batch)
+            loss_sum, grads = jax.value_and_grad(summed_loss)(state.params, micro_batch, jax.random.fold_in(step_key, 0))
+        else:
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            (grads, loss_sum), _ = jax.lax.scan(
+                accumulate, (zeros, jnp.zeros((), jnp.float32)), (batch, jnp.arange(accum))
+            )
         examples = jnp.sum(batch["example_mask"])
         if axis_name is not None:
             grads, loss_sum, examples = jax.lax.psum((grads, loss_sum, examples), axis_name)

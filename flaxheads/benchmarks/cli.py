@@ -1,0 +1,123 @@
+"""flaxheads benchmarks: JSON lines on stdout, then markdown tables.
+
+    flaxheads bench                          # steps (BERT, MiniLM, seq 128) + conversion
+    flaxheads bench steps --arch bert,gpt2,xlnet --size minilm,bert-base --seq_len 128,512
+    flaxheads bench steps --hf-flax-python /path/to/env/bin/python   # + Hugging Face Flax 4.57
+    flaxheads bench conversion               # MiniLM and BERT-base-size safetensors -> flaxheads
+    flaxheads bench scaling                  # 1 vs 4 (fake CPU) devices, compile time per bucket
+
+`python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
+PyTorch (eager on CPU, bf16 autocast + SDPA on GPU) on the same config, batch and data, one after
+the other in one process; the Hugging Face Flax peer runs in the second environment that
+`scripts/make_hf_flax_env.sh` builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+
+
+def _csv(kind):
+    return lambda text: [kind(part) for part in text.split(",")]
+
+
+def conversion(args) -> list[dict]:
+    from flaxheads.benchmarks import conversion as bench
+    from flaxheads.shipped_model import minilm_path
+
+    rows = [dict(bench.measure(minilm_path(), args.repeats), model="MiniLM-L6-H384 (real)")]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows.append(dict(bench.measure(bench.random_bert_base(tmp), args.repeats), model="BERT-base size (random)"))
+    return rows
+
+
+def steps(args) -> list[dict]:
+    from flaxheads.benchmarks.steps import StepBench, run
+    from flaxheads.shipped_model import minilm_path
+
+    rows = []
+    for arch, size, seq_len in itertools.product(args.arch, args.size, args.seq_len):
+        bench = StepBench(arch=arch, size=size, seq_len=seq_len, batch=args.batch, dtype=args.dtype,
+                          steps=args.steps, repeats=args.repeats)
+        real = args.real_weights and arch == "bert" and size == "minilm"
+        rows += run(bench, torch_peer=args.torch, checkpoint=minilm_path() if real else None,
+                    hf_flax_python=args.hf_flax_python if arch == "bert" else None)
+    return rows
+
+
+def scaling(args) -> list[dict]:
+    from flaxheads.benchmarks.scaling import measure
+
+    return measure(1, "data=1") + measure(4, "data=4") + measure(4, "data=2,fsdp=2")
+
+
+STEP_COLUMNS = {
+    "arch": "arch", "size": "size", "seq_len": "seq", "batch": "batch", "dtype": "dtype", "impl": "implementation",
+    "step": "step", "step_s": "s/step median (min-max)", "examples_per_s": "examples/s", "tokens_per_s": "tokens/s",
+    "tflops": "TFLOP/s", "util_vs_measured_matmul": "of same-run matmul peak", "mfu_vs_published": "MFU (published peak)",
+    "first_step_s": "first step s", "flaxheads_speedup": "flaxheads speed-up",
+}
+
+
+def markdown(rows: list[dict]) -> str:
+    """One table per kind of row; step rows in the columns above, others with all their keys."""
+    kinds: dict[str, list[dict]] = {}
+    for row in rows:
+        kinds.setdefault(row.get("bench", "step"), []).append(row)
+    tables = []
+    for kind, group in kinds.items():
+        if kind == "step":
+            group = [dict(r, step_s=f"{r['step_s_median']:.3f} ({r['step_s_min']:.3f}-{r['step_s_max']:.3f})",
+                          first_step_s=round(r["first_step_s"], 1)) for r in group]
+            keys, names = list(STEP_COLUMNS), list(STEP_COLUMNS.values())
+        else:
+            keys = list(dict.fromkeys(k for r in group for k in r if k not in ("bench", "checkpoint")))
+            names = keys
+        lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join("" if r.get(k) is None else str(r[k]) for k in keys) + " |" for r in group]
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(
+        prog="flaxheads bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", nargs="?", default="all", choices=["all", "steps", "conversion", "scaling"],
+                        help="all (default): steps, then conversion")
+    parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, gpt2, xlnet")
+    parser.add_argument("--size", type=_csv(str), default=["minilm"], help="comma list of minilm, bert-base")
+    parser.add_argument("--seq_len", type=_csv(int), default=[128], help="comma list, e.g. 128,512")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--steps", type=int, default=3, help="steps per timed run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (median and spread over them)")
+    parser.add_argument("--real_weights", action=argparse.BooleanOptionalAction, default=True,
+                        help="BERT at MiniLM size uses the shipped pretrained checkpoint on every side")
+    parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,
+                        help="time transformers PyTorch as a peer")
+    parser.add_argument("--hf-flax-python", "--hf_flax_python", dest="hf_flax_python",
+                        help="python of an environment from scripts/make_hf_flax_env.sh: adds Hugging Face Flax 4.57")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_args(build_parser().parse_args(argv))
+
+
+def run_args(args) -> int:
+    jobs = {"all": [steps, conversion], "steps": [steps], "conversion": [conversion], "scaling": [scaling]}[args.what]
+    rows = [row for job in jobs for row in job(args)]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    print()
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
