@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import flaxheads
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.trainer import NonFiniteLoss, predict, train

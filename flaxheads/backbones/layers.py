@@ -115,9 +115,13 @@ def keep_mask(key: jax.Array, rate: float, shape: tuple[int, ...]) -> tuple[jax.
     if not shape or shape[-1] < 2:
         bits = random_bits(key, shape) >> (32 - DROPOUT_BITS)
     else:
-        last = shape[-1]
-        words = random_bits(key, (*shape[:-1], (last + 1) // 2))
-        bits = jnp.concatenate([words & (levels - 1), words >> DROPOUT_BITS], axis=-1)[..., :last]
+        last, half = shape[-1], (shape[-1] + 1) // 2
+        words = random_bits(key, (*shape[:-1], half))
+        # (..., 2, half) by broadcasting, then a free reshape: XLA fuses this into the consumer,
+        # where a concatenate of the two halves was a separate pass over memory.
+        shifts = jnp.array([[0], [DROPOUT_BITS]], jnp.uint32)
+        pairs = (words[..., None, :] >> shifts) & jnp.uint32(levels - 1)
+        bits = pairs.reshape(*shape[:-1], 2 * half)[..., :last]
     return bits >= threshold, (levels - threshold) / levels
 
 
