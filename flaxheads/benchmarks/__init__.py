@@ -1,1 +1,1 @@
-"""Benchmarks behind `scripts/bench.py` and `flaxheads bench`. Never run by the tests."""
+"""Benchmarks behind `flaxheads bench` and `scripts/bench.py`. Tests check their plumbing, never their timings."""

@@ -1,0 +1,79 @@
+"""The benchmark plumbing (never the timings): the command line, equal work on every side, the
+tables, and the Hugging Face Flax peer's errors."""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import transformers
+from flax import nnx
+
+from flaxheads import conversion
+from flaxheads.backbones import backbone_config_from_hf
+from flaxheads.benchmarks import cli as bench_cli
+from flaxheads.benchmarks.hf_flax import hf_flax_steps
+from flaxheads.benchmarks.steps import ARCHS, StepBench, run, train_flops
+from flaxheads.cli import build_parser
+from flaxheads.model import ClassifierConfig, SequenceClassifier
+
+
+def test_flaxheads_bench_takes_comma_lists_and_defaults_to_everything():
+    args = build_parser().parse_args(["bench", "steps", "--arch", "bert,gpt2", "--seq_len", "128,512", "--no-torch"])
+    assert (args.what, args.arch, args.size, args.seq_len, args.torch) == ("steps", ["bert", "gpt2"], ["minilm"], [128, 512], False)
+    assert build_parser().parse_args(["bench"]).what == "all"
+    assert build_parser().parse_args(["bench", "--hf-flax-python", "/x/python"]).hf_flax_python == "/x/python"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_both_sides_of_the_step_benchmark_build_the_same_model(arch):
+    """Equal work: flaxheads and transformers get models with the same number of parameters."""
+    hf = StepBench(arch=arch).hf_config()
+    head = conversion.architecture_table(arch).canonical_head
+    config = ClassifierConfig(backbone=backbone_config_from_hf(hf), head=head, num_labels=2)
+    abstract = nnx.eval_shape(lambda: SequenceClassifier(config, param_dtype=jnp.float32, rngs=nnx.Rngs(0)))
+    ours = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+    hf = dict(hf)
+    torch_model = transformers.AutoModelForSequenceClassification.from_config(
+        transformers.AutoConfig.for_model(hf.pop("model_type"), **hf))
+    assert ours == sum(p.numel() for p in torch_model.parameters())
+
+
+def test_flops_count_every_matmul_once():
+    bench = StepBench(size="minilm", seq_len=128, batch=16)
+    d, f, layers, tokens = 384, 1536, 6, 16 * 128
+    dense = layers * (4 * d * d + 2 * d * f) + d * d + 2 * d
+    assert train_flops(bench) == 6 * tokens * dense + 6 * layers * 16 * 2 * 128**2 * d
+    xlnet = StepBench(arch="xlnet", size="minilm", seq_len=128, batch=16)
+    assert train_flops(xlnet) == 6 * tokens * (dense + layers * 2 * d * d) + 6 * layers * 16 * 4 * 128**2 * d
+
+
+def test_markdown_puts_step_rows_and_other_rows_in_their_own_tables():
+    step = {"arch": "bert", "size": "minilm", "seq_len": 128, "batch": 16, "dtype": "float32", "impl": "flaxheads",
+            "step": "train", "step_s_median": 1.25, "step_s_min": 1.2, "step_s_max": 1.5, "first_step_s": 9.87,
+            "examples_per_s": 12.8, "tokens_per_s": 1638, "tflops": 0.1, "util_vs_measured_matmul": 0.55,
+            "mfu_vs_published": None, "flaxheads_speedup": 1.0}
+    peak = {"bench": "matmul_peak", "device": "cpu", "dtype": "float32", "tflops": 0.19}
+    tables = bench_cli.markdown([step, peak, dict(step, step="eval"), peak]).split("\n\n")
+    assert len(tables) == 2
+    lines = tables[0].splitlines()
+    assert lines[0].startswith("| arch | size | seq |") and len(lines) == 4
+    assert "| 1.250 (1.200-1.500) |" in lines[2] and "| 9.9 |" in lines[2]
+    assert tables[1].splitlines()[0] == "| device | dtype | tflops |"
+
+
+def test_the_flax_peer_names_the_fix_when_its_python_is_missing_or_wrong(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make_hf_flax_env.sh"):
+        hf_flax_steps(StepBench(), str(tmp_path / "bin" / "python"))
+    # this environment has transformers 5, which has no Flax models
+    with pytest.raises(RuntimeError, match="lacks transformers 4.57 with Flax models.*make_hf_flax_env.sh"):
+        hf_flax_steps(StepBench(), sys.executable)
+
+
+def test_the_flax_peer_is_refused_for_other_architectures_before_anything_runs():
+    with pytest.raises(ValueError, match="runs BERT only, not 'gpt2'"):
+        run(StepBench(arch="gpt2"), hf_flax_python="/x/python")
