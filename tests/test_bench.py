@@ -23,7 +23,8 @@ from flaxheads.model import ClassifierConfig, SequenceClassifier
 
 def test_flaxheads_bench_takes_comma_lists_and_defaults_to_everything():
     args = build_parser().parse_args(["bench", "steps", "--arch", "bert,gpt2", "--seq_len", "128,512", "--no-torch"])
-    assert (args.what, args.arch, args.size, args.seq_len, args.torch) == ("steps", ["bert", "gpt2"], ["minilm"], [128, 512], False)
+    assert (args.what, args.arch, args.size, args.seq_len, args.torch) == (
+        "steps", ["bert", "gpt2"], ["minilm"], [128, 512], False)
     assert build_parser().parse_args(["bench"]).what == "all"
     assert build_parser().parse_args(["bench", "--hf-flax-python", "/x/python"]).hf_flax_python == "/x/python"
 

@@ -7,9 +7,9 @@
     flaxheads bench scaling                  # 1 vs 4 (fake CPU) devices, compile time per bucket
 
 `python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
-PyTorch (eager on CPU, bf16 autocast + SDPA on GPU) on the same config, batch and data, one after
-the other in one process; the Hugging Face Flax peer runs in the second environment that
-`scripts/make_hf_flax_env.sh` builds.
+PyTorch (eager on CPU, bf16 autocast + SDPA on GPU) on the same config, batch and data, taking
+turns within every timing round in one process; the Hugging Face Flax peer (BERT only) runs
+afterwards in the second environment that `scripts/make_hf_flax_env.sh` builds.
 """
 
 from __future__ import annotations

@@ -41,14 +41,18 @@ def _check_python(python: str, env: dict[str, str]) -> None:
         )
 
 
+def require_bert(bench: StepBench) -> None:
+    """The peer is `FlaxBertForSequenceClassification`; ValueError for any other architecture."""
+    if bench.arch != "bert":
+        raise ValueError(f"--hf-flax-python: the Hugging Face Flax peer runs BERT only, not {bench.arch!r}")
+
+
 def hf_flax_steps(bench: StepBench, python: str, checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
     """Train- and eval-step timings of `FlaxBertForSequenceClassification` run by `python`: rows with
     the keys of `steps.timed`'s rows. `checkpoint` is a Hugging Face BERT folder with
     PyTorch safetensors, or None for a random model of `bench.hf_config()`. Raises with the peer's
     stderr if it fails, and if the peer's jax ran on another device than this process's."""
-    arch = getattr(bench, "arch", "bert")  # StepBench without an arch field benches BERT only
-    if arch != "bert":
-        raise ValueError(f"the Hugging Face Flax peer runs BERT (FlaxBertForSequenceClassification), not {arch!r}")
+    require_bert(bench)
     # The same XLA_FLAGS and platform as this process. Without preallocation, so that on a GPU the
     # peer still finds memory when this process's jax already holds its share.
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}

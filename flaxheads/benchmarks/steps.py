@@ -277,16 +277,16 @@ def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = N
     interpreter, then the matmul peak: every row of one call comes from the same machine state."""
     import jax
 
-    if hf_flax_python and bench.arch != "bert":
-        raise ValueError(f"--hf-flax-python: the Hugging Face Flax peer runs BERT only, not {bench.arch!r}")
+    if hf_flax_python:  # refuse before the minutes of timing, not after
+        from flaxheads.benchmarks.hf_flax import hf_flax_steps, require_bert
+
+        require_bert(bench)
     runners = flaxheads_runners(bench, checkpoint)
     if torch_peer:
         runners += torch_runners(bench, checkpoint)
     rows = timed(runners, bench)
     del runners
     if hf_flax_python:
-        from flaxheads.benchmarks.hf_flax import hf_flax_steps
-
         rows += hf_flax_steps(bench, hf_flax_python, checkpoint)
     peak = matmul_peak(bench.dtype)
     device = jax.devices()[0].device_kind
