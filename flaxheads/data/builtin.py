@@ -93,13 +93,23 @@ def _first_occurrence_of_each_text(examples: Sequence[tuple[str, object]]) -> li
     return unique
 
 
-def _task(examples, *, label_type: str, problem_type: str, id2label, **split_options) -> TaskData:
+def _task(examples, *, label_type: str, problem_type: str, id2label, why: str, **split_options) -> TaskData:
+    """`why`: what the data set's label is, for `TaskData.problem_type_reason` (which adds the
+    class names of a classification set)."""
     examples = _first_occurrence_of_each_text(examples)
     features = datasets.Features({TEXT: datasets.Value("string"), LABEL: datasets.Value(label_type)})
     table = datasets.Dataset.from_dict(
         {TEXT: [text for text, _ in examples], LABEL: [label for _, label in examples]}, features
     )
-    return TaskData(split_dataset(table, **split_options), problem_type, len(id2label), dict(id2label))
+    names = ", ".join(id2label.values())
+    names = f" ({len(id2label)} names: {names})" if problem_type == SINGLE_LABEL else ""
+    return TaskData(
+        split_dataset(table, **split_options),
+        problem_type,
+        len(id2label),
+        dict(id2label),
+        problem_type_reason=f"{problem_type}: {why}{names}",
+    )
 
 
 def movie_snippets(*, seed: int = 0, validation_fraction=0.1, test_fraction=0.1) -> TaskData:
@@ -115,6 +125,7 @@ def movie_snippets(*, seed: int = 0, validation_fraction=0.1, test_fraction=0.1)
         label_type="int32",
         problem_type=SINGLE_LABEL,
         id2label={0: "negative", 1: "positive"},
+        why="the built-in movie_snippets labels each snippet by the sign of its sentiment score",
         seed=seed,
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,
@@ -131,6 +142,7 @@ def movie_snippets_regression(*, seed: int = 0, validation_fraction=0.1, test_fr
         label_type="float32",
         problem_type=REGRESSION,
         id2label=default_id2label(1),
+        why="the built-in movie_snippets_regression label is the mean human sentiment score (-4 to 4)",
         seed=seed,
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,
@@ -144,6 +156,7 @@ def sms_spam(*, seed: int = 0, validation_fraction=0.1, test_fraction=0.1) -> Ta
         label_type="int32",
         problem_type=SINGLE_LABEL,
         id2label={0: "ham", 1: "spam"},
+        why="the built-in sms_spam labels each message",
         seed=seed,
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,
@@ -161,6 +174,7 @@ def trec6(*, seed: int = 0, validation_fraction=0.1, test_fraction=0.1) -> TaskD
         label_type="int32",
         problem_type=SINGLE_LABEL,
         id2label=dict(enumerate(TREC_COARSE_CLASSES)),
+        why="the built-in trec6 labels each question with its coarse class",
         seed=seed,
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,

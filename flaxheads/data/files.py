@@ -6,7 +6,13 @@ Whatever the source column names, the result has the canonical columns `text`, o
 
 from __future__ import annotations
 
+import bz2
+import codecs
+import gzip
+import json
+import lzma
 import pathlib
+from collections.abc import Iterable, Iterator
 
 import datasets
 
@@ -21,7 +27,15 @@ _FORMATS = {
     ".jsonl": ("json", {}),
     ".parquet": ("parquet", {}),
 }
-_COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+# Compression suffix -> (command that decompresses to stdout, command that compresses stdin).
+_COMPRESSION_COMMANDS = {
+    ".gz": ("zcat", "gzip"),
+    ".bz2": ("bzcat", "bzip2"),
+    ".xz": ("xzcat", "xz"),
+    ".zst": ("zstdcat", "zstd"),
+}
+_COMPRESSION_SUFFIXES = tuple(_COMPRESSION_COMMANDS)
+_UTF8_CHECK_CHUNK_BYTES = 1 << 20
 _SPLIT_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}
 
 
@@ -42,11 +56,17 @@ def load_local_files(
 
     `cache_dir` is where `datasets` keeps its Arrow copy of the files (its default cache if None).
     Raises FileNotFoundError naming a missing path, and ValueError for an unknown suffix, an
-    unreadable or empty file, a missing column (naming it, the columns present and the flag
-    to change), a missing text, or a bad label (see `encode_labels`).
+    unreadable or empty file, a text file that is not UTF-8 (naming the byte, its position and
+    line), a JSON label column mixing types (naming the first row whose type differs from the
+    first row's), a missing column (naming it, the columns present and the flag to change), a
+    missing text, or a bad label (see `encode_labels`).
     """
     files = {"train": train_file, "validation": validation_file, "test": test_file}
-    splits = {name: _read_split(name, pathlib.Path(path), cache_dir) for name, path in files.items() if path}
+    splits = {
+        name: _read_split(name, pathlib.Path(path), cache_dir, label_column)
+        for name, path in files.items()
+        if path
+    }
     columns = _column_map(text_column, text_pair_column, label_column)
     canonical = {
         name: _canonical_columns(split, columns, f"{name} file {files[name]}")
@@ -101,13 +121,17 @@ def _format_of(path: pathlib.Path) -> tuple[str, dict]:
     return _FORMATS[suffixes[-1]]
 
 
-def _read_split(split_name: str, path: pathlib.Path, cache_dir) -> datasets.Dataset:
+def _read_split(split_name: str, path: pathlib.Path, cache_dir, label_column: str) -> datasets.Dataset:
     flag = _SPLIT_FLAGS[split_name]
     if not path.is_file():
         raise FileNotFoundError(f"{flag} {path}: no such file")
     builder, options = _format_of(path)
     if path.stat().st_size == 0:
         raise ValueError(f"{flag} {path} is empty")
+    if builder != "parquet":
+        # datasets' readers fail on other encodings with a bare UnicodeDecodeError, or later
+        # when a string is first read; a check here can name the byte and the fix.
+        _check_utf8(path, flag)
     try:
         split = datasets.load_dataset(
             builder, data_files={split_name: str(path)}, split=split_name, cache_dir=cache_dir, **options
@@ -115,10 +139,167 @@ def _read_split(split_name: str, path: pathlib.Path, cache_dir) -> datasets.Data
     except Exception as error:  # datasets raises several types for unreadable files.
         if "corresponds to no data" in str(error):
             raise ValueError(f"{flag} {path} has no rows") from error
+        if builder == "json":
+            # A label type that changes after the first chunk makes pyarrow's cast fail.
+            _check_one_label_type(_json_labels(path, label_column), path, flag, label_column)
         raise ValueError(f"{flag} {path} could not be read as {builder}: {error}") from error
     if len(split) == 0:
         raise ValueError(f"{flag} {path} has no rows")
+    if label_column in split.column_names and _holds_json(split.features[label_column]):
+        # Mixed types within the first chunk: datasets keeps them as raw JSON values.
+        _check_one_label_type(split[label_column], path, flag, label_column)
     return split
+
+
+def _open_bytes(path: pathlib.Path):
+    """The file's content as a binary stream, decompressed as its suffix says."""
+    suffix = path.suffix.lower()
+    if suffix == ".zst":
+        try:
+            import zstandard  # optional; datasets needs it for .zst files too
+        except ImportError:
+            raise ValueError(f"reading {path} needs the zstandard package: pip install zstandard") from None
+        return zstandard.open(path, "rb")
+    return {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(suffix, open)(path, "rb")
+
+
+def _check_utf8(path: pathlib.Path, flag: str) -> None:
+    """Raises ValueError naming the first byte that is not UTF-8, its position and line, and
+    the command that re-encodes the file. Reads the file in chunks: any size fits in memory."""
+    position, lines, pending = 0, 0, b""  # position: of pending[0] in the (decompressed) content
+    try:
+        with _open_bytes(path) as stream:
+            while chunk := stream.read(_UTF8_CHECK_CHUNK_BYTES):
+                data = pending + chunk
+                # A multi-byte character cut by the chunk end stays pending until the next chunk.
+                consumed = _utf8_prefix_length(data, path, flag, position, lines, final=False)
+                lines += data.count(b"\n", 0, consumed)
+                position += consumed
+                pending = data[consumed:]
+    except (OSError, EOFError, lzma.LZMAError) as error:
+        if path.suffix.lower() not in _COMPRESSION_SUFFIXES:
+            raise ValueError(f"{flag} {path} could not be read: {error}") from error
+        raise ValueError(
+            f"{flag} {path} could not be decompressed ({error}); check that the file is complete and "
+            f"that its suffix {path.suffix} names its compression"
+        ) from error
+    _utf8_prefix_length(pending, path, flag, position, lines, final=True)
+
+
+def _utf8_prefix_length(data: bytes, path, flag: str, position: int, lines: int, *, final: bool) -> int:
+    try:
+        return codecs.utf_8_decode(data, "strict", final)[1]
+    except UnicodeDecodeError as error:
+        raise ValueError(_not_utf8_message(path, flag, data, error, position, lines)) from None
+
+
+def _not_utf8_message(path, flag, data: bytes, error: UnicodeDecodeError, position: int, lines: int) -> str:
+    start = error.start
+    line = lines + data.count(b"\n", 0, start) + 1
+    context = data[max(data.rfind(b"\n", 0, start) + 1, start - 40) : start + 20].split(b"\n")[0]
+    where = "of the decompressed content " if path.suffix.lower() in _COMPRESSION_SUFFIXES else ""
+    utf16 = position == 0 and data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+    source_encoding = "utf-16" if utf16 else "latin-1"
+    guess = " (it starts with a UTF-16 byte-order mark)" if utf16 else ""
+    windows = "" if utf16 else " (use -f cp1252 for files saved on Windows)"
+    return (
+        f"{flag} {path} is not UTF-8{guess}: byte 0x{data[start]:02x} at position {position + start} "
+        f"{where}(line {line}: {context!r}) is not valid UTF-8 ({error.reason}). Re-save the file as "
+        f"UTF-8, e.g. `{_reencode_command(path, source_encoding)}`{windows}, and pass the new file "
+        f"to {flag}"
+    )
+
+
+def _reencode_command(path: pathlib.Path, source_encoding: str) -> str:
+    compression = _COMPRESSION_COMMANDS.get(path.suffix.lower())
+    suffix = "".join(path.suffixes[-2:]) if compression else path.suffix
+    target = path.with_name(path.name[: -len(suffix)] + ".utf8" + suffix)
+    iconv = f"iconv -f {source_encoding} -t utf-8"
+    if compression is None:
+        return f"{iconv} {path} > {target}"
+    decompress, compress = compression
+    return f"{decompress} {path} | {iconv} | {compress} > {target}"
+
+
+def _holds_json(feature) -> bool:
+    """True for datasets' `Json` feature, which its JSON reader gives a column of mixed types."""
+    if isinstance(feature, (datasets.List, datasets.LargeList)):
+        return _holds_json(feature.feature)
+    return isinstance(feature, datasets.Json)
+
+
+def _json_labels(path: pathlib.Path, label_column: str) -> Iterator:
+    """The label of each record of a JSON Lines file or JSON array, in order (None if absent).
+    Ends early, without raising, at the first line that is not JSON."""
+    with _open_bytes(path) as stream:
+        is_array = stream.read(1024).lstrip(codecs.BOM_UTF8 + b" \t\r\n").startswith(b"[")
+    with _open_bytes(path) as stream:
+        try:
+            # datasets also reads a JSON array whole; JSON Lines go one line at a time.
+            records = json.load(stream) if is_array else (json.loads(line) for line in stream if line.strip())
+            for record in records:
+                yield record.get(label_column) if isinstance(record, dict) else None
+        except ValueError:
+            return
+
+
+def _check_one_label_type(labels: Iterable, path, flag: str, label_column: str) -> None:
+    """Raises ValueError naming the first row whose label type differs from the first label's."""
+    first = None
+    for row, label in enumerate(labels):
+        kind = _json_type(label)
+        if kind is None:
+            continue  # a missing label is reported, with its row, by encode_labels
+        if first is None:
+            first = (row, label, kind)
+        elif not _same_json_type(kind, first[2]):
+            first_row, first_label, first_kind = first
+            raise ValueError(
+                f"the label column {label_column!r} (--label_column) of {flag} {path} mixes types: "
+                f"row {first_row} holds {_a(first_kind)} ({_short_repr(first_label)}) but row {row} "
+                f"holds {_a(kind)} ({_short_repr(label)}). Give every label one type: class "
+                "names (all strings) or class ids (all integers) for classification, numbers with "
+                "--problem_type regression for scores, or lists for multi-label; e.g. quote numbers "
+                "that are class names"
+            )
+
+
+def _json_type(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"  # 1 and 1.0 are one type: encode_labels decides what numbers mean
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if not value:
+        return "empty list"
+    entry_types = sorted({_json_type(entry) or "null" for entry in value})
+    return "list of " + " and ".join(_plural(t) for t in entry_types)
+
+
+def _plural(json_type: str) -> str:
+    first, _, rest = json_type.partition(" ")  # "list of numbers" -> "lists of numbers"
+    return f"{first}s {rest}".rstrip()
+
+
+def _same_json_type(kind: str, other: str) -> bool:
+    def is_list(json_type):
+        return json_type.startswith("list") or json_type == "empty list"
+
+    return kind == other or (is_list(kind) and is_list(other) and "empty list" in (kind, other))
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
+def _short_repr(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _canonical_columns(

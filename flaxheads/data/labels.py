@@ -4,15 +4,21 @@
 |---------------------------|-----------------------------|--------------------------------------------|
 | strings                   | single_label_classification | index among the sorted distinct train names |
 | ints / bools / ClassLabel | single_label_classification | the int, checked in `[0, num_labels)`      |
-| floats                    | regression                  | float32 score                              |
+| floats, all whole numbers | single_label_classification | the int (integral floats: 1.0 -> 1)        |
+| floats, none whole        | regression                  | float32 score                              |
+| floats, some whole        | refused: set problem_type   |                                            |
 | lists of strings          | multi_label_classification  | multi-hot over the sorted train names      |
 | lists of floats           | multi_label_classification  | kept as multi-hot rows (soft targets too)  |
 | lists of ints             | multi_label_classification  | multi-hot; see `_int_lists_are_multi_hot`  |
 
+Float columns are what CSV readers make of integer labels with a blank and what JSON makes of
+`1` mixed with `1.0`, so whole-number floats are class ids; a column mixing whole numbers with
+other floats (0, 1, 2, 0.5) could be either and is refused rather than silently made regression.
 An explicit `problem_type` overrides the default where the labels allow it: integer or numeric
 string labels may be regression targets, integral floats may be class ids. Every rejected label
 raises ValueError naming the value, its split and row (0-based, header excluded), and the flag
-that changes the interpretation.
+that changes the interpretation. `TaskData.problem_type_reason` says which row of the table
+applied, or that `problem_type` was given.
 """
 
 from __future__ import annotations
@@ -36,9 +42,11 @@ _DEFAULT_PROBLEM_TYPE = {
     "string": SINGLE_LABEL,
     "int": SINGLE_LABEL,
     "class": SINGLE_LABEL,
-    "float": REGRESSION,
     "list": MULTI_LABEL,
-}
+}  # floats: see _float_problem_type
+
+# (split name, row, label) of one label, to point at it in messages.
+_Where = tuple[str, int, float]
 
 
 def encode_labels(
@@ -47,34 +55,98 @@ def encode_labels(
     """Replaces every split's `label` column by its encoding (see the module table).
 
     Names and the inferred `num_labels` come from the `train` split only: the classes a model
-    learns are the ones it trains on. Raises ValueError for missing labels, labels unknown to
-    the train split, class ids outside `[0, num_labels)`, non-numeric regression labels, and
-    problem types the labels cannot express.
+    learns are the ones it trains on. The result's `problem_type_reason` says why the problem
+    type is what it is. Raises ValueError for missing labels, labels unknown to the train split,
+    class ids outside `[0, num_labels)`, non-numeric regression labels, float labels mixing
+    whole numbers with other values when `problem_type` is None, and problem types the labels
+    cannot express.
     """
     if problem_type is not None and problem_type not in PROBLEM_TYPES:
         raise ValueError(f"--problem_type {problem_type!r} is not one of {PROBLEM_TYPES}")
     values = {name: list(split[LABEL]) for name, split in splits.items()}
     for name, split_values in values.items():
         _check_no_missing(split_values, name)
-    kind = _label_kind(splits["train"].features[LABEL])
-    problem_type = problem_type or _DEFAULT_PROBLEM_TYPE[kind]
+    feature = splits["train"].features[LABEL]
+    kind = _label_kind(feature)
+    whole, fractional = _first_whole_and_fractional(values) if kind == "float" else (None, None)
+    given = problem_type is not None
+    if not given and kind == "float":
+        problem_type = _float_problem_type(whole, fractional)
+    elif not given:
+        problem_type = _DEFAULT_PROBLEM_TYPE[kind]
     _check_kind_fits(kind, problem_type)
     if problem_type == REGRESSION:
         _agreeing_num_labels(num_labels, 1, "score per example that regression labels hold")
         encoded, id2label = _regression(values), default_id2label(1)
+        why = f"the label column holds non-integer floats (e.g. {_at(fractional)})" if fractional else ""
     elif problem_type == SINGLE_LABEL:
-        encoded, id2label = _single_label(values, kind, splits["train"].features[LABEL], num_labels)
+        encoded, id2label = _single_label(values, kind, feature, num_labels)
+        why = _single_label_why(kind, feature, id2label, whole)
     else:
-        element_type = splits["train"].features[LABEL].feature.dtype
-        encoded, id2label = _multi_label(values, element_type, num_labels)
-    feature = _encoded_feature(problem_type, len(id2label))
+        encoded, id2label, why = _multi_label(values, feature.feature.dtype, num_labels)
+    reason = f"{problem_type}: {'set by problem_type' if given else why}"
+    encoded_feature = _encoded_feature(problem_type, len(id2label))
     new_splits = datasets.DatasetDict(
         {
-            name: split.remove_columns(LABEL).add_column(LABEL, encoded[name], feature=feature)
+            name: split.remove_columns(LABEL).add_column(LABEL, encoded[name], feature=encoded_feature)
             for name, split in splits.items()
         }
     )
-    return TaskData(new_splits, problem_type, len(id2label), id2label)
+    return TaskData(new_splits, problem_type, len(id2label), id2label, problem_type_reason=reason)
+
+
+def _first_whole_and_fractional(values: dict[str, list[float]]) -> tuple[_Where | None, _Where | None]:
+    """The first whole-number label and the first other label (NaN included), train split first."""
+    whole = fractional = None
+    for name in sorted(values, key=lambda name: name != "train"):
+        for row, value in enumerate(values[name]):
+            if float(value).is_integer():
+                whole = whole or (name, row, value)
+            else:
+                fractional = fractional or (name, row, value)
+            if whole and fractional:
+                return whole, fractional
+    return whole, fractional
+
+
+def _float_problem_type(whole: _Where | None, fractional: _Where | None) -> str:
+    if fractional is None:
+        return SINGLE_LABEL
+    if whole is None:
+        return REGRESSION
+    raise ValueError(
+        f"the float label column mixes whole numbers (e.g. {_at(whole)}) with other values (first: "
+        f"{_at(fractional)}), so it is unclear whether the labels are class ids or scores. Pass "
+        f"--problem_type {REGRESSION} to read every label as a score, or, if they are class ids, "
+        f"fix the label {fractional[2]!r} in row {fractional[1]} of the {fractional[0]} split"
+    )
+
+
+def _at(where: _Where) -> str:
+    split_name, row, value = where
+    return f"{value!r} at {split_name} row {row}"
+
+
+def _single_label_why(kind: str, feature, id2label: dict[int, str], whole: _Where | None) -> str:
+    if kind == "string":
+        return f"the label column holds strings ({_names(id2label)})"
+    if kind == "class":
+        return f"the label column is a ClassLabel ({_names(id2label)})"
+    class_ids = f"class ids in [0, {len(id2label)})"
+    if kind == "float":
+        return (
+            f"the label column holds floats that are all whole numbers (e.g. {_at(whole)}), read as "
+            f"{class_ids}; --problem_type {REGRESSION} reads them as scores instead"
+        )
+    if feature.dtype == "bool":
+        return "the label column holds booleans, read as class ids 0 (false) and 1 (true)"
+    return f"the label column holds integers, read as {class_ids}"
+
+
+def _names(id2label: dict[int, str], shown: int = 5) -> str:
+    names = list(id2label.values())
+    listed = ", ".join(map(str, names[:shown])) + (", ..." if len(names) > shown else "")
+    return f"{len(names)} names: {listed}"
 
 
 def _label_kind(feature) -> str:
@@ -191,23 +263,28 @@ def _entries_with_rows(rows: Sequence[Sequence]) -> list[tuple[int, object]]:
 
 
 def _multi_label(values, element_type: str, num_labels):
+    """(encoded labels, id2label, how the lists were read)."""
     if element_type in ("string", "large_string"):
         id2label = _names_from_train([n for names in values["train"] for n in names], num_labels)
         label2id = {name: i for i, name in id2label.items()}
         for name, rows in values.items():
             _check_names_known(_entries_with_rows(rows), label2id, name)
         ids = {name: [[label2id[n] for n in row] for row in rows] for name, rows in values.items()}
-        return _multi_hot_from_ids(ids, len(id2label)), id2label
+        why = f"the label column holds lists of strings ({_names(id2label)})"
+        return _multi_hot_from_ids(ids, len(id2label)), id2label, why
     if element_type.startswith("float") or _int_lists_are_multi_hot(values, num_labels):
         width = len(values["train"][0])
         _agreeing_num_labels(num_labels, width, "entries of the multi-hot label lists")
         for name, rows in values.items():
             _check_multi_hot_width(rows, width, name)
-        return values, default_id2label(width)
+        entries = "floats" if element_type.startswith("float") else "0/1 integers"
+        why = f"the label column holds lists of {width} {entries}, read as multi-hot rows"
+        return values, default_id2label(width), why
     num_labels = num_labels or 1 + max((max(row) for row in values["train"] if row), default=0)
     for name, rows in values.items():
         _check_ids_in_range(_entries_with_rows(rows), num_labels, name)
-    return _multi_hot_from_ids(values, num_labels), default_id2label(num_labels)
+    why = f"the label column holds lists of integers, read as class ids in [0, {num_labels})"
+    return _multi_hot_from_ids(values, num_labels), default_id2label(num_labels), why
 
 
 def _int_lists_are_multi_hot(values: dict[str, list], num_labels: int | None) -> bool:

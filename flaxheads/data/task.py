@@ -42,6 +42,11 @@ class TaskData:
     num_labels: int
     id2label: Mapping[int, str]
     """Exactly `num_labels` entries, ready for a Hugging Face config's `id2label`."""
+    problem_type_reason: str = ""
+    """One sentence, `"<problem_type>: <why>"`, saying why the problem type is what it is: what the
+    label column holds (e.g. `"regression: the label column holds non-integer floats (e.g. 0.5
+    at train row 3)"`), `"<problem_type>: set by problem_type"` when the caller chose it, or what
+    a built-in data set's label is. Empty only for a `TaskData` built by hand without one."""
 
     def __post_init__(self):
         if self.problem_type not in PROBLEM_TYPES:
