@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -131,6 +132,34 @@ def _raise_for_backbone_problems(reader, describe, absent: list[Rule], mismatche
         )
 
 
+def _layer_templates(table: conversion.ArchitectureTable, base: str, native: bool) -> list[str]:
+    """The names of one layer's tensors with `{i}` for the layer index: Hugging Face names, or the
+    flax paths flaxheads' own format stores (`backbone.layers.{i}.attention.query.kernel`)."""
+    if native:
+        return [f"backbone.{r.flax}" for r in table.backbone if "{i}" in r.flax]
+    return [r.hf.replace("{base}", base) for r in table.backbone if "{i}" in r.hf]
+
+
+def _raise_for_extra_layers(reader, hf_config: dict, num_layers: int, templates: list[str]) -> None:
+    """Weights of more layers than config.json declares would otherwise load as a shallower model,
+    the deeper layers merely listed as unused: a different network that still runs."""
+    patterns = [re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
+                for before, after in (t.split("{i}", 1) for t in templates)]
+    deepest, example = -1, ""
+    for name in reader.names:
+        for pattern in patterns:
+            match = pattern.fullmatch(name) if isinstance(name, str) else None
+            if match and int(match.group(1)) > deepest:
+                deepest, example = int(match.group(1)), name
+    if deepest >= num_layers:
+        key = "n_layer" if "n_layer" in hf_config else "num_hidden_layers"
+        raise CheckpointError(
+            f"{reader.source} holds {deepest + 1} layers (e.g. {example}) but config.json says {key}={num_layers}; "
+            f"loading would silently drop the last {deepest + 1 - num_layers}. Set \"{key}\": {deepest + 1} in "
+            "config.json if the weights are right, or re-export the checkpoint"
+        )
+
+
 def from_pretrained(
     path: str | os.PathLike,
     *,
@@ -190,7 +219,8 @@ def from_pretrained(
     abstract = nnx.eval_shape(make)
     param_paths = list(_flat_variables(abstract))
     head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
-    if (Path(path) / checkpoint_io.FLAX_NAME).is_file():
+    native = (Path(path) / checkpoint_io.FLAX_NAME).is_file()
+    if native:
         reader = checkpoint_io.open_weights(path, checkpoint_io.FLAX_NAME)
         base = ""
         backbone = [Rule(k, k) for k in param_paths if k.startswith("backbone.")]
@@ -200,6 +230,7 @@ def from_pretrained(
         base = _base(table, reader.names)
         backbone = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base)
         head_rules = conversion.head_rules(table, config.head, head_paths, base)
+    _raise_for_extra_layers(reader, hf_config, config.backbone.num_hidden_layers, _layer_templates(table, base, native))
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
     notes = list(table.loading_notes)
     if init_classifier_from_nsp:
@@ -243,9 +274,11 @@ def load_backbone(path: str | os.PathLike, *, dtype=None, param_dtype=None):
     hf_config = checkpoint_io.read_config(path)
     table = conversion.architecture_table(hf_config.get("model_type"))
     config = backbone_config_from_hf(hf_config)
-    if (Path(path) / checkpoint_io.FLAX_NAME).is_file():
+    native = (Path(path) / checkpoint_io.FLAX_NAME).is_file()
+    if native:
         # flaxheads' own layout: the classifier's backbone, and the "pooler" head's pooler if any.
         reader = checkpoint_io.open_weights(path, checkpoint_io.FLAX_NAME)
+        base = ""
         pooler = [Rule(f"head.{r.flax}", r.flax) for r in table.pooler]
         rules = [Rule(f"backbone.{r.flax}", r.flax) for r in conversion.expand(
             table.backbone, num_layers=config.num_hidden_layers, base="")]
@@ -254,6 +287,7 @@ def load_backbone(path: str | os.PathLike, *, dtype=None, param_dtype=None):
         base = _base(table, reader.names)
         pooler = conversion.expand(table.pooler, num_layers=0, base=base)
         rules = conversion.expand(table.backbone, num_layers=config.num_hidden_layers, base=base)
+    _raise_for_extra_layers(reader, hf_config, config.num_hidden_layers, _layer_templates(table, base, native))
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
     rules += pooler if has_pooler else []
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 import flaxheads
+from flaxheads.conversion import checkpoint_io
 
 CLASSIFIER = {"bert": "BertForSequenceClassification", "roberta": "RobertaForSequenceClassification"}
 
@@ -263,3 +267,143 @@ def test_saving_into_a_directory_of_the_other_format_is_refused(bert_copy, tmp_p
 
     with pytest.raises(FileExistsError, match=re.escape(str(tmp_path / "out"))):
         model.save_pretrained(tmp_path / "out", format=second)
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json, shard indexes and legacy PyTorch files
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"x"', "null", "3"])
+def test_config_json_that_is_not_an_object_is_named_and_must_be_an_object(bert_copy, content):
+    (bert_copy / "config.json").write_text(content)
+
+    with pytest.raises(flaxheads.CheckpointError, match=r"config\.json holds .*must be a JSON object") as err:
+        flaxheads.from_pretrained(bert_copy)
+
+    assert str(bert_copy / "config.json") in str(err.value)
+
+
+@pytest.fixture
+def sharded_bert(hf_checkpoint, tmp_path):
+    """A BERT classifier saved in 20 KB safetensors shards with model.safetensors.index.json."""
+    hf_checkpoint(CLASSIFIER["bert"], num_labels=2).model.save_pretrained(tmp_path, max_shard_size="20KB")
+    return tmp_path
+
+
+def edit_index(path, edit) -> None:
+    index_file = path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    index_file.write_text(json.dumps(edit(index)))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda index: [index],
+        lambda index: {"metadata": index["metadata"]},
+        lambda index: {**index, "weight_map": list(index["weight_map"])},
+        lambda index: {**index, "weight_map": {**index["weight_map"], "bert.pooler.dense.bias": 3}},
+    ],
+    ids=["index is a list", "no weight_map", "weight_map is a list", "shard name is a number"],
+)
+def test_shard_index_without_a_weight_map_of_names_to_files_is_refused(sharded_bert, edit):
+    edit_index(sharded_bert, edit)
+
+    with pytest.raises(flaxheads.CheckpointError, match=r"index\.json is not a valid shard index: it needs a \"weight_map\""):
+        flaxheads.from_pretrained(sharded_bert)
+
+
+def test_index_naming_a_tensor_its_shard_lacks_names_tensor_shard_and_index(sharded_bert):
+    index = json.loads((sharded_bert / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    name = next(n for n, shard in index["weight_map"].items() if shard == shards[0])
+    edit_index(sharded_bert, lambda index: {**index, "weight_map": {**index["weight_map"], name: shards[1]}})
+
+    with pytest.raises(flaxheads.CheckpointError) as err:
+        flaxheads.from_pretrained(sharded_bert)
+
+    message = str(err.value)
+    assert repr(name) in message and str(sharded_bert / shards[1]) in message
+    assert "model.safetensors.index.json" in message and "re-export" in message
+
+
+def test_legacy_pytorch_bin_loads_with_identical_tensors(hf_checkpoint, tmp_path):
+    state = hf_checkpoint(CLASSIFIER["bert"], num_labels=2).model.state_dict()
+    torch.save(state, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+
+    reader = checkpoint_io.open_weights(tmp_path, "pytorch_model.bin")
+
+    assert sorted(reader.names) == sorted(state)
+    for name, tensor in state.items():
+        assert np.array_equal(reader.read(name), tensor.numpy()), name
+
+
+class _RunsAShellCommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_legacy_pytorch_bin_with_a_malicious_pickle_is_refused_without_running_it(hf_checkpoint, tmp_path):
+    checkpoint = hf_checkpoint(CLASSIFIER["bert"], num_labels=2)
+    marker = tmp_path / "payload-ran"
+    state = {**checkpoint.model.state_dict(), "evil": _RunsAShellCommand(marker)}
+    torch.save(state, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    shutil.copy(checkpoint.path / "config.json", tmp_path)
+
+    with pytest.raises(flaxheads.CheckpointError, match=r"(?s)weights_only=True.*holds objects other than tensors"):
+        flaxheads.from_pretrained(tmp_path)
+
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights deeper than config.json
+
+
+def _deep_checkpoint(family: str, path) -> tuple[str, str]:
+    """A 4-layer random checkpoint of `family` whose config.json then says 2 layers; returns the
+    config key and the name prefix of layer 3's tensors."""
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=99, n_embd=32, n_layer=4, n_head=4, n_positions=64, n_inner=37)
+        model, key, deepest = transformers.GPT2ForSequenceClassification(config), "n_layer", "transformer.h.3."
+    elif family == "xlnet":
+        config = transformers.XLNetConfig(vocab_size=99, d_model=32, n_head=4, d_inner=37, n_layer=4)
+        model, key, deepest = transformers.XLNetForSequenceClassification(config), "n_layer", "transformer.layer.3."
+    else:
+        classes = {"bert": transformers.BertForSequenceClassification, "roberta": transformers.RobertaForSequenceClassification}
+        config = classes[family].config_class(
+            vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=37, max_position_embeddings=64,
+            num_hidden_layers=4, pad_token_id=1,
+        )
+        model, key, deepest = classes[family](config), "num_hidden_layers", f"{family}.encoder.layer.3."
+    model.save_pretrained(path)
+    edit_config(path, **{key: 2})
+    return key, deepest
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "gpt2", "xlnet"])
+@pytest.mark.parametrize("load", [flaxheads.from_pretrained, flaxheads.load_backbone], ids=["from_pretrained", "load_backbone"])
+def test_weights_with_more_layers_than_config_json_are_refused(tmp_path, family, load):
+    key, deepest = _deep_checkpoint(family, tmp_path)
+
+    with pytest.raises(flaxheads.CheckpointError) as err:
+        load(tmp_path)
+
+    message = str(err.value)
+    assert f"holds 4 layers (e.g. {deepest}" in message and f"{key}=2" in message, message
+    assert f'"{key}": 4' in message and "re-export" in message
+
+
+@pytest.mark.parametrize("load", [flaxheads.from_pretrained, flaxheads.load_backbone], ids=["from_pretrained", "load_backbone"])
+def test_flaxheads_format_with_more_layers_than_config_json_is_refused(tmp_path, load):
+    _deep_checkpoint("bert", tmp_path / "hf")
+    edit_config(tmp_path / "hf", num_hidden_layers=4)
+    flaxheads.from_pretrained(tmp_path / "hf").save_pretrained(tmp_path / "native", format="flax")
+    edit_config(tmp_path / "native", num_hidden_layers=2)
+
+    with pytest.raises(flaxheads.CheckpointError, match=r"holds 4 layers \(e\.g\. backbone\.layers\.3\..*num_hidden_layers=2"):
+        load(tmp_path / "native")

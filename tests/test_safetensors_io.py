@@ -4,6 +4,8 @@ one tensor at a time, into memory jax adopts without a copy."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 
 import jax
@@ -88,10 +90,12 @@ def _header_file(path, header: dict, data: bytes = b"") -> None:
 @pytest.mark.parametrize(
     "header, data, match",
     [
-        ({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}, b"\0" * 8, "ends at byte"),
+        ({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}, b"\0" * 8,
+         "'w' ends at data byte 16 and the file holds 8 data bytes"),
         ({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}, b"\0" * 16, "do not fit shape"),
-        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}}, b"\0" * 8, "no valid dtype, shape and data_offsets"),
-        ({"w": {"dtype": "U32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "dtype U32, which flaxheads does not read"),
+        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}}, b"\0" * 8, "data_offsets \\[0\\]; they are two"),
+        ({"w": {"dtype": "F8_E4M3", "shape": [8], "data_offsets": [0, 8]}}, b"\0" * 8,
+         "dtype F8_E4M3, which flaxheads does not read"),
         ([1, 2, 3], b"", "not a JSON object"),
     ],
 )
@@ -118,3 +122,107 @@ def test_a_file_truncated_after_opening_is_named_when_read(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(data[:-100])
     with pytest.raises(checkpoint_io.CheckpointError, match="cannot read tensor a .*truncated"):
         reader.read("a")
+
+
+def _f32(shape, begin, end, **changes) -> dict:
+    return {"dtype": "F32", "shape": shape, "data_offsets": [begin, end], **changes}
+
+
+# Each header is one the safetensors library refuses too (asserted below), so flaxheads is at
+# least as strict; before these checks several of them loaded another tensor's bytes.
+# Values: (header, data bytes after it, what the message must name).
+STRICT_CASES = {
+    "float offsets that equal integers": ({"w": _f32([2], 0, 8.0)}, 8, "'w'"),
+    "fractional offsets": ({"w": _f32([2], 0.5, 8.5)}, 8, "'w'"),
+    "offsets as strings": ({"w": _f32([2], "0", "8")}, 8, "'w'"),
+    "offsets as booleans": ({"w": _f32([1], False, True), "v": _f32([1], 1, 4)}, 8, "'w'"),
+    "three offsets": ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 8]}}, 8, "'w'"),
+    "begin after end": ({"w": _f32([0], 8, 0), "v": _f32([2], 0, 8)}, 8, "'w'"),
+    "negative shape dimension": ({"w": _f32([-2, -1], 0, 8)}, 8, "'w'"),
+    "boolean shape dimension": ({"w": _f32([True, 2], 0, 8)}, 8, "'w'"),
+    "float shape dimension": ({"w": _f32([2.0], 0, 8)}, 8, "'w'"),
+    "shape that is not a list": ({"w": _f32(2, 0, 8)}, 8, "'w'"),
+    "unknown dtype name": ({"w": _f32([2], 0, 8, dtype="F33")}, 8, "'w'"),
+    "dtype that is not a string": ({"w": _f32([2], 0, 8, dtype=32)}, 8, "'w'"),
+    "key aliases query's bytes": ({"query": _f32([2], 0, 8), "key": _f32([2], 0, 8)}, 8, "'key'"),
+    "overlapping tensors": ({"a": _f32([2], 0, 8), "b": _f32([2], 4, 12)}, 12, "'b'"),
+    "gap between tensors": ({"a": _f32([1], 0, 4), "b": _f32([1], 8, 12)}, 12, "'b'"),
+    "first tensor not at the data start": ({"a": _f32([1], 4, 8)}, 8, "'a'"),
+    "bytes after the last tensor": ({"a": _f32([1], 0, 4)}, 8, "'a'"),
+    "metadata that is not an object": ({"__metadata__": ["pt"], "a": _f32([1], 0, 4)}, 4, "__metadata__"),
+    "metadata value that is not a string": ({"__metadata__": {"format": 1}, "a": _f32([1], 0, 4)}, 4, "__metadata__"),
+    "empty tensor too large for any array": ({"w": _f32([0, 2**40, 2**40], 0, 0)}, 0, "'w'"),
+}
+
+
+@pytest.mark.parametrize("header, data_len, named", STRICT_CASES.values(), ids=list(STRICT_CASES))
+def test_headers_the_safetensors_library_refuses_are_refused_naming_file_and_tensor(tmp_path, header, data_len, named):
+    file = tmp_path / "model.safetensors"
+    _header_file(file, header, b"\0" * data_len)
+    with pytest.raises(Exception):
+        load_numpy(file)
+
+    with pytest.raises(checkpoint_io.CheckpointError) as err:
+        checkpoint_io.open_weights(tmp_path, "model.safetensors")
+
+    message = str(err.value)
+    assert str(file) in message and named in message and "re-download or re-export" in message, message
+
+
+@pytest.mark.parametrize(
+    "raw_header",
+    [
+        b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [-0, 8]}}',
+        b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8e0]}}',
+        b'{"w": {"dtype": "F32", "shape": [NaN], "data_offsets": [0, 8]}}',
+        b'{"w": {"dtype": "F32", "shape": [2], "shape": [2], "data_offsets": [0, 8]}}',
+        b'{"\\ud800": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+        '{}'.encode("utf-16"),
+    ],
+    ids=["minus zero", "exponent", "NaN", "duplicate field", "lone surrogate", "UTF-16"],
+)
+def test_json_that_python_accepts_and_serde_refuses_is_refused(tmp_path, raw_header):
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(struct.pack("<Q", len(raw_header)) + raw_header + b"\0" * 8)
+    with pytest.raises(Exception):
+        load_numpy(file)
+
+    with pytest.raises(checkpoint_io.CheckpointError, match="re-download or re-export"):
+        checkpoint_io.open_weights(tmp_path, "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    "header, data",
+    [
+        ({"__metadata__": None, "w": _f32([2], 0, 8)}, b"\1" * 8),
+        ({"b": _f32([1], 4, 8), "a": _f32([1], 0, 4)}, bytes(range(8))),
+        ({"e1": _f32([0, 3], 0, 0), "e2": _f32([0], 0, 0), "w": _f32([1], 0, 4)}, b"\2" * 4),
+        ({"u": {"dtype": "U32", "shape": [1], "data_offsets": [0, 4]},
+          "c": {"dtype": "C64", "shape": [1], "data_offsets": [4, 12]}}, bytes(range(12))),
+        ({}, b""),
+    ],
+    ids=["null metadata", "offsets out of name order", "empty tensors sharing an offset", "U32 and C64", "no tensors"],
+)
+def test_unusual_headers_the_library_accepts_read_as_the_library_reads_them(tmp_path, header, data):
+    file = tmp_path / "model.safetensors"
+    _header_file(file, header, data)
+    expected = load_numpy(file)
+
+    reader = checkpoint_io.open_weights(tmp_path, "model.safetensors")
+
+    assert sorted(reader.names) == sorted(expected)
+    for name, want in expected.items():
+        got = reader.read(name)
+        assert (got.dtype, got.shape, got.tobytes()) == (want.dtype, want.shape, want.tobytes()), name
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_checkpoint_files_get_the_mode_the_umask_gives_new_files(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        checkpoint_io.write_checkpoint(tmp_path, {"model_type": "bert"}, {"w": np.ones(2, np.float32)})
+    finally:
+        os.umask(old)
+
+    assert stat.S_IMODE((tmp_path / "config.json").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "model.safetensors").stat().st_mode) == mode

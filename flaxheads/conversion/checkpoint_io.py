@@ -43,9 +43,20 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     if not config_file.is_file():
         raise CheckpointError(f"{path} has no {CONFIG_NAME}; a checkpoint directory needs one")
     try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as err:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{config_file} is not valid JSON ({err}); fix or re-export it") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{config_file} holds {_json_kind(config)}, but it must be a JSON object of settings "
+            '({"model_type": ..., ...}); fix or re-export it'
+        )
+    return config
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", type(None): "JSON null"}
+    return kinds.get(type(value), "a JSON number")
 
 
 class TensorReader:
@@ -101,17 +112,40 @@ def _open_safetensors(file: Path) -> TensorReader:
     return TensorReader(list(entries), read, str(file), lambda name: entries[name][0])
 
 
-_MAX_HEADER_BYTES = 100 * 2**20
+_MAX_HEADER_BYTES = 100_000_000
+"""The safetensors library's `MAX_HEADER_SIZE`: it refuses a longer header, and so does flaxheads."""
+_MAX_USIZE = 2**64 - 1
+"""Offsets and dimensions are `usize` in the safetensors library (64-bit); larger numbers are refused there."""
+_MAX_ARRAY_BYTES = np.iinfo(np.intp).max
+"""numpy refuses an array whose non-zero dimensions times its item size pass this, even an empty one."""
+_MAX_DIMS = 64
+"""numpy's limit on dimensions (NPY_MAXDIMS in numpy 2)."""
+
+# Every dtype name the safetensors format defines; flaxheads reads those in _SAFETENSORS_DTYPES.
+_FORMAT_DTYPES = frozenset({
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64",
+})
+_TENSOR_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+
+Entry = tuple[np.dtype, tuple[int, ...], tuple[int, int]]
+"""(dtype, shape, (begin, end)), the offsets relative to the start of the data section."""
 
 
-def _safetensors_header(file: Path) -> tuple[dict[str, tuple[np.dtype, tuple[int, ...], tuple[int, int]]], int]:
-    """{name: (dtype, shape, (begin, end))} and where the data starts, every entry checked
-    against the file's size so that a damaged file fails here, naming itself."""
+def _safetensors_header(file: Path) -> tuple[dict[str, Entry], int]:
+    """{name: (dtype, shape, (begin, end))} and where the data starts.
+
+    As strict as the safetensors library (Rust `SafeTensors::read_metadata`): the header is UTF-8
+    JSON of the exact types the format defines, and the tensors, ordered by offset, tile the data
+    section exactly (no gap, no overlap, no trailing byte), each as long as its shape and dtype
+    say. So a damaged file fails here, naming itself and the tensor, before anything is allocated,
+    and never loads another tensor's bytes. Also refused, where the library is more lenient:
+    duplicate JSON keys (it keeps the last tensor of a name), tensor entries written as JSON
+    arrays or with keys other than dtype, shape and data_offsets.
+    """
 
     def damaged(why: str) -> CheckpointError:
-        return CheckpointError(
-            f"cannot read {file}: {why}. The file is truncated or not safetensors; re-download or re-export it"
-        )
+        return _damaged(file, why)
 
     size = file.stat().st_size
     with open(file, "rb") as f:
@@ -119,55 +153,167 @@ def _safetensors_header(file: Path) -> tuple[dict[str, tuple[np.dtype, tuple[int
         if len(prefix) < 8:
             raise damaged("it is shorter than a safetensors header")
         (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > min(size - 8, _MAX_HEADER_BYTES):
+        if header_len > _MAX_HEADER_BYTES:
+            raise damaged(f"its header claims {header_len} bytes, more than the {_MAX_HEADER_BYTES} safetensors allows")
+        if header_len > size - 8:
             raise damaged(f"its header claims {header_len} bytes and the file has {size}")
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise damaged("its header is not JSON") from None
+        header = _header_json(f.read(header_len), damaged)
+    entries = {name: _tensor_entry(file, name, info) for name, info in header.items() if name != "__metadata__"}
+    _check_metadata(header.get("__metadata__"), damaged)
+    _check_layout(entries, size - 8 - header_len, damaged)
+    return entries, 8 + header_len
+
+
+def _damaged(file: Path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"cannot read {file}: {why}. The file is truncated, damaged or not safetensors; re-download or re-export it"
+    )
+
+
+def _header_json(raw: bytes, damaged: Callable[[str], CheckpointError]) -> dict[str, Any]:
+    """The header as Python values, refusing what serde_json (the library's parser) refuses and
+    Python's json accepts: NaN and Infinity, `-0` (a float to serde), duplicate keys, lone
+    surrogates, non-UTF-8 text."""
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise damaged(f"its header has the key {key!r} twice in one JSON object")
+            seen.add(key)
+        return dict(pairs)
+
+    def not_json(constant: str):
+        raise damaged(f"its header holds {constant}, which is not JSON")
+
+    try:
+        header = json.loads(
+            raw.decode("utf-8"),
+            object_pairs_hook=unique_keys,
+            parse_constant=not_json,
+            parse_int=lambda text: -0.0 if text == "-0" else int(text),
+        )
+    except CheckpointError:
+        raise
+    except UnicodeDecodeError:
+        raise damaged("its header is not UTF-8 text") from None
+    except (ValueError, RecursionError):  # JSONDecodeError, an int of over 4300 digits, deep nesting
+        raise damaged("its header is not JSON") from None
     if not isinstance(header, dict):
         raise damaged("its header is not a JSON object")
-    data_start = 8 + header_len
-    entries = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if isinstance(entry, dict) and entry.get("dtype") not in _SAFETENSORS_DTYPES and "dtype" in entry:
-            raise CheckpointError(
-                f"{file}: tensor {name!r} has dtype {entry['dtype']}, which flaxheads does not read; "
-                f"re-export it in one of {sorted(_SAFETENSORS_DTYPES)}"
+    return header
+
+
+def _is_usize(value: Any) -> bool:
+    """An offset or dimension the library would accept; `type is` because JSON true is no number."""
+    return type(value) is int and 0 <= value <= _MAX_USIZE
+
+
+def _is_text(value: Any) -> bool:
+    """A str serde_json would accept: JSON escapes can spell lone surrogates, which UTF-8 cannot hold."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _tensor_entry(file: Path, name: str, info: Any) -> Entry:
+    def damaged(why: str) -> CheckpointError:
+        return _damaged(file, why)
+
+    if not _is_text(name):
+        raise damaged(f"tensor name {name!r} is not valid Unicode")
+    if not isinstance(info, dict) or set(info) != _TENSOR_KEYS:
+        raise damaged(
+            f"tensor {name!r} is not a JSON object with exactly dtype, shape and data_offsets ({info!r})"
+        )
+    code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(code, str) or code not in _FORMAT_DTYPES:
+        raise damaged(f"tensor {name!r} has dtype {code!r}, which is not a safetensors dtype")
+    if code not in _SAFETENSORS_DTYPES:
+        raise CheckpointError(
+            f"{file}: tensor {name!r} has dtype {code}, which flaxheads does not read; "
+            f"re-export it in one of {sorted(_SAFETENSORS_DTYPES)}"
+        )
+    if not isinstance(shape, list) or not all(_is_usize(d) for d in shape):
+        raise damaged(f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_usize(o) for o in offsets):
+        raise damaged(f"tensor {name!r} has data_offsets {offsets!r}; they are two non-negative integers")
+    dtype = np.dtype(_SAFETENSORS_DTYPES[code])
+    begin, end = offsets
+    if len(shape) > _MAX_DIMS or math.prod(d for d in shape if d) * dtype.itemsize > _MAX_ARRAY_BYTES:
+        raise damaged(f"tensor {name!r} has shape {shape}, larger than any array can be")
+    if begin > end or end - begin != math.prod(shape) * dtype.itemsize:
+        raise damaged(f"tensor {name!r}: data_offsets {begin}..{end} do not fit shape {tuple(shape)} of {code}")
+    return dtype, tuple(shape), (begin, end)
+
+
+def _check_metadata(metadata: Any, damaged: Callable[[str], CheckpointError]) -> None:
+    # null is what the library writes for "no metadata" and accepts as such.
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(_is_text(k) and _is_text(v) for k, v in metadata.items())
+    ):
+        raise damaged(f"its __metadata__ is {metadata!r}, not a JSON object of strings")
+
+
+def _check_layout(entries: Mapping[str, Entry], data_len: int, damaged: Callable[[str], CheckpointError]) -> None:
+    """The tensors, in offset order, cover the `data_len` bytes after the header exactly once:
+    an overlap would read another tensor's bytes, a gap or trailing bytes mean the header and
+    the data do not belong together."""
+    expected_begin, previous = 0, None
+    for name, (_, _, (begin, end)) in sorted(entries.items(), key=lambda item: item[1][2]):
+        if begin != expected_begin:
+            where = f"where {previous!r} ends" if previous else "where the data starts"
+            raise damaged(
+                f"tensor {name!r} starts at data byte {begin}, not at {expected_begin} {where}: "
+                "tensors must follow each other without gaps or overlaps"
             )
-        try:
-            dtype = np.dtype(_SAFETENSORS_DTYPES[entry["dtype"]])
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise damaged(f"tensor {name!r} has no valid dtype, shape and data_offsets ({entry!r})") from None
-        if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
-            raise damaged(f"tensor {name!r}: data_offsets {begin}..{end} do not fit shape {shape} of {dtype}")
-        if data_start + end > size:
-            raise damaged(f"tensor {name!r} ends at byte {data_start + end} and the file has {size}")
-        entries[name] = (dtype, shape, (begin, end))
-    return entries, data_start
+        expected_begin, previous = end, name
+    if expected_begin > data_len:
+        raise damaged(f"tensor {previous!r} ends at data byte {expected_begin} and the file holds {data_len} data bytes")
+    if expected_begin < data_len:
+        after = f"after the last tensor {previous!r}" if previous else "and it has no tensors"
+        raise damaged(f"the file holds {data_len - expected_begin} data bytes {after}, which belong to no tensor")
 
 
 _SAFETENSORS_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "C64": np.complex64,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
 }
 
 
 def _open_sharded(index_file: Path, open_shard: Callable[[Path], TensorReader]) -> TensorReader:
+    """Opens every shard the index names and checks, from the shards' own lists of tensors, that each
+    tensor is where the index says, so that a mismatch is named before any tensor is loaded."""
     try:
-        weight_map: dict[str, str] = json.loads(index_file.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError) as err:
-        raise CheckpointError(f"{index_file} is not a valid shard index ({err!r}); re-export it") from None
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{index_file} is not valid JSON ({err}); re-download or re-export the checkpoint") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(name, str) and isinstance(shard, str) for name, shard in weight_map.items()
+    ):
+        raise CheckpointError(
+            f"{index_file} is not a valid shard index: it needs a \"weight_map\" object mapping each tensor "
+            "name to the name of its shard file; re-download or re-export the checkpoint"
+        )
     shards: dict[str, TensorReader] = {}
     for shard in sorted(set(weight_map.values())):
         shard_file = index_file.parent / shard
         if not shard_file.is_file():
             raise CheckpointError(f"{index_file} lists shard {shard}, which is missing from {index_file.parent}")
         shards[shard] = open_shard(shard_file)
+    shard_names = {shard: set(reader.names) for shard, reader in shards.items()}
+    for name, shard in weight_map.items():
+        if name not in shard_names[shard]:
+            raise CheckpointError(
+                f"{index_file} puts tensor {name!r} in {index_file.parent / shard}, which has no such tensor: "
+                "the index and the shards come from different exports; re-download or re-export the checkpoint"
+            )
 
     def read(name: str) -> np.ndarray:
         return shards[weight_map[name]].read(name)
@@ -187,6 +333,10 @@ def _torch_to_numpy(tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+"""How torch.load itself tells the zip format from the legacy one (`torch.serialization._is_zipfile`)."""
+
+
 def _open_bin(file: Path) -> TensorReader:
     try:
         import torch
@@ -195,8 +345,11 @@ def _open_bin(file: Path) -> TensorReader:
             f"{file} is a PyTorch pickle and reading it needs torch: pip install 'flaxheads[torch]' "
             "(or convert the checkpoint to model.safetensors)"
         ) from None
+    with open(file, "rb") as f:
+        # torch.load can map only the zip format (torch >= 1.6); older, legacy files are read whole.
+        is_zip = f.read(4) == _ZIP_MAGIC
     try:
-        state = torch.load(str(file), map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(str(file), map_location="cpu", weights_only=True, mmap=is_zip)
     except Exception as err:  # torch raises many types for corrupt or unsafe pickles
         raise CheckpointError(
             f"cannot load {file} with torch.load(weights_only=True): {err}. The file is corrupt, "
@@ -216,6 +369,22 @@ _OPENERS: dict[str, Callable[[Path], TensorReader]] = {
 }
 
 
+def _umask() -> int:
+    """The process's umask. Linux reports it in /proc/self/status; elsewhere the only way to read it
+    is to set it and set it back, which is process-wide: a file another thread creates meanwhile
+    gets the stricter 0o077, never a looser mode."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(target: Path, write: Callable[[str], None]) -> None:
     """Writes through a temporary file in the same folder and renames it: a crash never leaves
     a half-written file where a good one was."""
@@ -223,6 +392,8 @@ def _atomic_write(target: Path, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp makes the file private (0600); the export gets the mode any new file would.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
