@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
-
 import dataclasses
 import json
+import pathlib
+import re
+import sys
 import typing
 
 from flaxheads.heads import HEAD_NAMES
@@ -17,7 +18,8 @@ def _convert(args) -> int:
     from flaxheads.convert import convert, default_direction
 
     to = args.to or default_direction(args.src)
-    info, seconds = convert(args.src, args.dst, to=to, head=args.head, num_labels=args.num_labels)
+    info, seconds = convert(args.src, args.dst, to=to, head=args.head, num_labels=args.num_labels,
+                            ignore_mismatched_sizes=args.ignore_mismatched_sizes, overwrite=args.overwrite)
     print(info)
     print(f"wrote {to} checkpoint to {args.dst} in {seconds:.2f} s")
     return 0
@@ -26,7 +28,8 @@ def _convert(args) -> int:
 def _inspect(args) -> int:
     from flaxheads.convert import describe
 
-    print(describe(args.path, head=args.head, num_labels=args.num_labels))
+    print(describe(args.path, head=args.head, num_labels=args.num_labels,
+                   ignore_mismatched_sizes=args.ignore_mismatched_sizes))
     return 0
 
 
@@ -72,15 +75,38 @@ def _evaluate(args) -> int:
 def _predict(args) -> int:
     from flaxheads.training.trainer import predict
 
-    texts = list(args.texts)
-    if args.input_file:
-        with open(args.input_file, encoding="utf-8") as f:
-            texts += [line.rstrip("\n") for line in f if line.strip()]
+    texts = list(args.texts) + (_read_lines(args.input_file) if args.input_file else [])
     if not texts:
         raise ValueError("nothing to predict: give texts as arguments or --input_file (one text per line)")
     for row in predict(args.model_name_or_path, texts, max_seq_length=args.max_seq_length):
         print(json.dumps(row, ensure_ascii=False))
     return 0
+
+
+def _read_lines(input_file: str) -> list[str]:
+    """One text per line of a UTF-8 file ("-": standard input), blank lines included, so that
+    output row i answers input line i. Only the line ending goes: "\n" or "\r\n"."""
+    if input_file == "-":
+        # A replaced sys.stdin (a StringIO in tests, say) has text but no bytes.
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+    else:
+        with open(input_file, "rb") as f:
+            data = f.read()
+    try:
+        text = data.decode("utf-8-sig")  # -sig: a byte-order mark (Notepad) is not part of the first text
+    except UnicodeDecodeError as error:
+        if input_file == "-":
+            raise ValueError(
+                f"--input_file -: standard input is not UTF-8 (byte 0x{data[error.start]:02x} at position "
+                f"{error.start}); pipe it through `iconv -f latin-1 -t utf-8` (or -f cp1252 for Windows text)"
+            ) from None
+        from flaxheads.data.files import _not_utf8_message
+
+        raise ValueError(_not_utf8_message(pathlib.Path(input_file), "--input_file", data, error, 0, 0)) from None
+    lines = text.split("\n")  # not splitlines(): it also splits at \x0b, \x1c, \u2028..., which are no line ends
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts no new one
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,12 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", choices=["pytorch", "flax"], help="default: pytorch for flaxheads sources, else flax")
     p.add_argument("--head", choices=HEAD_NAMES, help="default: the checkpoint's own head")
     p.add_argument("--num_labels", type=int)
+    p.add_argument("--ignore_mismatched_sizes", action="store_true",
+                   help="start a new head where the checkpoint's has another size (e.g. another --num_labels)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the checkpoint files dst already holds (other files there are left alone)")
     p.set_defaults(run=_convert)
 
     p = sub.add_parser("inspect", help="architecture, sizes, and which weights a head loads or creates")
     p.add_argument("path")
     p.add_argument("--head", choices=HEAD_NAMES)
     p.add_argument("--num_labels", type=int)
+    p.add_argument("--ignore_mismatched_sizes", action="store_true",
+                   help="show a new head where the checkpoint's has another size")
     p.set_defaults(run=_inspect)
 
     p = sub.add_parser("train", help="fine-tune a classifier (no flags: MiniLM on movie_snippets)")
@@ -113,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="labels and probabilities for texts")
     p.add_argument("texts", nargs="*")
     p.add_argument("--model_name_or_path", required=True)
-    p.add_argument("--input_file", help="one text per line")
+    p.add_argument("--input_file", help='one text per line, UTF-8 ("-": standard input); one output row per line')
     p.add_argument("--max_seq_length", type=int, default=128)
     p.set_defaults(run=_predict)
 
@@ -123,7 +155,25 @@ def build_parser() -> argparse.ArgumentParser:
                        description=bench_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_cli.build_parser(p)
     p.set_defaults(run=bench_cli.run_args)
+    for p in sub.choices.values():
+        p.set_defaults(command_parser=p)  # main() words errors in the flags of the command that ran
     return parser
+
+
+def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
+    """A library message in the words of this command line: `ignore_mismatched_sizes=True` becomes
+    `--ignore_mismatched_sizes`, `num_labels=5` `--num_labels 5`, `head='cls'` `--head cls`, for
+    the parameters that are flags of `parser`; other parameters stay as they are."""
+    flags = {option[2:] for action in parser._actions for option in action.option_strings if option.startswith("--")}
+    for name in sorted(flags):
+        parameter = rf"(?<![\w./-]){re.escape(name)}="
+        message = re.sub(parameter + r"True\b", f"--{name}", message)
+        negative = next((f for f in (f"no-{name}", f"no_{name}") if f in flags), None)  # BooleanOptionalAction
+        if negative:
+            message = re.sub(parameter + r"False\b", f"--{negative}", message)
+        message = re.sub(parameter + r"(['\"])([\w./-]*)\1", rf"--{name} \2", message)
+        message = re.sub(parameter + r"(?!True\b|False\b)(?=[^\s=])", f"--{name} ", message)
+    return message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ValueError, OSError, NotImplementedError, FloatingPointError, ModuleNotFoundError) as err:
-        print(f"flaxheads {args.command}: error: {err}", file=sys.stderr)
+        print(f"flaxheads {args.command}: error: {_in_flag_terms(str(err), args.command_parser)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"flaxheads {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,22 +14,44 @@ import numpy as np
 
 from flaxheads import conversion
 from flaxheads.conversion import checkpoint_io
-from flaxheads.pretrained import _flat_variables, from_pretrained, save_pretrained
+from flaxheads.pretrained import FORMATS, _flat_variables, from_pretrained, save_pretrained
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
 )
+WEIGHT_FILES = (
+    checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME, checkpoint_io.BIN_NAME,
+    checkpoint_io.BIN_INDEX_NAME, checkpoint_io.FLAX_NAME, "flax_model.msgpack", "tf_model.h5",
+)
+"""Every weight file name a loader (flaxheads or transformers) might read from a checkpoint directory."""
+_SHARD = re.compile(r"(model|pytorch_model|flax_model|tf_model)-\d+-of-\d+\.(safetensors|bin|msgpack|h5)")
+_WEIGHTS_WRITTEN = {"pytorch": checkpoint_io.SAFETENSORS_NAME, "flax": checkpoint_io.FLAX_NAME}
+"""The weight file `save_pretrained` writes for each format."""
+
+
+def tokenizer_files(src: str | os.PathLike) -> list[str]:
+    """The names of the tokenizer files `src` has."""
+    return [name for name in TOKENIZER_FILES if (Path(src) / name).is_file()]
 
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
     """Copies whatever tokenizer files `src` has into `dst`; returns their names."""
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (Path(src) / name).is_file():
-            shutil.copy2(Path(src) / name, Path(dst) / name)
-            copied.append(name)
+    copied = tokenizer_files(src)
+    for name in copied:
+        shutil.copy2(Path(src) / name, Path(dst) / name)
     return copied
+
+
+def checkpoint_files(folder: str | os.PathLike) -> list[str]:
+    """The names in `folder` that belong to a checkpoint: config.json, weights (shards too),
+    tokenizer files. Other files (notes, a README) are not listed. [] for a missing folder."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    known = {checkpoint_io.CONFIG_NAME, *WEIGHT_FILES, *TOKENIZER_FILES}
+    return sorted(name for name in names if name in known or _SHARD.fullmatch(name))
 
 
 def default_direction(src: str | os.PathLike) -> str:
@@ -41,26 +66,154 @@ def convert(
     to: str | None = None,
     head: str | None = None,
     num_labels: int | None = None,
+    ignore_mismatched_sizes: bool = False,
+    overwrite: bool = False,
 ):
     """Converts a checkpoint directory, keeping its dtype so the conversion is exact.
 
-    Returns (LoadingInfo, seconds). Tokenizer files are copied along.
+    Returns (LoadingInfo, seconds). Tokenizer files are copied along. Everything is written into
+    a temporary folder beside `dst` first and moved in only when complete: a failed conversion
+    leaves `dst` as it was. Files in `dst` that the conversion does not write are never touched.
+
+    Raises ValueError when `dst` is `src`, lies inside it or contains it (even with `overwrite`);
+    FileExistsError when `dst` already holds checkpoint files (config.json, weights, tokenizer
+    files) and `overwrite` is False, or, even with `overwrite=True`, holds such files that the
+    conversion would not replace (stale weights a loader could read instead of the new ones).
     """
     start = time.perf_counter()
     to = to or default_direction(src)
+    if to not in FORMATS:
+        raise ValueError(f"to={to!r}; choose one of {FORMATS}")
+    _check_destination(src, dst, {checkpoint_io.CONFIG_NAME, _WEIGHTS_WRITTEN[to], *tokenizer_files(src)}, overwrite)
     model, info = from_pretrained(
-        src, head=head, num_labels=num_labels, param_dtype="auto", output_loading_info=True
+        src, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
+        output_loading_info=True,
     )
-    save_pretrained(model, dst, format=to)
-    copy_tokenizer_files(src, dst)
+    target = Path(dst).resolve()
+    created = _make_folder(target.parent)
+    staging = _staging_folder(target)
+    try:
+        save_pretrained(model, staging, format=to)
+        copy_tokenizer_files(src, staging)
+        written = set(os.listdir(staging))
+        _check_destination(src, dst, written, overwrite)  # again: dst may have changed meanwhile
+        _move_into(staging, target, written)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty(created)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)  # now only the files dst held before
     return info, time.perf_counter() - start
 
 
-def describe(path: str | os.PathLike, *, head: str | None = None, num_labels: int | None = None) -> str:
+def _check_destination(src, dst, writes: set[str], overwrite: bool) -> None:
+    """Refuses a `dst` whose files the conversion `writes` would wrongly replace or sit beside."""
+    overlap = _overlap(Path(src), Path(dst))
+    if overlap:
+        raise ValueError(
+            f"dst {dst} {overlap} src {src}: the conversion would write into the checkpoint it reads. "
+            "Pass a dst that neither is src, lies inside it, nor contains it"
+        )
+    if Path(dst).exists() and not Path(dst).is_dir():
+        raise NotADirectoryError(f"dst {dst} is a file; pass a directory (new or empty) for the converted checkpoint")
+    found = checkpoint_files(dst)
+    stale = [name for name in found if name not in writes]
+    remove = (
+        f"remove {stale} from it first: they would stay beside the new files and a loader could read "
+        f"them instead (overwrite=True replaces only the files the conversion writes: {sorted(writes)})"
+    )
+    if found and not overwrite:
+        raise FileExistsError(
+            f"dst {dst} already holds a checkpoint: {found}. Pass a new or empty dst, or overwrite=True "
+            "to replace these files" + (f"; and {remove}" if stale else "")
+        )
+    if stale:
+        raise FileExistsError(f"dst {dst} holds {stale}, which the conversion would not replace; {remove}")
+
+
+def _overlap(src: Path, dst: Path) -> str | None:
+    """"is", "lies inside" or "contains" when `dst` is `src`, lies inside it or contains it, seen
+    through symlinks and `..`, and through other names for the same folder (bind mounts,
+    case-insensitive file systems); None when the two are apart."""
+    s, d = src.resolve(), dst.resolve()
+    src_id, dst_id = _identity(s), _identity(d)
+    if s == d or (src_id is not None and src_id == dst_id):
+        return "is"
+    if s in d.parents or (src_id is not None and src_id in map(_identity, d.parents)):
+        return "lies inside"
+    if d in s.parents or (dst_id is not None and dst_id in map(_identity, s.parents)):
+        return "contains"
+    return None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Creates `folder` and any missing parents; returns those it created, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Removes folders this conversion created, deepest first, if nothing else has filled them."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _staging_folder(dst: Path) -> Path:
+    """An empty private folder on `dst`'s file system, so each file moves in with one rename:
+    beside `dst`, or inside it where `dst` is a mount point or its parent is read-only."""
+    parent = dst.parent
+    beside = not dst.is_dir() or (os.access(parent, os.W_OK) and dst.stat().st_dev == parent.stat().st_dev)
+    return Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=parent if beside else dst))
+
+
+def _move_into(staging: Path, dst: Path, names: set[str]) -> None:
+    """Moves the files `names` from `staging` into `dst` (created if missing) with one rename
+    each; the files they replace wait in `staging`, and are put back if any move fails."""
+    created = _make_folder(dst)
+    replaced = Path(tempfile.mkdtemp(dir=staging))
+    moved = []
+    try:
+        for name in sorted(names):
+            if os.path.lexists(dst / name):
+                os.replace(dst / name, replaced / name)
+            moved.append(name)
+            os.replace(staging / name, dst / name)
+    except BaseException:
+        for name in reversed(moved):
+            with contextlib.suppress(OSError):  # put back as much as can be; the first error is what to report
+                if os.path.lexists(replaced / name):
+                    os.replace(replaced / name, dst / name)
+                else:
+                    (dst / name).unlink(missing_ok=True)
+        _remove_empty(created)
+        raise
+
+
+def describe(
+    path: str | os.PathLike, *, head: str | None = None, num_labels: int | None = None,
+    ignore_mismatched_sizes: bool = False,
+) -> str:
     """A readable report: architecture, sizes, weight file, and what a head would load or create."""
     hf_config = checkpoint_io.read_config(path)
     table = conversion.architecture_table(hf_config.get("model_type"))
-    model, info = from_pretrained(path, head=head, num_labels=num_labels, param_dtype="auto", output_loading_info=True)
+    model, info = from_pretrained(
+        path, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
+        output_loading_info=True,
+    )
     cfg = model.config
     counts = {"backbone": 0, "head": 0}
     for key, (_, var) in _flat_variables(model).items():

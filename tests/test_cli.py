@@ -1,7 +1,10 @@
-"""The `flaxheads` command: `convert` and `inspect` through `main(argv)`, and the installed script."""
+"""The `flaxheads` command: `convert`, `inspect` and `predict` through `main(argv)`, and the installed script."""
 
 from __future__ import annotations
 
+import io
+import json
+import shutil
 import subprocess
 
 import pytest
@@ -9,6 +12,7 @@ import torch
 from safetensors.numpy import load_file as load_numpy
 from safetensors.torch import load_file
 
+import flaxheads
 from flaxheads.cli import main
 
 TOKENIZER_FILES = ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
@@ -118,12 +122,125 @@ def test_bad_path_exits_2_with_an_error_message(tmp_path, capsys, command):
     assert str(missing) in err
 
 
-def test_convert_onto_a_directory_of_the_other_format_exits_2(minilm_round_trip, tmp_path, capsys):
+def test_convert_onto_its_own_source_exits_2_and_leaves_it_intact(minilm_round_trip, capsys):
+    root, _ = minilm_round_trip
+    before = (root / "pytorch" / "model.safetensors").read_bytes()
+
+    assert main(["convert", str(root / "pytorch"), str(root / "pytorch"), "--to", "flax", "--overwrite"]) == 2
+
+    assert "is src" in capsys.readouterr().err
+    assert (root / "pytorch" / "model.safetensors").read_bytes() == before
+
+
+def test_convert_onto_a_folder_holding_a_model_names_the_overwrite_flag(minilm_round_trip, capsys):
     root, _ = minilm_round_trip
 
-    assert main(["convert", str(root / "pytorch"), str(root / "pytorch"), "--to", "flax"]) == 2
+    assert main(["convert", str(root / "flax"), str(root / "pytorch"), "--to", "pytorch"]) == 2
 
-    assert "already holds model.safetensors" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already holds a checkpoint" in err and "model.safetensors" in err and "vocab.txt" in err
+    assert "--overwrite" in err and "overwrite=True" not in err
+
+
+def test_convert_overwrite_onto_a_directory_of_the_other_format_exits_2(minilm_round_trip, capsys):
+    root, _ = minilm_round_trip
+
+    assert main(["convert", str(root / "flax"), str(root / "pytorch"), "--to", "flax", "--overwrite"]) == 2
+
+    err = capsys.readouterr().err
+    assert "holds ['model.safetensors']" in err and "remove" in err
+
+
+def test_convert_overwrite_replaces_the_model_and_keeps_other_files(minilm_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["convert", str(minilm_path), str(out), "--num_labels", "4"]) == 0
+    (out / "notes.txt").write_text("mine")
+
+    assert main(["convert", str(minilm_path), str(out), "--num_labels", "2", "--overwrite"]) == 0
+
+    assert json.loads((out / "config.json").read_text())["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"}
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["convert", "inspect"])
+def test_another_num_labels_error_names_the_ignore_mismatched_sizes_flag(hf_checkpoint, tmp_path, capsys, command):
+    checkpoint = hf_checkpoint("BertForSequenceClassification", num_labels=3)
+    argv = [command, str(checkpoint.path)] + ([str(tmp_path / "out")] if command == "convert" else [])
+
+    assert main(argv + ["--num_labels", "5"]) == 2
+
+    err = capsys.readouterr().err
+    assert "classifier.weight" in err and "--ignore_mismatched_sizes" in err
+    assert "ignore_mismatched_sizes=True" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["convert", "inspect"])
+def test_ignore_mismatched_sizes_flag_reports_the_classifier_as_new(hf_checkpoint, tmp_path, capsys, command):
+    checkpoint = hf_checkpoint("BertForSequenceClassification", num_labels=3)
+    argv = [command, str(checkpoint.path)] + ([str(tmp_path / "out")] if command == "convert" else [])
+
+    assert main(argv + ["--num_labels", "5", "--ignore_mismatched_sizes"]) == 0
+
+    out = capsys.readouterr().out
+    assert "must be trained" in out and "classifier.weight (checkpoint shape" in out
+    if command == "convert":
+        assert json.loads((tmp_path / "out" / "config.json").read_text())["num_labels"] == 5
+
+
+def test_keyboard_interrupt_prints_one_line_and_exits_130(monkeypatch, tmp_path, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("flaxheads.convert.convert", interrupted)
+
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst")]) == 130
+
+    err = capsys.readouterr().err
+    assert err == "flaxheads convert: interrupted\n"
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_bert, tmp_path_factory):
+    """A 2-label export of tiny_bert with its tokenizer: its classifier is in the weights, so it
+    loads with nothing new (as a trained model would)."""
+    path = tmp_path_factory.mktemp("classifier")
+    flaxheads.from_pretrained(tiny_bert, num_labels=2).save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tiny_bert / name, path / name)
+    return path
+
+
+def predicted_texts(capsys) -> list[str]:
+    return [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
+
+
+def test_predict_input_file_gives_one_row_per_line_blank_and_crlf_lines_included(classifier, tmp_path, capsys):
+    lines = ["a fine film", "", "  spaced out  ", "", "last line"]
+    input_file = tmp_path / "texts.txt"
+    input_file.write_bytes("\r\n".join(lines).encode() + b"\r\n")
+
+    assert main(["predict", "--model_name_or_path", str(classifier), "--input_file", str(input_file)]) == 0
+
+    assert predicted_texts(capsys) == lines
+
+
+def test_predict_input_file_dash_reads_standard_input(classifier, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("first\n\nthird"))
+
+    assert main(["predict", "--model_name_or_path", str(classifier), "--input_file", "-"]) == 0
+
+    assert predicted_texts(capsys) == ["first", "", "third"]
+
+
+def test_predict_input_file_that_is_not_utf8_names_the_file_and_iconv(tmp_path, capsys):
+    input_file = tmp_path / "latin1.txt"
+    input_file.write_bytes("ok\ncaf\u00e9\n".encode("latin-1"))
+
+    assert main(["predict", "--model_name_or_path", str(tmp_path), "--input_file", str(input_file)]) == 2
+
+    err = capsys.readouterr().err
+    assert "--input_file" in err and str(input_file) in err and "line 2" in err and "iconv" in err
 
 
 def test_installed_console_script_shows_help():
