@@ -3,16 +3,50 @@
 Orbax writes each step into a temporary folder and renames it when complete, so a process
 killed at any moment, even mid-save, leaves the last finished checkpoint intact; leftover
 temporary folders are removed on the next start.
+
+A finished checkpoint can still go bad later (a disk error, a half-finished `rm`, a full disk
+while copying). Such steps are moved aside, never deleted, and the run falls back to an older one.
+
+A checkpoint at step s holds the weights after update s. It is *confirmed* once a loss computed
+from those weights was finite (the trainer learns that at step s+1, or from an evaluation) and
+says so with `confirm(s)`; a run that went NaN resumes from a confirmed step. A checkpoints folder
+written before confirmations existed has no record file: all its steps count as confirmed.
+
+On disk, for a checkpoints directory `<output_dir>/checkpoints`:
+
+    checkpoints/<step>/                 Orbax step folders with items `state` and `meta`
+    checkpoints/confirmed_steps.json    {"confirmed_steps": [...]}; Orbax lists step folders only
+    checkpoints_set_aside/<step>-damaged, <step>-unconfirmed (then -2, -3, ...)
+
+Multi-process runs: `save`, `restore` and `restore_newest_intact` are collective (every process
+calls them). Process 0 alone writes the record and moves folders: `confirm`, `set_aside` and
+`set_aside_unconfirmed` act on process 0 and do nothing elsewhere, so they may be called on process
+0 only (sync before the others look). Steps and the record are read from disk on every call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import json
 import os
-from typing import Any
+import sys
+import types
+from typing import Any, Iterable
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
+from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.training.step import TrainState
+
+RECORD_NAME = "confirmed_steps.json"
+# Orbax's words for a target that does not fit an intact checkpoint: the caller's mistake, not damage.
+_TARGET_ERRORS = ("is not compatible with the stored shape", "tree structures do not match")
+# Orbax reads these before any array. Without them it fails late and misleadingly (a missing
+# state/_METADATA surfaces as a pytree structure error), so their absence is checked on disk.
+_REQUIRED_FILES = (os.path.join("state", "_METADATA"), os.path.join("meta", "metadata"))
 
 
 class CheckpointMismatch(ValueError):
@@ -20,27 +54,80 @@ class CheckpointMismatch(ValueError):
 
 
 class RunCheckpoints:
-    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int, identity: dict[str, Any]):
+    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None, identity: dict[str, Any]):
         """`identity` describes what is being trained (backbone config, head, labels); a restore
-        refuses checkpoints whose identity differs."""
+        refuses checkpoints whose identity differs. `max_to_keep` newest steps are kept, plus
+        always the newest confirmed one (None: keep every step)."""
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be positive or None, got {max_to_keep}")
         self.identity = identity
         self.directory = os.path.abspath(directory)
+        self.max_to_keep = max_to_keep
+        self.set_aside_directory = self.directory + "_set_aside"
+        self._record_path = os.path.join(self.directory, RECORD_NAME)
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep,
+                max_to_keep=None,  # Orbax's collection could delete the only confirmed step: see save
                 create=True,
                 enable_async_checkpointing=False,  # the train state is donated right after saving
                 cleanup_tmp_directories=True,
             ),
             item_names=("state", "meta"),
         )
+        self._read_record()  # a damaged record is reported now, not in the middle of the run
+
+    # Steps.
+
+    def all_steps(self) -> list[int]:
+        """Checkpoint steps on disk, oldest first."""
+        self.manager.reload()  # another process may have moved some aside
+        return list(self.manager.all_steps())
 
     def latest_step(self) -> int | None:
-        return self.manager.latest_step()
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def confirmed_steps(self) -> list[int]:
+        """Confirmed steps on disk, oldest first (every step when the folder has no record)."""
+        confirmed = self._read_record()
+        return [step for step in self.all_steps() if confirmed is None or step in confirmed]
+
+    def latest_good_step(self) -> int | None:
+        """The newest confirmed step, or None."""
+        confirmed = self.confirmed_steps()
+        return confirmed[-1] if confirmed else None
+
+    def resolve_resume(self, value: str) -> int:
+        """The step that `value` names: a step number ("300") or the path of a step folder of
+        this checkpoints directory (".../checkpoints/300"). Raises ValueError naming the
+        available steps when there is no such checkpoint."""
+        steps = self.all_steps()
+        available = f"available steps: {', '.join(map(str, steps))}" if steps else "it holds no checkpoints"
+        text = str(value).strip()
+        if text.isdigit():
+            step = int(text)
+        else:
+            path = os.path.realpath(os.path.expanduser(text))
+            if os.path.dirname(path) != os.path.realpath(self.directory) or not os.path.basename(path).isdigit():
+                raise ValueError(
+                    f"{value!r} is not a step folder of {self.directory}: pass a step number or a step "
+                    f"folder of this output_dir's checkpoints ({available}), or copy that checkpoint "
+                    f"folder into {self.directory}"
+                )
+            step = int(os.path.basename(path))
+        if step not in steps:
+            raise ValueError(f"{self.directory} has no checkpoint at step {step}; {available}")
+        return step
+
+    # Saving and confirming.
 
     def save(self, state: TrainState, step: int, meta: dict[str, Any]) -> None:
-        """Saves `state` (global arrays; every process calls this) as checkpoint `step`."""
+        """Saves `state` (global arrays; every process calls this) as checkpoint `step`,
+        unconfirmed, then deletes the steps beyond the `max_to_keep` newest except the newest
+        confirmed one."""
+        # Recorded before Orbax writes: a step on disk without a record would count as confirmed.
+        self._write_record(set(self.confirmed_steps()) - {step})
         self.manager.save(
             step,
             args=ocp.args.Composite(
@@ -50,21 +137,240 @@ class RunCheckpoints:
             force=True,
         )
         self.manager.wait_until_finished()
+        self._prune()
+
+    def confirm(self, step: int) -> None:
+        """Records that a loss computed from the weights of checkpoint `step` was finite. Steps
+        without a checkpoint, or confirmed already, are ignored (nothing is written), so the
+        trainer may confirm every step. Older steps it makes surplus go at the next `save`."""
+        confirmed = set(self.confirmed_steps())
+        if step not in confirmed and step in self.all_steps():
+            self._write_record(confirmed | {step})
+
+    def set_aside(self, steps: Iterable[int], why: str) -> list[str]:
+        """Moves each of `steps` that exists to `<set_aside_directory>/<step>-<why>` (`-2`, `-3`,
+        ... when taken); returns the destinations (on process 0; elsewhere nothing moves: [])."""
+        existing = self.all_steps()
+        steps = [step for step in sorted(set(steps)) if step in existing]
+        if jax.process_index() != 0:
+            return []
+        os.makedirs(self.set_aside_directory, exist_ok=True)
+        destinations = []
+        for step in steps:
+            destination = os.path.join(self.set_aside_directory, f"{step}-{why}")
+            suffix = 2
+            while os.path.lexists(destination):
+                destination = os.path.join(self.set_aside_directory, f"{step}-{why}-{suffix}")
+                suffix += 1
+            os.rename(os.path.join(self.directory, str(step)), destination)
+            destinations.append(destination)
+        confirmed = self._read_record()
+        if confirmed is not None:
+            self._write_record(confirmed - set(steps))
+        self.manager.reload()
+        return destinations
+
+    def set_aside_unconfirmed(self) -> list[int]:
+        """Moves every unconfirmed step to `<set_aside_directory>/<step>-unconfirmed`; returns
+        those steps, oldest first."""
+        confirmed = set(self.confirmed_steps())
+        steps = [step for step in self.all_steps() if step not in confirmed]
+        self.set_aside(steps, "unconfirmed")
+        return steps
+
+    # Restoring.
 
     def restore(self, abstract_state: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
         """The state saved at `step` (default: latest), laid out like `abstract_state`
-        (ShapeDtypeStructs with shardings), and its metadata."""
+        (ShapeDtypeStructs with shardings), and its metadata.
+
+        Raises CheckpointMismatch for checkpoints of another run, ValueError for a step that is
+        not there, CheckpointError for one that cannot be read (nothing is moved)."""
         step = self.latest_step() if step is None else step
-        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        if meta.get("identity") != self.identity:
-            raise CheckpointMismatch(_describe_mismatch(self.directory, meta.get("identity"), self.identity))
-        restored = self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+        if step is None:
+            raise ValueError(f"{self.directory} holds no checkpoints")
+        if step not in self.all_steps():
+            steps = ", ".join(map(str, self.all_steps())) or "none"
+            raise ValueError(f"{self.directory} has no checkpoint at step {step}; available steps: {steps}")
+        with _abandoned_reads_silenced():
+            try:
+                meta = self._read_meta(step)
+                self._check_identity(meta)
+                return self._read_state(abstract_state, step), meta
+            except _UnreadableStep as err:
+                reason = str(err)  # raised below, outside: its frames would keep Orbax's reads alive
+        others = ", ".join(str(s) for s in self.all_steps() if s != step) or "none"
+        raise CheckpointError(
+            f"checkpoint step {step} in {self.directory} cannot be read ({reason}); other steps: {others}"
         )
-        return restored.state, meta
+
+    def restore_newest_intact(
+        self, abstract_state: TrainState, *, steps: Iterable[int] | None = None
+    ) -> tuple[TrainState, dict[str, Any], int]:
+        """`(state, meta, step)` of the newest of `steps` (default: all) that reads back whole.
+
+        Every candidate's metadata is checked against `identity` first, so CheckpointMismatch
+        is raised with nothing moved. A step that then fails to read (files missing, damaged
+        data) is moved to `<set_aside_directory>/<step>-damaged` with a one-line warning on
+        stderr, and the next older step is tried. Raises CheckpointError when none is intact.
+        """
+        existing = self.all_steps()  # collective: the same on every process
+        candidates = sorted(existing if steps is None else set(existing) & set(steps), reverse=True)
+        metas: dict[int, dict[str, Any] | str] = {}  # the metadata, or why it cannot be read
+        with _abandoned_reads_silenced():
+            for step in candidates:
+                try:
+                    metas[step] = self._read_meta(step)
+                except _UnreadableStep as err:
+                    metas[step] = str(err)
+                    continue
+                self._check_identity(metas[step])
+            moved = []
+            for i, step in enumerate(candidates):
+                failure = metas[step] if isinstance(metas[step], str) else None
+                state = None
+                if failure is None:
+                    try:
+                        state = self._read_state(abstract_state, step)
+                    except _UnreadableStep as err:
+                        failure = str(err)
+                if _on_every_process(failure is None):
+                    return state, metas[step], step
+                destination = self.set_aside([step], "damaged")
+                ocp.multihost.sync_global_processes("flaxheads_checkpoint_set_aside")
+                self.manager.reload()
+                moved += destination
+                if destination:
+                    older = candidates[i + 1:]
+                    fallback = f"falling back to step {older[0]}" if older else "no older step left"
+                    print(f"warning: checkpoint step {step} in {self.directory} is damaged "
+                          f"({failure or 'unreadable on another process'}); moved it to {destination[0]}; {fallback}",
+                          file=sys.stderr)
+        among = "" if steps is None else f" among steps {sorted(set(steps))}"
+        listed = f"; set aside as damaged: {', '.join(moved)}" if moved else ""
+        raise CheckpointError(
+            f"{self.directory} holds no intact checkpoint{among}{listed}. Start over with "
+            "--overwrite_output_dir, or use another --output_dir"
+        )
 
     def close(self) -> None:
         self.manager.close()
+
+    # Internals.
+
+    def _read_meta(self, step: int) -> dict[str, Any]:
+        """Raises _UnreadableStep when the files are not all there or do not read back."""
+        step_dir = os.path.join(self.directory, str(step))
+        missing = [name for name in _REQUIRED_FILES if not os.path.isfile(os.path.join(step_dir, name))]
+        if missing:
+            raise _UnreadableStep(f"{', '.join(missing)} missing")
+        return self._read(step, meta=ocp.args.JsonRestore()).meta
+
+    def _read_state(self, abstract_state: TrainState, step: int) -> TrainState:
+        return self._read(step, state=ocp.args.StandardRestore(abstract_state)).state
+
+    def _read(self, step: int, **items):
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as err:
+            message = str(err)
+            if isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in message or any(
+                words in message for words in _TARGET_ERRORS
+            ):
+                raise  # says nothing against the checkpoint, which must not be set aside for it
+            reason = _one_line(err)
+        # Raised outside the except clause: Orbax's error chain would keep its abandoned reads alive.
+        raise _UnreadableStep(reason)
+
+    def _check_identity(self, meta: dict[str, Any]) -> None:
+        if meta.get("identity") != self.identity:
+            raise CheckpointMismatch(_describe_mismatch(self.directory, meta.get("identity"), self.identity))
+
+    def _prune(self) -> None:
+        if self.max_to_keep is None:
+            return
+        steps = self.all_steps()
+        keep = set(steps[-self.max_to_keep:]) | {self.latest_good_step()}
+        doomed = [step for step in steps if step not in keep]
+        # Every process decides from the same folder before process 0 deletes anything.
+        ocp.multihost.sync_global_processes("flaxheads_checkpoint_prune")
+        for step in doomed:
+            self.manager.delete(step)
+        confirmed = self._read_record()
+        if doomed and confirmed is not None:
+            self._write_record(confirmed - set(doomed))
+
+    def _read_record(self) -> set[int] | None:
+        try:
+            with open(self._record_path) as f:
+                record = json.load(f)
+            return {int(step) for step in record["confirmed_steps"]}
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(
+                f"{self._record_path} cannot be read ({_one_line(err)}); delete it to count every "
+                "checkpoint step as confirmed"
+            ) from err
+
+    def _write_record(self, confirmed: set[int]) -> None:
+        """On process 0, atomically (temporary file + rename): a crash leaves the old or the new."""
+        if jax.process_index() != 0 or confirmed == self._read_record():
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        temporary = f"{self._record_path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:
+            json.dump({"confirmed_steps": sorted(confirmed)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self._record_path)
+
+
+class _UnreadableStep(Exception):
+    """A checkpoint step that does not read back; the message is the reason, in one line."""
+
+
+def _on_every_process(ok: bool) -> bool:
+    """Whether `ok` holds on all processes: they must agree on which step to fall back to."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.array(ok))))
+
+
+@contextlib.contextmanager
+def _abandoned_reads_silenced():
+    """When one array fails to read, Orbax abandons the reads of the others; garbage collected
+    later, each prints its full TensorStore error ("Exception ignored in: <coroutine ...>").
+    Collect them here and drop those messages, so the one-line warning is what the user sees.
+    Every Orbax read of a restore happens inside, the failed attempts and the fallbacks."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        source = unraisable.object
+        abandoned_read = isinstance(source, types.CoroutineType) and "orbax" in source.cr_code.co_filename
+        # A read finishing after Orbax closed its event loop reports to that loop, from no object.
+        late_read = source is None and "Event loop is closed" in str(unraisable.exc_value)
+        if not (abandoned_read or late_read):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        gc.collect()
+        sys.unraisablehook = previous
+
+
+def _one_line(err: BaseException) -> str:
+    """The root cause in one line: Orbax wraps TensorStore's precise error in a vague one."""
+    while (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    lines = str(err).strip().splitlines()
+    line = lines[0].split(" [tensorstore_spec=")[0] if lines else ""
+    line = line if len(line) <= 240 else line[:237] + "..."
+    return f"{type(err).__name__}: {line}" if line else type(err).__name__
 
 
 def _describe_mismatch(directory: str, saved: dict | None, current: dict) -> str:

@@ -1,0 +1,292 @@
+"""Damaged, unconfirmed and contested checkpoints: RunCheckpoints falls back, sets aside (never
+deletes) and names what it did; RunLock keeps two runs out of one output directory.
+
+The saved state is a tiny TrainState (a few KB); its arrays are large enough (32x32 float32) that
+OCDBT writes them to data files under `state/ocdbt.process_0/d/` instead of inlining them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flaxheads.conversion.checkpoint_io import CheckpointError
+from flaxheads.training.checkpoints import RECORD_NAME, CheckpointMismatch, RunCheckpoints
+from flaxheads.training.run_lock import LOCK_NAME, RunLock, RunLocked
+from flaxheads.training.step import TrainState
+
+IDENTITY = {"model": "tiny", "labels": ["a", "b"]}
+
+
+def _state(step: int) -> TrainState:
+    key = jax.random.key(step)
+    params = {"kernel": jax.random.normal(key, (32, 32)), "bias": jnp.full((32,), float(step))}
+    return TrainState(step=jnp.int32(step), params=params, opt_state=(jnp.zeros((32, 32)), jnp.ones(())))
+
+
+def _abstract(state: TrainState) -> TrainState:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+
+def _checkpoints(output_dir: Path, max_to_keep: int | None = 5, identity=IDENTITY) -> RunCheckpoints:
+    return RunCheckpoints(output_dir / "checkpoints", max_to_keep=max_to_keep, identity=identity)
+
+
+def _saved(output_dir: Path, steps, **kwargs) -> RunCheckpoints:
+    checkpoints = _checkpoints(output_dir, **kwargs)
+    for step in steps:
+        checkpoints.save(_state(step), step, {"data_position": step})
+    return checkpoints
+
+
+def _assert_state(restored: TrainState, step: int) -> None:
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(_state(step))):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def _truncate_data_file(step_dir: Path) -> None:
+    largest = max((step_dir / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size)
+    with open(largest, "r+b") as f:
+        f.truncate(100)
+
+
+DAMAGES = {
+    "truncated_data_file": _truncate_data_file,
+    "deleted_state_metadata": lambda step_dir: (step_dir / "state" / "_METADATA").unlink(),
+    "deleted_meta_metadata": lambda step_dir: (step_dir / "meta" / "metadata").unlink(),
+    "half_deleted_step_folder": lambda step_dir: shutil.rmtree(step_dir / "state"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_newest_step_is_set_aside_and_the_previous_one_restored(damage, tmp_path, capsys):
+    _saved(tmp_path, [1, 2]).close()
+    DAMAGES[damage](tmp_path / "checkpoints" / "2")
+    checkpoints = _checkpoints(tmp_path)  # a fresh start, as on resume: nothing cached
+    state, meta, step = checkpoints.restore_newest_intact(_abstract(_state(1)))
+    assert step == 1 and meta["data_position"] == 1
+    _assert_state(state, 1)
+    warning = capsys.readouterr().err
+    print(warning)
+    set_aside = tmp_path / "checkpoints_set_aside" / "2-damaged"
+    assert f"checkpoint step 2 in {tmp_path / 'checkpoints'} is damaged (" in warning
+    assert f"moved it to {set_aside}; falling back to step 1" in warning
+    assert "Traceback" not in warning and "Exception ignored" not in warning
+    assert (set_aside / "meta").is_dir()
+    assert checkpoints.all_steps() == [1]
+    # Orbax is not left in a bad state: the run saves and restores on.
+    checkpoints.save(_state(3), 3, {"data_position": 3})
+    state, _, step = checkpoints.restore_newest_intact(_abstract(_state(3)))
+    assert step == 3
+    _assert_state(state, 3)
+
+
+def test_every_step_damaged_raises_checkpoint_error_naming_what_was_set_aside(tmp_path, capsys):
+    _saved(tmp_path, [1, 2]).close()
+    _truncate_data_file(tmp_path / "checkpoints" / "2")
+    (tmp_path / "checkpoints" / "1" / "state" / "_METADATA").unlink()
+    with pytest.raises(CheckpointError, match="--overwrite_output_dir") as err:
+        _checkpoints(tmp_path).restore_newest_intact(_abstract(_state(1)))
+    print(err.value)
+    for step in (1, 2):
+        assert str(tmp_path / "checkpoints_set_aside" / f"{step}-damaged") in str(err.value)
+    assert "no older step left" in capsys.readouterr().err
+
+
+def test_a_step_set_aside_twice_gets_a_numbered_folder(tmp_path):
+    (tmp_path / "checkpoints_set_aside" / "2-damaged").mkdir(parents=True)
+    _saved(tmp_path, [1, 2]).close()
+    _truncate_data_file(tmp_path / "checkpoints" / "2")
+    _checkpoints(tmp_path).restore_newest_intact(_abstract(_state(1)))
+    assert (tmp_path / "checkpoints_set_aside" / "2-damaged-2" / "state").is_dir()
+
+
+def test_restore_newest_intact_only_tries_the_given_steps(tmp_path):
+    checkpoints = _saved(tmp_path, [1, 2, 3])
+    _, _, step = checkpoints.restore_newest_intact(_abstract(_state(1)), steps=[1, 2])
+    assert step == 2
+    assert checkpoints.all_steps() == [1, 2, 3]
+
+
+def test_checkpoints_of_another_run_are_refused_before_anything_is_set_aside(tmp_path):
+    _saved(tmp_path, [1, 2]).close()
+    _truncate_data_file(tmp_path / "checkpoints" / "2")
+    with pytest.raises(CheckpointMismatch, match="labels"):
+        _checkpoints(tmp_path, identity={**IDENTITY, "labels": ["x"]}).restore_newest_intact(_abstract(_state(1)))
+    assert not (tmp_path / "checkpoints_set_aside").exists()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()) == ["1", "2"]
+
+
+def test_a_target_that_does_not_fit_is_the_callers_error_and_moves_nothing(tmp_path):
+    checkpoints = _saved(tmp_path, [1, 2])
+    wrong = _abstract(_state(1))._replace(opt_state=(jax.ShapeDtypeStruct((16, 32), jnp.float32), jnp.ones(())))
+    with pytest.raises(ValueError, match="not compatible with the stored shape"):
+        checkpoints.restore_newest_intact(wrong)
+    assert checkpoints.all_steps() == [1, 2]
+    assert not (tmp_path / "checkpoints_set_aside").exists()
+
+
+def test_explicit_restore_of_a_damaged_step_raises_checkpoint_error_and_moves_nothing(tmp_path):
+    checkpoints = _saved(tmp_path, [1, 2])
+    _truncate_data_file(tmp_path / "checkpoints" / "2")
+    with pytest.raises(CheckpointError, match=r"step 2 .* cannot be read \(ValueError: OUT_OF_RANGE"):
+        checkpoints.restore(_abstract(_state(1)), 2)
+    state, meta = checkpoints.restore(_abstract(_state(1)), 1)
+    _assert_state(state, 1)
+    assert checkpoints.all_steps() == [1, 2]
+    with pytest.raises(ValueError, match="no checkpoint at step 7; available steps: 1, 2"):
+        checkpoints.restore(_abstract(_state(1)), 7)
+
+
+def test_unconfirmed_steps_are_set_aside_and_confirmations_persist(tmp_path):
+    checkpoints = _saved(tmp_path, [1, 2, 3])
+    checkpoints.confirm(1)
+    checkpoints.confirm(2)
+    checkpoints.confirm(99)  # no such checkpoint: ignored
+    reopened = _checkpoints(tmp_path)
+    assert reopened.confirmed_steps() == [1, 2]
+    assert reopened.latest_good_step() == 2
+    assert reopened.set_aside_unconfirmed() == [3]
+    assert (tmp_path / "checkpoints_set_aside" / "3-unconfirmed" / "state").is_dir()
+    assert reopened.all_steps() == [1, 2]
+
+
+def test_set_aside_moves_the_given_steps_and_forgets_their_confirmation(tmp_path):
+    checkpoints = _saved(tmp_path, [1, 2, 3])
+    checkpoints.confirm(2)
+    moved = checkpoints.set_aside([2, 3, 9], "after-resume-point")
+    assert moved == [str(tmp_path / "checkpoints_set_aside" / f"{step}-after-resume-point") for step in (2, 3)]
+    assert checkpoints.all_steps() == [1] and _checkpoints(tmp_path).all_steps() == [1]
+    assert json.loads((tmp_path / "checkpoints" / RECORD_NAME).read_text()) == {"confirmed_steps": []}
+
+
+def test_saving_a_step_again_unconfirms_it(tmp_path):
+    checkpoints = _saved(tmp_path, [1])
+    checkpoints.confirm(1)
+    checkpoints.manager.delete(1)  # as when the trainer falls back past it and trains step 1 again
+    checkpoints.save(_state(1), 1, {})
+    assert checkpoints.confirmed_steps() == []
+
+
+def test_confirmed_record_is_invisible_to_orbax(tmp_path):
+    checkpoints = _saved(tmp_path, [1, 2])
+    checkpoints.confirm(2)
+    record = tmp_path / "checkpoints" / RECORD_NAME
+    assert json.loads(record.read_text()) == {"confirmed_steps": [2]}
+    reopened = _checkpoints(tmp_path)
+    assert reopened.all_steps() == [1, 2]
+    assert reopened.latest_step() == 2
+    assert record.exists()  # Orbax's clean-up of temporary folders leaves it alone
+
+
+def test_collection_never_deletes_the_newest_confirmed_step(tmp_path):
+    checkpoints = _saved(tmp_path, [1], max_to_keep=2)
+    checkpoints.confirm(1)
+    for step in (2, 3, 4):  # a run whose loss went NaN right after step 1 saves these unconfirmed
+        checkpoints.save(_state(step), step, {})
+    assert checkpoints.all_steps() == [1, 3, 4]
+    checkpoints.confirm(3)
+    assert checkpoints.all_steps() == [1, 3, 4]  # surplus steps go at the next save
+    checkpoints.save(_state(5), 5, {})
+    assert checkpoints.all_steps() == [3, 4, 5]
+    assert checkpoints.confirmed_steps() == [3]
+
+
+def test_folder_without_a_record_counts_every_step_as_confirmed(tmp_path):
+    _saved(tmp_path, [1, 2]).close()
+    (tmp_path / "checkpoints" / RECORD_NAME).unlink()  # as written before confirmations existed
+    legacy = _checkpoints(tmp_path)
+    assert legacy.confirmed_steps() == [1, 2]
+    assert legacy.latest_good_step() == 2
+    assert legacy.set_aside_unconfirmed() == []
+    legacy.save(_state(3), 3, {})
+    assert _checkpoints(tmp_path).confirmed_steps() == [1, 2]
+
+
+def test_resolve_resume_accepts_a_step_or_a_step_folder_and_names_the_available_steps(tmp_path):
+    checkpoints = _saved(tmp_path, [1, 2])
+    assert checkpoints.resolve_resume("2") == 2
+    assert checkpoints.resolve_resume(str(tmp_path / "checkpoints" / "1")) == 1
+    assert checkpoints.resolve_resume(str(tmp_path / "checkpoints" / "1") + "/") == 1
+    with pytest.raises(ValueError, match="no checkpoint at step 7; available steps: 1, 2"):
+        checkpoints.resolve_resume("7")
+    with pytest.raises(ValueError, match="no checkpoint at step 9; available steps: 1, 2"):
+        checkpoints.resolve_resume(str(tmp_path / "checkpoints" / "9"))
+    elsewhere = tmp_path / "other_run" / "checkpoints" / "2"
+    with pytest.raises(ValueError, match="step folder of this output_dir's checkpoints .* or copy"):
+        checkpoints.resolve_resume(str(elsewhere))
+    with pytest.raises(ValueError, match="not a step folder"):
+        checkpoints.resolve_resume("latest")
+
+
+# RunLock.
+
+
+def test_lock_is_created_with_its_holder_and_removed_on_exit(tmp_path):
+    output_dir = tmp_path / "not_yet_there"
+    with RunLock(output_dir):
+        holder = json.loads((output_dir / LOCK_NAME).read_text())
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        assert set(holder) == {"pid", "host", "started", "command"}
+    assert not (output_dir / LOCK_NAME).exists()
+
+
+def test_second_acquire_is_refused_naming_the_holder(tmp_path):
+    with RunLock(tmp_path):
+        with pytest.raises(RunLocked, match=f"pid {os.getpid()} on {socket.gethostname()}") as err:
+            RunLock(tmp_path).acquire()
+    print(err.value)
+    assert "--output_dir" in str(err.value)
+
+
+def _write_lock(output_dir: Path, **holder) -> Path:
+    path = output_dir / LOCK_NAME
+    path.write_text(json.dumps({"host": socket.gethostname(), "started": "2024-01-01T00:00:00+00:00",
+                                "command": "flaxheads train", **holder}))
+    return path
+
+
+def test_lock_of_a_dead_process_is_taken_over(tmp_path, capsys):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    path = _write_lock(tmp_path, pid=gone.pid)
+    lock = RunLock(tmp_path).acquire()
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert f"pid {gone.pid}" in capsys.readouterr().err
+    lock.release()
+    assert not path.exists()
+
+
+def test_unreadable_lock_is_taken_over_only_once_it_is_old(tmp_path):
+    path = tmp_path / LOCK_NAME
+    path.write_text("{")
+    with pytest.raises(RunLocked, match="cannot be read yet"):
+        RunLock(tmp_path).acquire()
+    os.utime(path, (0, 0))
+    with RunLock(tmp_path):
+        assert json.loads(path.read_text())["pid"] == os.getpid()
+
+
+def test_lock_from_another_host_is_refused_naming_the_file_to_delete(tmp_path):
+    path = _write_lock(tmp_path, pid=1234, host="some-other-host")
+    with pytest.raises(RunLocked, match="some-other-host") as err:
+        RunLock(tmp_path).acquire()
+    print(err.value)
+    assert "cannot be checked" in str(err.value) and f"delete {path}" in str(err.value)
+
+
+def test_release_leaves_someone_elses_lock_alone(tmp_path):
+    lock = RunLock(tmp_path).acquire()
+    path = _write_lock(tmp_path, pid=os.getppid())  # taken over by another run meanwhile
+    lock.release()
+    assert json.loads(path.read_text())["pid"] == os.getppid()
