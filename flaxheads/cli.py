@@ -58,27 +58,32 @@ def _train(args) -> int:
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     results = train(config)
     print(json.dumps({k: results[k] for k in ("validation", "test") if k in results}, indent=2))
-    print(f"exported to {config.output_dir} after {results['steps']} steps in {results['seconds']:.0f} s")
+    if not results.get("already_complete"):
+        print(f"exported to {config.output_dir} after {results['steps']} steps in {results['seconds']:.0f} s")
     return 0
 
 
 def _evaluate(args) -> int:
-    from flaxheads.training.trainer import evaluate, load_task
+    from flaxheads.inference import evaluate
+    from flaxheads.training.trainer import load_task, model_path
 
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
-    result = evaluate(args.model_name_or_path, load_task(config), args.split,
-                      max_seq_length=args.max_seq_length, batch_size=args.per_device_eval_batch_size)
+    task = load_task(config)
+    print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
+    result = evaluate(model_path(config), task, args.split, max_seq_length=args.max_seq_length,
+                      batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name)
     print(json.dumps(result, indent=2))
     return 0
 
 
 def _predict(args) -> int:
-    from flaxheads.training.trainer import predict
+    from flaxheads.inference import predict
 
     texts = list(args.texts) + (_read_lines(args.input_file) if args.input_file else [])
     if not texts:
         raise ValueError("nothing to predict: give texts as arguments or --input_file (one text per line)")
-    for row in predict(args.model_name_or_path, texts, max_seq_length=args.max_seq_length):
+    for row in predict(args.model_name_or_path, texts, max_seq_length=args.max_seq_length,
+                       tokenizer_name=args.tokenizer_name):
         print(json.dumps(row, ensure_ascii=False))
     return 0
 
@@ -147,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_name_or_path", required=True)
     p.add_argument("--input_file", help='one text per line, UTF-8 ("-": standard input); one output row per line')
     p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--tokenizer_name", help="folder of the model's tokenizer, when the model folder has none")
     p.set_defaults(run=_predict)
 
     from flaxheads.benchmarks import cli as bench_cli

@@ -201,8 +201,18 @@ def test_one_non_integer_float_among_class_ids_is_refused_with_both_ways_on(tmp_
 
     message = str(error.value)
     print(message)
-    assert "mixes whole numbers (e.g. 0.0 at train row 0) with other values (first: 0.5 at train row 3)" in message
+    assert "mostly whole numbers (75%, e.g. 0.0 at train row 0) with some other values (first: 0.5 at train row 3)" in message
     assert "--problem_type regression" in message and "fix the label 0.5 in row 3 of the train split" in message
+
+
+def test_scores_that_are_mostly_fractional_stay_regression_even_where_one_is_whole(tmp_path):
+    train = _write_csv(tmp_path / "train.csv", ["a,3.1", "b,-2.4", "c,-3.0", "d,0.4"])
+
+    task = _load(tmp_path, train_file=train)
+
+    assert task.problem_type == REGRESSION
+    assert task.problem_type_reason.startswith("regression: the label column holds non-integer floats (e.g. 3.1")
+    assert "25% are whole numbers" in task.problem_type_reason
 
 
 def test_mixed_float_labels_with_regression_given_are_scores(tmp_path):

@@ -80,6 +80,12 @@ class EncoderConfig:
         return self.hidden_dropout_prob if self.classifier_dropout is None else self.classifier_dropout
 
     @property
+    def max_sequence_length(self) -> int:
+        """RoBERTa's positions start at pad_token_id + 1, so its 514 embeddings cover 512 tokens."""
+        offset = self.pad_token_id + 1 if self.position_ids_from_padding else 0
+        return self.max_position_embeddings - offset
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

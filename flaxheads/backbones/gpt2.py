@@ -93,6 +93,10 @@ class GPT2Config:
         return self.resid_pdrop if self.classifier_dropout is None else self.classifier_dropout
 
     @property
+    def max_sequence_length(self) -> int:
+        return self.n_positions
+
+    @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 

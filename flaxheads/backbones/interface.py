@@ -34,4 +34,9 @@ class BackboneConfig(Protocol):
     @property
     def default_classifier_dropout(self) -> float: ...
 
+    @property
+    def max_sequence_length(self) -> int | None:
+        """Longest input the position embeddings cover; None when positions are relative."""
+        ...
+
     def to_hf_config(self) -> dict: ...

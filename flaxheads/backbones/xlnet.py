@@ -138,6 +138,11 @@ class XLNetConfig:
         return self.dropout if self.classifier_dropout is None else self.classifier_dropout
 
     @property
+    def max_sequence_length(self) -> None:
+        """Relative positions: no learned limit (memory is the limit)."""
+        return None
+
+    @property
     def summary_options(self) -> dict[str, Any]:
         """The "summary" head's options as this config.json sets them (HF names)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.startswith("summary_")}

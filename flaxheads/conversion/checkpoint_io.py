@@ -400,6 +400,11 @@ def _atomic_write(target: Path, write: Callable[[str], None]) -> None:
         raise
 
 
+def write_json(file: str | os.PathLike, value: Any) -> None:
+    """`value` as indented JSON, written atomically (numpy scalars become floats)."""
+    _atomic_write(Path(file), lambda tmp: Path(tmp).write_text(json.dumps(value, indent=2, default=float) + "\n"))
+
+
 def write_checkpoint(
     path: str | os.PathLike, config: dict[str, Any], tensors: Mapping[str, np.ndarray], file_name: str = SAFETENSORS_NAME
 ) -> None:

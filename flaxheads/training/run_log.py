@@ -57,9 +57,9 @@ class RunLogger:
 
     Each `log` call writes one JSON line, `{"step": 500, "split": "eval", "accuracy": 0.84, ...}`,
     and flushes it, so a killed run leaves only complete lines. Non-finite values are written as
-    `null` in JSON (and as themselves in TensorBoard). The file is opened for appending: a run
-    resumed from a checkpoint re-logs the steps after it, so readers should keep the last line
-    per (step, split).
+    `null` in JSON (and as themselves in TensorBoard). A run that starts at step `start_step`
+    (resumed from that checkpoint) first drops the records of later steps, which it is about to
+    log again, and so does TensorBoard (`purge_step`): every (step, split) appears once.
 
     TensorBoard tags are `<split>/<name>`, e.g. `train/loss`, `eval/accuracy`; the event files
     are written by tensorboardX, which needs no TensorFlow, from a background thread that
@@ -75,6 +75,7 @@ class RunLogger:
         *,
         is_main_process: bool | None = None,
         tensorboard: bool = True,
+        start_step: int = 0,
     ):
         """Opens the log files.
 
@@ -82,6 +83,7 @@ class RunLogger:
           output_dir: a local directory; created if missing.
           is_main_process: whether this process writes; defaults to `jax.process_index() == 0`.
           tensorboard: whether to write TensorBoard event files besides the JSONL file.
+          start_step: the step the run continues from; records of later steps are dropped.
         """
         self.output_dir = Path(output_dir)
         self.is_main_process = (
@@ -93,10 +95,12 @@ class RunLogger:
         if not self.is_main_process:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        _drop_records_after(self.metrics_path, start_step)
         self._jsonl_file = open(self.metrics_path, "a", encoding="utf-8")
         if tensorboard:
             self._summary_writer = tensorboardX.SummaryWriter(
-                logdir=str(self.tensorboard_dir), flush_secs=_TENSORBOARD_FLUSH_SECS
+                logdir=str(self.tensorboard_dir), flush_secs=_TENSORBOARD_FLUSH_SECS,
+                purge_step=start_step + 1 if self.tensorboard_dir.exists() else None,
             )
 
     @property
@@ -147,6 +151,27 @@ class RunLogger:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _drop_records_after(path: Path, step: int) -> None:
+    """Rewrites `path` (atomically) without the records of steps after `step`."""
+    if not path.is_file():
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept = []
+    for line in lines:
+        try:
+            keep = json.loads(line)["step"] <= step
+        except (json.JSONDecodeError, KeyError, TypeError):
+            keep = False  # a line cut short by a crash
+        if keep:
+            kept.append(line)
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _is_interactive(stream: TextIO) -> bool:

@@ -1,13 +1,19 @@
-"""Fine-tuning, evaluation and prediction: the library functions behind `flaxheads train |
-evaluate | predict`."""
+"""Fine-tuning: the library function behind `flaxheads train`.
+
+`train(cfg)` decides what the output folder allows (start, resume, report a finished run, or
+refuse: `run_dir`), holds a lock on it, and runs the loop of `_Run`, whose methods are the loop's
+parts: step, flush the metrics, save, evaluate, finish. Evaluation and prediction with a saved
+model live in `flaxheads.inference`.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
+import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 import datasets
 import jax
@@ -16,24 +22,24 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from flaxheads import data, problem
-from flaxheads.backbones import backbone_config_from_hf, backbone_spec
-from flaxheads.conversion import checkpoint_io
-from flaxheads.model import SequenceClassifier
+from flaxheads.inference import Evaluator, fitting_max_length, load_tokenizer
 from flaxheads.pretrained import from_pretrained, save_pretrained
 from flaxheads.shipped_model import minilm_path
 from flaxheads.training import metrics as metrics_lib
+from flaxheads.training import run_dir
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
-from flaxheads.training.optim import learning_rate_schedule, make_optimizer
-from flaxheads.training.run_log import ProgressBar, RunLogger, format_summary
 from flaxheads.training.distributed import initialize as initialize_distributed
+from flaxheads.training.optim import learning_rate_schedule, make_optimizer
 from flaxheads.training.parallel import PARALLEL, host_copy, host_values
+from flaxheads.training.run_lock import RunLock
+from flaxheads.training.run_log import ProgressBar, RunLogger, format_summary
 from flaxheads.training.sharding import Layout
-from flaxheads.training.step import make_eval_step
 
 
 class NonFiniteLoss(FloatingPointError):
-    """Training produced a NaN or infinite loss; the last good checkpoint is kept."""
+    """Training produced a NaN or infinite loss; checkpoints whose weights were never seen to give
+    a finite loss are moved aside, so that a re-run resumes from a good one."""
 
 
 def load_task(cfg: TrainConfig) -> data.TaskData:
@@ -60,52 +66,9 @@ def model_path(cfg: TrainConfig) -> Path:
     return Path(cfg.model_name_or_path) if cfg.model_name_or_path else minilm_path()
 
 
-def _tokenizer(path: Path, model_type: str):
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    tokenizer.padding_side = backbone_spec(model_type).padding_side
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        # GPT-2 ships without a pad token: pad with end-of-text, transformers' documented practice.
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def _checkpoint_tokenizer(path: Path):
-    """(tokenizer, pad_token_id to load the model with): the tokenizer's pad id when config.json
-    has none (GPT-2), so the "last_token" head can tell padding from text; else None (keep it).
-
-    With pad = eos and right padding, a text that really ends in eos is classified from the token
-    before it, exactly as transformers' `GPT2ForSequenceClassification` does.
-    """
-    hf_config = checkpoint_io.read_config(path)
-    tokenizer = _tokenizer(path, hf_config.get("model_type"))
-    if backbone_config_from_hf(hf_config).pad_token_id is not None or tokenizer.pad_token_id is None:
-        return tokenizer, None
-    if jax.process_index() == 0:
-        print(f"note: {path} sets no pad_token_id; using the tokenizer's {tokenizer.pad_token!r} "
-              f"(id {tokenizer.pad_token_id}), saved with the model")
-    return tokenizer, tokenizer.pad_token_id
-
-
 def _accumulation_view(batch: dict[str, np.ndarray], accum: int) -> dict[str, np.ndarray]:
     """(accum * B, ...) -> (accum, B, ...): micro-batch i is rows [i*B, (i+1)*B)."""
     return {k: v.reshape(accum, v.shape[0] // accum, *v.shape[1:]) for k, v in batch.items()}
-
-
-def _identity(model: SequenceClassifier, task: data.TaskData, cfg: TrainConfig) -> dict[str, Any]:
-    c = model.config
-    return {
-        "backbone": c.backbone.to_hf_config(),
-        "head": c.head,
-        "num_labels": c.num_labels,
-        "problem_type": task.problem_type,
-        "global_batch_size": _global_batch(cfg),
-        "max_seq_length": cfg.max_seq_length,
-        # Only more than one data shard changes the data order: with one, the identity (and so
-        # which existing checkpoints resume) stays as it was before data shards.
-        **({"data_shards": cfg.data_shards} if cfg.data_shards > 1 else {}),
-    }
 
 
 def _global_batch(cfg: TrainConfig) -> int:
@@ -141,7 +104,8 @@ class _OwnSplit(NamedTuple):
     """Token count of every example of the whole split, the same on every process."""
 
 
-def _tokenize_own_shards(task: data.TaskData, tokenizer, cfg: TrainConfig, cache_dir: Path) -> dict[str, _OwnSplit]:
+def _tokenize_own_shards(task: data.TaskData, tokenizer, cfg: TrainConfig, max_seq_length: int,
+                         cache_dir: Path) -> dict[str, _OwnSplit]:
     """Every split of `task`, of which this process tokenises only the rows of its data shards."""
     index, count = jax.process_index(), jax.process_count()
     shards = data.process_shards(cfg.data_shards, index, count)
@@ -150,7 +114,7 @@ def _tokenize_own_shards(task: data.TaskData, tokenizer, cfg: TrainConfig, cache
         rows = data.process_rows(len(split), cfg.data_shards, index, count)
         # The whole split is not re-selected, so that it keeps its tokenisation cache.
         selected = split if len(rows) == len(split) else split.select(rows)
-        tokenized = data.tokenize_split(selected, tokenizer, cfg.max_seq_length, cache_dir=cache_dir)
+        tokenized = data.tokenize_split(selected, tokenizer, max_seq_length, cache_dir=cache_dir)
         lengths = _gather_lengths(data.example_lengths(tokenized), len(split), cfg.data_shards)
         own[name] = _OwnSplit(tokenized, lengths)
         counts.append(f"{len(rows)} of {len(split)} {name}")
@@ -176,267 +140,311 @@ def _gather_lengths(own_lengths: np.ndarray, num_examples: int, num_shards: int)
     return lengths
 
 
+
 def _best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
     return cfg.metric_for_best_model or ("mse" if problem_type == problem.REGRESSION else "accuracy")
 
 
-class _Evaluator:
-    """Metrics over a whole split; every process feeds its rows and gets the global result."""
-
-    def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int,
-                 num_shards: int = 1):
-        self.problem_type = problem_type
-        self.num_shards = num_shards
-        self.layout = layout
-        self.batch_format = batch_format
-        self.batch_size = eval_batch_size
-        eval_step = make_eval_step(graphdef, problem_type)
-
-        def step(params, batch):
-            # Labels and masks ride along so that, replicated, every process sees all rows.
-            return {**eval_step(params, batch), "labels": batch["labels"], "example_mask": batch["example_mask"]}
-
-        self.step = jax.jit(step, out_shardings=layout.replicated)
-
-    def __call__(self, params, rows, lengths: np.ndarray | None = None) -> dict[str, float]:
-        """`rows`: the split, or this process's rows of it with `lengths` of the whole split."""
-        acc = metrics_lib.MetricAccumulator(self.problem_type)
-        for batch in data.eval_batches(
-            rows, self.batch_format, global_batch_size=self.batch_size,
-            process_index=jax.process_index(), process_count=jax.process_count(),
-            num_shards=self.num_shards, lengths=lengths,
-        ):
-            out = host_values(self.step(params, self.layout.put_batch(batch)))
-            acc.add(out["logits"], out["labels"], out["example_mask"], loss=out["loss"])
-        return acc.compute()
+def _print0(message: str, *, file=None) -> None:
+    if jax.process_index() == 0:
+        print(message, file=file)
 
 
-def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
-    """Fine-tunes, checkpoints and exports; resumes from `cfg.output_dir` when it holds checkpoints.
+def _sync(name: str) -> None:
+    """Every process waits here until all have arrived (after process 0 changed the folder)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
 
-    Returns {"validation": metrics, "test": metrics, "steps": int, "seconds": float}.
-    Raises ValueError for bad data or settings, CheckpointMismatch for an output_dir of another
-    run, NonFiniteLoss (naming the step) when the loss stops being finite.
-    """
-    initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
-    start_time = time.perf_counter()
-    output_dir = Path(cfg.output_dir)
-    src = model_path(cfg)
-    task = load_task(cfg)
-    global_batch = _global_batch(cfg)
-    eval_batch = cfg.per_device_eval_batch_size * jax.device_count()
-    _check_data_shards(cfg, task, global_batch, eval_batch)
-    tokenizer, pad_token_id = _checkpoint_tokenizer(src)
-    layout = Layout.create(cfg.mesh)
-    if cfg.parallel not in PARALLEL:
-        raise ValueError(f"--parallel {cfg.parallel!r}: choose one of {sorted(PARALLEL)}")
-    model, info = from_pretrained(
-        src,
-        pad_token_id=pad_token_id,
-        num_labels=task.num_labels,
-        head=cfg.head,
-        problem_type=task.problem_type,
-        id2label=[task.id2label[i] for i in range(task.num_labels)],
-        classifier_dropout=cfg.classifier_dropout,
-        dtype=cfg.dtype,
-        seed=cfg.seed,
-        placement=layout.param_sharding if cfg.parallel == "jit" else None,
-        output_loading_info=True,
-    )
-    tokenized = _tokenize_own_shards(task, tokenizer, cfg, output_dir / "tokenized")
-    batch_format = data.BatchFormat.for_task(task, tokenizer, cfg.max_seq_length)
-    batches_per_epoch = data.num_batches(len(tokenized["train"].lengths), global_batch)
-    total_steps = cfg.max_steps if cfg.max_steps > 0 else math.ceil(cfg.num_train_epochs * batches_per_epoch)
-    schedule = learning_rate_schedule(
-        cfg.learning_rate, total_steps, math.ceil(cfg.warmup_ratio * total_steps), cfg.lr_scheduler_type
-    )
-    tx = make_optimizer(
-        schedule, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-        adam_b1=cfg.adam_beta1, adam_b2=cfg.adam_beta2, adam_eps=cfg.adam_epsilon,
-    )
-    graphdef, params = nnx.split(model)
-    runner = PARALLEL[cfg.parallel](layout, graphdef, tx, schedule, task.problem_type, params)
-    state = runner.init(params)
-    identity = _identity(model, task, cfg)
-    del params, model
 
-    log = RunLogger(output_dir)
-    checkpoints = RunCheckpoints(output_dir / "checkpoints", max_to_keep=cfg.save_total_limit, identity=identity)
-    position = data.DataPosition()
-    best = {"metric": _best_metric_name(cfg, task.problem_type), "value": None, "step": None}
-    step = 0
-    if checkpoints.latest_step() is not None:
-        restored, meta = checkpoints.restore(runner.restore_target(state))
-        state = runner.from_restored(restored)
-        position = data.DataPosition.from_dict(meta["data_position"])
-        best = meta["best"]
-        step = checkpoints.latest_step()
-        print(f"resuming from step {step} of {total_steps} in {checkpoints.directory}")
-    elif jax.process_index() == 0:
-        print(info)
+class _Run:
+    """One training run: its data, state and bookkeeping; `run()` is the loop."""
 
-    train_batches = data.TrainBatches(
-        tokenized["train"].rows, batch_format, global_batch_size=global_batch, seed=cfg.seed, start=position,
-        process_index=jax.process_index(), process_count=jax.process_count(), group_by_length=cfg.group_by_length,
-        num_shards=cfg.data_shards, lengths=tokenized["train"].lengths,
-    )
-    accum = cfg.gradient_accumulation_steps
-    evaluate = _Evaluator(graphdef, task.problem_type, layout, batch_format, eval_batch, cfg.data_shards)
-    rng = jax.random.key(cfg.seed)
-    pending: list[tuple[int, dict]] = []
+    def __init__(self, cfg: TrainConfig, src: Path):
+        self.cfg = cfg
+        self.start_time = time.perf_counter()
+        self.output_dir = Path(cfg.output_dir)
+        self.task = task = load_task(cfg)
+        _print0(f"problem type {task.problem_type_reason or task.problem_type}")
+        self.global_batch = _global_batch(cfg)
+        self.eval_batch = cfg.per_device_eval_batch_size * jax.device_count()
+        _check_data_shards(cfg, task, self.global_batch, self.eval_batch)
+        if cfg.parallel not in PARALLEL:
+            raise ValueError(f"--parallel {cfg.parallel!r}: choose one of {sorted(PARALLEL)}")
+        self.tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
+        self.layout = Layout.create(cfg.mesh)
+        model, self.loading_info = from_pretrained(
+            src,
+            pad_token_id=pad_token_id,
+            num_labels=task.num_labels,
+            head=cfg.head,
+            problem_type=task.problem_type,
+            id2label=[task.id2label[i] for i in range(task.num_labels)],
+            classifier_dropout=cfg.classifier_dropout,
+            dtype=cfg.dtype,
+            seed=cfg.seed,
+            ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
+            placement=self.layout.param_sharding if cfg.parallel == "jit" else None,
+            output_loading_info=True,
+        )
+        self.max_seq_length = fitting_max_length(model.config.backbone, cfg.max_seq_length)
+        self.identity = run_dir.run_identity(cfg, task, model.config.backbone.to_hf_config(), model.config.head,
+                                             self.global_batch)
+        self.graphdef, params = nnx.split(model)
+        del model
+        self.previous = self._claim_folder()
+        if self.previous is not None:
+            return  # the folder holds this very run, finished: nothing to train
+        self.tokenized = _tokenize_own_shards(task, self.tokenizer, cfg, self.max_seq_length,
+                                              self.output_dir / "tokenized")
+        self.batch_format = data.BatchFormat.for_task(task, self.tokenizer, self.max_seq_length)
+        batches_per_epoch = data.num_batches(len(self.tokenized["train"].lengths), self.global_batch)
+        self.total_steps = (cfg.max_steps if cfg.max_steps > 0
+                            else math.ceil(cfg.num_train_epochs * batches_per_epoch))
+        schedule = learning_rate_schedule(
+            cfg.learning_rate, self.total_steps, math.ceil(cfg.warmup_ratio * self.total_steps),
+            cfg.lr_scheduler_type,
+        )
+        tx = make_optimizer(
+            schedule, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+            adam_b1=cfg.adam_beta1, adam_b2=cfg.adam_beta2, adam_eps=cfg.adam_epsilon,
+        )
+        self.runner = PARALLEL[cfg.parallel](self.layout, self.graphdef, tx, schedule, task.problem_type, params)
+        self.state = self.runner.init(params)
+        del params
+        self.checkpoints = RunCheckpoints(self.output_dir / run_dir.CHECKPOINTS_DIR,
+                                          max_to_keep=cfg.save_total_limit, identity=self.identity["trained"])
+        self.evaluate = Evaluator(self.graphdef, task.problem_type, self.layout, self.batch_format,
+                                  self.eval_batch, cfg.data_shards)
+        self.best = {"metric": _best_metric_name(cfg, task.problem_type), "value": None, "step": None}
+        self.step = 0
+        self.earlier_seconds = 0.0
+        self.unconfirmed: list[int] = []
+        """Checkpoints saved whose weights have not yet given a finite loss."""
+        self.pending: list[tuple[int, dict]] = []
+        """Metrics of steps run since the last flush, still on device (no sync per step)."""
+        self.last_eval: dict[str, Any] = {}
+        position = self._restore()
+        self.train_batches = data.TrainBatches(
+            self.tokenized["train"].rows, self.batch_format, global_batch_size=self.global_batch, seed=cfg.seed,
+            start=position, process_index=jax.process_index(), process_count=jax.process_count(),
+            group_by_length=cfg.group_by_length, num_shards=cfg.data_shards,
+            lengths=self.tokenized["train"].lengths,
+        )
+        if jax.process_index() == 0:
+            run_dir.write_run(self.output_dir, self.identity, complete=False)
 
-    def flush_pending() -> dict[str, float] | None:
-        """Fetches the metrics of the steps run since the last flush; raises on a non-finite loss."""
-        if not pending:
+    def _claim_folder(self) -> dict[str, Any] | None:
+        """Decides what the output folder allows; returns the results of this run when the folder
+        already holds it finished (a re-run of the same command), else None."""
+        cfg = self.cfg
+        if cfg.overwrite_output_dir:
+            if jax.process_index() == 0:
+                removed = run_dir.clear_run(self.output_dir)
+                if removed:
+                    print(f"--overwrite_output_dir: removed the earlier run's {', '.join(removed)} "
+                          f"from {self.output_dir}", file=sys.stderr)
+            _sync("flaxheads: output_dir cleared")
             return None
-        fetched = host_values([m for _, m in pending])
-        for (step, _), m in zip(pending, fetched):
+        record = run_dir.check_folder(self.output_dir, self.identity,
+                                      explicit_resume=cfg.resume_from_checkpoint is not None)
+        if record and record.get("complete") and record.get("identity") == self.identity \
+                and cfg.resume_from_checkpoint is None:
+            results = run_dir.read_results(self.output_dir)
+            if results is not None:
+                _print0(f"the run in {self.output_dir} is already complete ({results.get('steps')} steps); its "
+                        f"results are in {run_dir.RESULTS_FILE}. Pass --overwrite_output_dir to train again")
+                return {**results, "already_complete": True}
+        return None
+
+    def _restore(self) -> data.DataPosition:
+        """Continues from a checkpoint when there is one to continue; returns the data position."""
+        cfg, checkpoints = self.cfg, self.checkpoints
+        if cfg.resume_from_checkpoint is not None:
+            steps = [checkpoints.resolve_resume(cfg.resume_from_checkpoint)]
+            later = [s for s in checkpoints.all_steps() if s > steps[0]]
+            if later and jax.process_index() == 0:
+                moved = checkpoints.set_aside(later, "after-resume-point")
+                print(f"note: checkpoints {later} come after step {steps[0]}; moved to {moved}", file=sys.stderr)
+            _sync("flaxheads: later checkpoints set aside")
+        elif checkpoints.latest_step() is not None:
+            steps = None
+        else:
+            _print0(str(self.loading_info))
+            return data.DataPosition()
+        target = self.runner.restore_target(self.state)
+        restored, meta, self.step = checkpoints.restore_newest_intact(target, steps=steps)
+        self.state = self.runner.from_restored(restored)
+        self.best = meta["best"]
+        self.earlier_seconds = float(meta.get("train_seconds", 0.0))
+        if self.step not in checkpoints.confirmed_steps():
+            self.unconfirmed.append(self.step)
+        print(f"resuming from step {self.step} of {self.total_steps} in {checkpoints.directory}")
+        return data.DataPosition.from_dict(meta["data_position"])
+
+    # -- the loop's parts ---------------------------------------------------------------------
+
+    def flush_pending(self) -> dict[str, float] | None:
+        """Fetches the metrics of the steps run since the last flush and confirms the checkpoints
+        whose weights they were computed from; raises NonFiniteLoss on a non-finite loss."""
+        if not self.pending:
+            return None
+        fetched = host_values([m for _, m in self.pending])
+        for (step, _), m in zip(self.pending, fetched):
             if not np.isfinite(m["loss"]):
-                raise NonFiniteLoss(
-                    f"loss became {m['loss']} at step {step}; the last good checkpoint "
-                    f"(step {checkpoints.latest_step()}) in {checkpoints.directory} is kept. Lower "
-                    "--learning_rate or use --dtype float32"
-                )
-        pending.clear()
-        examples = sum(float(m["examples"]) for m in fetched)
+                self._stop(f"loss became {m['loss']} at step {step}")
+        # The loss of step t comes from the weights after step t - 1.
+        self._confirm_before(self.pending[-1][0])
+        self.pending.clear()
         return {"loss": float(np.mean([m["loss"] for m in fetched])),
                 "learning_rate": float(fetched[-1]["learning_rate"]),
-                "grad_norm": float(fetched[-1]["grad_norm"]), "examples": examples}
+                "grad_norm": float(fetched[-1]["grad_norm"]),
+                "examples": sum(float(m["examples"]) for m in fetched)}
 
-    def save() -> None:
-        flush_pending()  # never checkpoint a state whose loss went non-finite
-        checkpoints.save(runner.checkpointable(state), step,
-                         {"data_position": train_batches.position.to_dict(), "best": best,
-                          "seed": cfg.seed, "total_steps": total_steps})
+    def _confirm_before(self, step: int) -> None:
+        for saved in [s for s in self.unconfirmed if s < step]:
+            if jax.process_index() == 0:
+                self.checkpoints.confirm(saved)
+            self.unconfirmed.remove(saved)
 
-    last_eval: dict[str, Any] = {}
+    def _stop(self, what: str) -> None:
+        """Sets aside the checkpoints no finite loss vouches for, then raises NonFiniteLoss."""
+        moved = self.checkpoints.set_aside_unconfirmed() if jax.process_index() == 0 else []
+        _sync("flaxheads: unconfirmed checkpoints set aside")
+        good = self.checkpoints.latest_good_step()
+        lines = [f"{what}."]
+        if moved:
+            lines.append(f"Checkpoint(s) {moved}, saved after the last finite loss, were moved to "
+                         f"{Path(self.checkpoints.directory).parent / 'checkpoints_set_aside'} (kept, not deleted).")
+        if good is None:
+            lines.append("No checkpoint of this run has weights that gave a finite loss, so a re-run starts from "
+                         "the pretrained weights.")
+        else:
+            lines.append(f"The newest checkpoint whose weights gave a finite loss is step {good}: continue from it "
+                         f"with --resume_from_checkpoint {good}.")
+        advice = "Lower --learning_rate"
+        if self.cfg.max_grad_norm <= 0:
+            advice += ", set --max_grad_norm (e.g. 1.0)"
+        if self.cfg.dtype != "float32":
+            advice += ", or use --dtype float32"
+        lines.append(advice + ".")
+        raise NonFiniteLoss(" ".join(lines))
 
-    def run_eval(step: int) -> dict[str, float] | None:
-        if "validation" not in tokenized:
+    def save(self) -> None:
+        self.flush_pending()  # never checkpoint a state whose loss went non-finite
+        seconds = self.earlier_seconds + time.perf_counter() - self.start_time
+        self.checkpoints.save(self.runner.checkpointable(self.state), self.step, {
+            "data_position": self.train_batches.position.to_dict(), "best": self.best, "seed": self.cfg.seed,
+            "total_steps": self.total_steps, "train_seconds": seconds,
+        })
+        self.unconfirmed.append(self.step)
+
+    def run_eval(self, log: RunLogger, bar: ProgressBar) -> dict[str, float] | None:
+        if "validation" not in self.tokenized:
             return None
-        if last_eval.get("step") == step:
-            return last_eval["result"]
-        result = evaluate(runner.params(state), *tokenized["validation"])
-        last_eval.update(step=step, result=result)
-        log.log(step, "eval", result)
-        bar.write(format_summary("eval", step, result))
-        value = result.get(best["metric"])
+        if self.last_eval.get("step") == self.step:
+            return self.last_eval["result"]
+        result = self.evaluate(self.runner.params(self.state), *self.tokenized["validation"])
+        self.last_eval.update(step=self.step, result=result)
+        log.log(self.step, "eval", result)
+        bar.write(format_summary("eval", self.step, result))
+        value, best = result.get(self.best["metric"]), self.best
         if value is not None and np.isfinite(value) and (
             best["value"] is None
             or (value > best["value"] if metrics_lib.higher_is_better(best["metric"]) else value < best["value"])
         ):
-            best.update(value=float(value), step=step)
-            _export(graphdef, runner.params(state), tokenizer, output_dir / "best_model", layout)
+            best.update(value=float(value), step=self.step)
+            self._export(self.output_dir / run_dir.BEST_MODEL_DIR)
         return result
 
-    bar = ProgressBar(total_steps, initial=step, disable=cfg.disable_tqdm)
-    last_log = time.perf_counter()
-    try:
-        while step < total_steps:
-            batch = _accumulation_view(next(train_batches), accum)
-            state, step_metrics = runner.step(state, batch, rng)
-            step += 1
-            pending.append((step, step_metrics))
-            end_of_epoch = train_batches.position.batch_in_epoch == 0
-            summary = {}
-            if step % cfg.logging_steps == 0 or step == total_steps:
-                summary = flush_pending()
-                now = time.perf_counter()
-                summary["examples_per_second"] = summary.pop("examples") / max(now - last_log, 1e-9)
-                last_log = now
-                log.log(step, "train", summary)
-            bar.update(1, examples=int(batch["example_mask"].sum()), loss=summary.get("loss"),
-                       learning_rate=summary.get("learning_rate"))
-            if (cfg.eval_steps and step % cfg.eval_steps == 0) or (not cfg.eval_steps and end_of_epoch):
-                run_eval(step)
-            if step % cfg.save_steps == 0 or step == total_steps:
-                save()
-        if checkpoints.latest_step() != step:
-            save()
-        results = {"steps": step}
-        if "validation" in tokenized:
-            results["validation"] = run_eval(step)
-        if "test" in tokenized:
-            results["test"] = evaluate(runner.params(state), *tokenized["test"])
-            log.log(step, "test", results["test"])
-            bar.write(format_summary("test", step, results["test"]))
-        _export(graphdef, runner.params(state), tokenizer, output_dir, layout)
-    finally:
-        bar.close()
-        log.close()
-        checkpoints.close()
-    results["best"] = best
-    results["seconds"] = time.perf_counter() - start_time
-    if jax.process_index() == 0:
-        (output_dir / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
-    return results
+    def _export(self, directory: Path) -> None:
+        """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0.
+        Sharded parameters are gathered first, a collective every process takes part in."""
+        params = host_copy(self.runner.params(self.state), self.layout)
+        if jax.process_index() != 0:
+            return
+        save_pretrained(nnx.merge(self.graphdef, params), directory)
+        self.tokenizer.save_pretrained(str(directory))
+
+    def _confirm_final(self, results: dict[str, Any]) -> None:
+        """The last checkpoint's weights have given no training loss: an evaluation loss vouches
+        for them (one batch of the training data when there is no evaluation split)."""
+        losses = [results[split]["loss"] for split in ("validation", "test") if split in results]
+        if not losses:
+            losses = [self.evaluate(self.runner.params(self.state), *self.tokenized["train"], max_batches=1)["loss"]]
+        if not all(np.isfinite(losses)):
+            self._stop(f"the final weights (step {self.step}) give an evaluation loss of {losses}")
+        self._confirm_before(self.step + 1)
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        accum = cfg.gradient_accumulation_steps
+        rng = jax.random.key(cfg.seed)
+        log = RunLogger(self.output_dir, start_step=self.step)
+        bar = ProgressBar(self.total_steps, initial=self.step, disable=cfg.disable_tqdm)
+        last_log = time.perf_counter()
+        results: dict[str, Any] = {}
+        try:
+            while self.step < self.total_steps:
+                batch = _accumulation_view(next(self.train_batches), accum)
+                self.state, step_metrics = self.runner.step(self.state, batch, rng)
+                self.step += 1
+                self.pending.append((self.step, step_metrics))
+                end_of_epoch = self.train_batches.position.batch_in_epoch == 0
+                summary = {}
+                if self.step % cfg.logging_steps == 0 or self.step == self.total_steps:
+                    summary = self.flush_pending()
+                    now = time.perf_counter()
+                    summary["examples_per_second"] = summary.pop("examples") / max(now - last_log, 1e-9)
+                    last_log = now
+                    log.log(self.step, "train", summary)
+                bar.update(1, examples=int(batch["example_mask"].sum()), loss=summary.get("loss"),
+                           learning_rate=summary.get("learning_rate"))
+                if (cfg.eval_steps and self.step % cfg.eval_steps == 0) or (not cfg.eval_steps and end_of_epoch):
+                    self.run_eval(log, bar)
+                if self.step % cfg.save_steps == 0 or self.step == self.total_steps:
+                    self.save()
+            if self.checkpoints.latest_step() != self.step:
+                self.save()
+            results["steps"] = self.step
+            if "validation" in self.tokenized:
+                results["validation"] = self.run_eval(log, bar)
+            if "test" in self.tokenized:
+                results["test"] = self.evaluate(self.runner.params(self.state), *self.tokenized["test"])
+                log.log(self.step, "test", results["test"])
+                bar.write(format_summary("test", self.step, results["test"]))
+            self._confirm_final(results)
+            self._export(self.output_dir)
+        finally:
+            bar.close()
+            log.close()
+            self.checkpoints.close()
+        results["best"] = self.best
+        results["seconds"] = self.earlier_seconds + time.perf_counter() - self.start_time
+        if jax.process_index() == 0:
+            run_dir.write_results(self.output_dir, results)
+            run_dir.write_run(self.output_dir, self.identity, complete=True)
+        return results
 
 
-def _export(graphdef, params, tokenizer, directory: Path, layout: Layout) -> None:
-    """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0.
-    Sharded parameters are gathered first, a collective every process takes part in."""
-    params = host_copy(params, layout)
-    if jax.process_index() != 0:
-        return
-    model = nnx.merge(graphdef, params)
-    save_pretrained(model, directory)
-    tokenizer.save_pretrained(str(directory))
+def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
+    """Fine-tunes, checkpoints and exports into `cfg.output_dir`.
 
+    The same command again resumes from the newest checkpoint (a damaged one is set aside with a
+    warning), or returns the recorded results of the finished run with "already_complete": True.
+    Returns {"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float}.
 
-def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 128,
-             batch_size: int = 64) -> dict[str, float]:
-    """Metrics of a saved classifier on one split of `task`."""
-    tokenizer, pad_token_id = _checkpoint_tokenizer(Path(model_dir))
-    model = from_pretrained(model_dir, num_labels=task.num_labels, problem_type=task.problem_type,
-                            pad_token_id=pad_token_id)
-    if split not in task.splits:
-        raise ValueError(f"the data has no {split!r} split; it has {sorted(task.splits)}")
-    tokenized = data.tokenize_split(task.splits[split], tokenizer, max_seq_length)
-    batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length)
-    graphdef, params = nnx.split(model)
-    evaluator = _Evaluator(graphdef, task.problem_type, Layout.create(), batch_format, batch_size)
-    return evaluator(params, tokenized)
-
-
-def predict(model_dir: str | Path, texts: Iterable[str], *, max_seq_length: int = 128,
-            batch_size: int = 64) -> list[dict[str, Any]]:
-    """For each text: {"text", "label", "probabilities": {label name: p}} (or "score" for regression)."""
-    tokenizer, pad_token_id = _checkpoint_tokenizer(Path(model_dir))
-    model = from_pretrained(model_dir, pad_token_id=pad_token_id)
-    cfg = model.config
-    problem_type = cfg.problem_type or (problem.REGRESSION if cfg.num_labels == 1 else problem.SINGLE_LABEL)
-    texts = list(texts)
-    step = jax.jit(lambda ids, mask, types: model(ids, mask, types))
-    out = []
-    for start in range(0, len(texts), batch_size):
-        chunk = texts[start : start + batch_size]
-        enc = tokenizer(chunk, truncation=True, max_length=max_seq_length, padding="longest", return_tensors="np")
-        bucket = data.bucket_for(enc["input_ids"].shape[1], data.bucket_lengths(max_seq_length))
-        arrays = {k: _pad_to(enc[k], bucket, tokenizer, k) for k in ("input_ids", "attention_mask")}
-        types = _pad_to(enc["token_type_ids"], bucket, tokenizer, "token_type_ids") if "token_type_ids" in enc else None
-        logits = np.asarray(step(arrays["input_ids"], arrays["attention_mask"], types))
-        out += _describe_predictions(chunk, logits, problem_type, cfg.label_names)
-    return out
-
-
-def _pad_to(array: np.ndarray, length: int, tokenizer, name: str) -> np.ndarray:
-    """Pads (batch, T) to (batch, length) on the tokenizer's side, so shapes come from few buckets."""
-    value = {"input_ids": tokenizer.pad_token_id or 0, "attention_mask": 0}.get(name, 0)
-    width = [(0, 0), (0, length - array.shape[1]) if tokenizer.padding_side == "right" else (length - array.shape[1], 0)]
-    return np.pad(array, width, constant_values=value)
-
-
-def _describe_predictions(texts, logits, problem_type, label_names) -> list[dict[str, Any]]:
-    probs = metrics_lib.probabilities(problem_type, logits)
-    preds = metrics_lib.predictions(problem_type, logits)
-    rows = []
-    for text, p, pred in zip(texts, probs, preds):
-        if problem_type == problem.REGRESSION:
-            rows.append({"text": text, "score": float(pred)})
-        elif problem_type == problem.MULTI_LABEL:
-            rows.append({"text": text, "labels": [n for n, on in zip(label_names, pred) if on],
-                         "probabilities": dict(zip(label_names, map(float, p)))})
-        else:
-            rows.append({"text": text, "label": label_names[int(pred)],
-                         "probabilities": dict(zip(label_names, map(float, p)))})
-    return rows
+    Raises ValueError for bad data or settings; RunConflict for an output_dir that is (inside)
+    the model folder or holds a model no run wrote there; CheckpointMismatch, naming each
+    differing setting, for an output_dir of another run; RunLocked while another run uses it;
+    NonFiniteLoss (naming the step and the checkpoint to continue from) when the loss stops
+    being finite.
+    """
+    initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
+    src = model_path(cfg)
+    run_dir.refuse_output_inside_model(cfg.output_dir, src)
+    lock = RunLock(cfg.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with lock:
+        run = _Run(cfg, src)
+        if run.previous is not None:
+            return run.previous
+        return run.run()
