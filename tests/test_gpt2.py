@@ -541,7 +541,8 @@ def test_training_without_a_pad_token_pads_with_eos_and_exports_a_model_transfor
     gpt2_with_tokenizer, tmp_path, capsys
 ):
     from flaxheads.training.config import TrainConfig
-    from flaxheads.training.trainer import predict, train
+    from flaxheads.inference import predict
+    from flaxheads.training.trainer import train
 
     data = tmp_path / "train.csv"
     with open(data, "w", newline="") as f:
@@ -559,7 +560,7 @@ def test_training_without_a_pad_token_pads_with_eos_and_exports_a_model_transfor
     out = Path(config.output_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     eos = tokenizer.eos_token_id
-    assert "sets no pad_token_id" in capsys.readouterr().out
+    assert "sets no pad_token_id" in capsys.readouterr().err
     assert json.loads((out / "config.json").read_text())["pad_token_id"] == eos == tokenizer.pad_token_id
     texts = ["tedious and dull", "what a great story, a gorgeous and moving film"]
     enc = tokenizer(texts, padding="longest", return_tensors="np")

@@ -85,6 +85,18 @@ def test_jsonl_writes_non_finite_values_as_null(tmp_path):
     assert _strict_json(line) == {"step": 5, "split": "eval", "pearson": None, "mse": None}
 
 
+def test_a_resumed_logger_drops_the_records_after_its_start_step_and_cut_lines(tmp_path):
+    with run_log.RunLogger(tmp_path, is_main_process=True, tensorboard=False) as logger:
+        for step in (1, 2, 3):
+            logger.log(step, "train", {"loss": 1.0})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 1, "spl')  # a line cut short by a crash
+    with run_log.RunLogger(tmp_path, is_main_process=True, tensorboard=False, start_step=2) as logger:
+        logger.log(3, "train", {"loss": 0.5})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [(_strict_json(line)["step"], _strict_json(line)["loss"]) for line in lines] == [(1, 1.0), (2, 1.0), (3, 0.5)]
+
+
 def test_jsonl_appends_to_an_existing_log(tmp_path):
     with run_log.RunLogger(tmp_path, is_main_process=True, tensorboard=False) as logger:
         logger.log(1, "train", {"loss": 1.0})

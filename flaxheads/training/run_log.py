@@ -75,7 +75,7 @@ class RunLogger:
         *,
         is_main_process: bool | None = None,
         tensorboard: bool = True,
-        start_step: int = 0,
+        start_step: int | None = None,
     ):
         """Opens the log files.
 
@@ -83,7 +83,8 @@ class RunLogger:
           output_dir: a local directory; created if missing.
           is_main_process: whether this process writes; defaults to `jax.process_index() == 0`.
           tensorboard: whether to write TensorBoard event files besides the JSONL file.
-          start_step: the step the run continues from; records of later steps are dropped.
+          start_step: the step the run continues from (0 for a fresh start); records of later
+            steps are dropped. None appends to whatever the file holds.
         """
         self.output_dir = Path(output_dir)
         self.is_main_process = (
@@ -95,12 +96,13 @@ class RunLogger:
         if not self.is_main_process:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        _drop_records_after(self.metrics_path, start_step)
+        if start_step is not None:
+            _drop_records_after(self.metrics_path, start_step)
         self._jsonl_file = open(self.metrics_path, "a", encoding="utf-8")
         if tensorboard:
             self._summary_writer = tensorboardX.SummaryWriter(
                 logdir=str(self.tensorboard_dir), flush_secs=_TENSORBOARD_FLUSH_SECS,
-                purge_step=start_step + 1 if self.tensorboard_dir.exists() else None,
+                purge_step=start_step + 1 if start_step is not None and self.tensorboard_dir.exists() else None,
             )
 
     @property

@@ -314,7 +314,7 @@ class _Run:
         lines = [f"{what}."]
         if moved:
             lines.append(f"Checkpoint(s) {moved}, saved after the last finite loss, were moved to "
-                         f"{Path(self.checkpoints.directory).parent / 'checkpoints_set_aside'} (kept, not deleted).")
+                         f"{self.checkpoints.set_aside_directory} (kept, not deleted).")
         if good is None:
             lines.append("No checkpoint of this run has weights that gave a finite loss, so a re-run starts from "
                          "the pretrained weights.")
