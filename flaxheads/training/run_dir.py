@@ -20,6 +20,7 @@ from typing import Any
 
 from flaxheads import data
 from flaxheads.conversion import checkpoint_io
+from flaxheads.convert import checkpoint_files
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 
@@ -29,14 +30,10 @@ CHECKPOINTS_DIR = "checkpoints"
 BEST_MODEL_DIR = "best_model"
 
 # What a run creates in its output folder, and so what --overwrite_output_dir may remove. The
-# exported model's files are replaced by the export itself; everything else is the user's.
+# exported model's files (convert.checkpoint_files) are replaced by the export itself;
+# everything else is the user's.
 _RUN_ARTIFACTS = (RUN_FILE, RESULTS_FILE, "metrics.jsonl", CHECKPOINTS_DIR, BEST_MODEL_DIR, "tensorboard",
                   "tokenized")
-_MODEL_FILES = (
-    checkpoint_io.CONFIG_NAME, checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME,
-    checkpoint_io.BIN_NAME, checkpoint_io.BIN_INDEX_NAME, checkpoint_io.FLAX_NAME, "flax_model.msgpack",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt",
-)
 
 TRAINING_SETTINGS = (
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
@@ -144,7 +141,7 @@ def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, exp
     output_dir = Path(output_dir)
     record = read_run(output_dir)
     if record is None:
-        foreign = sorted(name for name in _MODEL_FILES if (output_dir / name).exists())
+        foreign = checkpoint_files(output_dir)
         if foreign:
             raise RunConflict(
                 f"--output_dir {output_dir} already holds a model that no flaxheads run wrote there "

@@ -247,8 +247,8 @@ class _Run:
             return None
         record = run_dir.check_folder(self.output_dir, self.identity,
                                       explicit_resume=cfg.resume_from_checkpoint is not None)
-        if record and record.get("complete") and record.get("identity") == self.identity \
-                and cfg.resume_from_checkpoint is None:
+        # Without resume_from_checkpoint, check_folder has compared the whole identity already.
+        if record and record.get("complete") and cfg.resume_from_checkpoint is None:
             results = run_dir.read_results(self.output_dir)
             if results is not None:
                 _print0(f"the run in {self.output_dir} is already complete ({results.get('steps')} steps); its "
