@@ -13,8 +13,7 @@ from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ShapeMismatch
 from flaxheads.heads import HEAD_NAMES
-from flaxheads.model import ClassifierConfig, SequenceClassifier
-from flaxheads.pretrained import from_pretrained, load_backbone, save_pretrained
+from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, load_backbone, save_pretrained
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
 
 __version__ = "0.1.0"

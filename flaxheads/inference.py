@@ -22,7 +22,7 @@ from flaxheads import data, problem
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, backbone_spec
 from flaxheads.conversion import checkpoint_io
 from flaxheads.model import SequenceClassifier
-from flaxheads.pretrained import from_pretrained
+from flaxheads.model import from_pretrained
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.parallel import host_values
 from flaxheads.training.sharding import Layout

@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 
 from flaxheads import data, problem
 from flaxheads.inference import Evaluator, fitting_max_length, load_tokenizer
-from flaxheads.pretrained import from_pretrained, save_pretrained
+from flaxheads.model import from_pretrained, save_pretrained
 from flaxheads.shipped_model import minilm_path
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training import run_dir
