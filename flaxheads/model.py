@@ -215,17 +215,10 @@ class SequenceClassifier(nnx.Module):
             example_mask=example_mask,
         )
 
-    @classmethod
-    def from_pretrained(cls, path, **options):
-        """The classifier a checkpoint folder holds; `options` and errors as
-        `flaxheads.conversion.loading.from_pretrained` (num_labels=, head=, config=, id2label=,
-        dtype=, revision=, output_loading_info=, ...)."""
-        return loading.from_pretrained(cls, path, **options)
-
-    def save_pretrained(self, path, *, format: str = "pytorch", tokenizer=None) -> None:
-        """Writes a Hugging Face directory (`format="pytorch"`) or flaxheads' native one (`"flax"`),
-        with `tokenizer`'s files when given; see `flaxheads.conversion.loading.save_pretrained`."""
-        loading.save_pretrained(self, path, format=format, tokenizer=tokenizer)
+    # The loader's own functions, so signatures and docstrings live in one place: the classmethod
+    # builds whichever class it is called on (`cls.config_class` reads config.json).
+    from_pretrained = classmethod(loading.from_pretrained)
+    save_pretrained = loading.save_pretrained
 
 
 from_pretrained = SequenceClassifier.from_pretrained

@@ -1,4 +1,5 @@
-"""Hugging Face PyTorch <-> flaxheads conversion: declarative tables, checkpoint I/O, loading info."""
+"""Hugging Face PyTorch <-> flaxheads conversion: declarative tables and the rules built from
+them, checkpoint I/O, loading and saving (`loading.py`), loading info."""
 
 from __future__ import annotations
 
