@@ -300,3 +300,8 @@ def test_a_tokenizer_that_fails_to_save_leaves_no_folder(hf_checkpoint, tmp_path
         model.save_pretrained(tmp_path / "new" / "out", tokenizer=Failing())
 
     assert list(tmp_path.iterdir()) == []
+
+
+def test_id2label_and_label2id_that_disagree_are_refused(named_labels):
+    with pytest.raises(ValueError, match=r"id2label .* and label2id .* disagree; pass one of them"):
+        flaxheads.from_pretrained(named_labels, id2label=["a", "b", "c"], label2id={"a": 0, "b": 2, "c": 1})
