@@ -212,7 +212,7 @@ def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     for name in sorted(flags):
         parameter = rf"(?<![\w./-]){re.escape(name)}="
         message = re.sub(parameter + r"True\b", f"--{name}", message)
-        negative = next((f for f in (f"no-{name}", f"no_{name}") if f in flags), None)  # BooleanOptionalAction
+        negative = next((f for f in (f"no_{name}", f"no-{name}") if f in flags), None)  # _BooleanFlag, BooleanOptionalAction
         if negative:
             message = re.sub(parameter + r"False\b", f"--{negative}", message)
         message = re.sub(parameter + r"(['\"])([\w./-]*)\1", rf"--{name} \2", message)

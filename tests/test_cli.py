@@ -365,3 +365,11 @@ def test_no_flag_turns_a_boolean_field_off(negative):
     args = build_parser().parse_args(["train", negative, "--no_do_eval"])
 
     assert args.group_by_length is False and args.do_eval is False and args.do_train is True
+
+
+def test_library_messages_name_a_false_boolean_by_its_no_underscore_flag():
+    from flaxheads.cli import _in_flag_terms
+
+    message = _in_flag_terms("retry with group_by_length=False", command_parser("train"))
+
+    assert message == "retry with --no_group_by_length"
