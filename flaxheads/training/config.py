@@ -69,7 +69,8 @@ class TrainConfig:
     label_column: str = "label"
     """Column holding the label."""
     head: str | None = None
-    """Classification head; default: the checkpoint's own (pooler for BERT, roberta for RoBERTa)."""
+    """Classification head; default: the checkpoint's own (pooler for BERT, roberta for RoBERTa,
+    last_token for GPT-2, summary for XLNet)."""
     problem_type: str | None = None
     """Loss and label format; default: inferred from the labels (1 label: regression)."""
     num_labels: int | None = None
