@@ -15,7 +15,7 @@ from flax import nnx
 
 from flaxheads import conversion
 from flaxheads.backbones import backbone_config_from_hf, build_backbone
-from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion import checkpoint_io, hf_flax
 from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import Rule, ShapeMismatch, flax_to_hf, hf_to_flax
@@ -40,10 +40,28 @@ def _flat_variables(module: nnx.Module) -> dict[str, tuple[tuple, nnx.Variable]]
     return {".".join(map(str, path)): (path, var) for path, var in nnx.to_flat_state(state)}
 
 
-def _base(table: conversion.ArchitectureTable, names: list[str]) -> str:
-    """`"bert."` for checkpoints of a model with a head, `""` for a bare `BertModel`."""
-    prefix = f"{table.base_prefix}."
-    return prefix if any(name.startswith(prefix) for name in names) else ""
+def _base(table: conversion.ArchitectureTable, names: list[str], separator: str = ".") -> str:
+    """`"bert."` for checkpoints of a model with a head, `""` for a bare `BertModel`; `separator`
+    is "/" for Hugging Face Flax names ("bert/encoder/...")."""
+    prefix = f"{table.base_prefix}{separator}"
+    return f"{table.base_prefix}." if any(name.startswith(prefix) for name in names) else ""
+
+
+_PYTORCH_WEIGHTS = (
+    checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME, checkpoint_io.BIN_NAME, checkpoint_io.BIN_INDEX_NAME,
+)
+
+
+def _open_hf(path, table: conversion.ArchitectureTable):
+    """(reader, base, rename) for a Hugging Face folder: its PyTorch weights, or, where it has none,
+    its Flax ones (`flax_model.msgpack`), whose names `rename` gives the PyTorch-named rules.
+    PyTorch first, as transformers reads them: a Hub folder often holds both."""
+    if hf_flax.weights_file(path) is None or any((Path(path) / name).is_file() for name in _PYTORCH_WEIGHTS):
+        reader = checkpoint_io.open_weights(path)
+        return reader, _base(table, reader.names), list
+    hf_flax.check_model_type(table.model_type, path)
+    reader = hf_flax.open_hf_flax(path)
+    return reader, _base(table, reader.names, hf_flax.SEPARATOR), hf_flax.hf_flax_rules
 
 
 Placement = Callable[[str, tuple[int, ...]], jax.sharding.Sharding]
@@ -132,12 +150,14 @@ def _raise_for_backbone_problems(reader, describe, absent: list[Rule], mismatche
         )
 
 
-def _layer_templates(table: conversion.ArchitectureTable, base: str, native: bool) -> list[str]:
-    """The names of one layer's tensors with `{i}` for the layer index: Hugging Face names, or the
-    flax paths flaxheads' own format stores (`backbone.layers.{i}.attention.query.kernel`)."""
+def _layer_templates(table: conversion.ArchitectureTable, base: str, native: bool, rename=list) -> list[str]:
+    """The names of one layer's tensors with `{i}` for the layer index: Hugging Face names (renamed
+    by `rename`, e.g. to Hugging Face Flax ones), or the flax paths flaxheads' own format stores
+    (`backbone.layers.{i}.attention.query.kernel`)."""
     if native:
         return [f"backbone.{r.flax}" for r in table.backbone if "{i}" in r.flax]
-    return [r.hf.replace("{base}", base) for r in table.backbone if "{i}" in r.hf]
+    layer_rules = [Rule(r.hf.replace("{base}", base), r.flax, r.transform) for r in table.backbone if "{i}" in r.hf]
+    return [r.hf for r in rename(layer_rules)]
 
 
 def _raise_for_extra_layers(reader, hf_config: dict, num_layers: int, templates: list[str]) -> None:
@@ -220,21 +240,22 @@ def from_pretrained(
     param_paths = list(_flat_variables(abstract))
     head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
     native = (Path(path) / checkpoint_io.FLAX_NAME).is_file()
+    rename = list
     if native:
         reader = checkpoint_io.open_weights(path, checkpoint_io.FLAX_NAME)
         base = ""
         backbone = [Rule(k, k) for k in param_paths if k.startswith("backbone.")]
         head_rules = [Rule(f"head.{k}", f"head.{k}") for k in head_paths]
     else:
-        reader = checkpoint_io.open_weights(path)
-        base = _base(table, reader.names)
-        backbone = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base)
-        head_rules = conversion.head_rules(table, config.head, head_paths, base)
-    _raise_for_extra_layers(reader, hf_config, config.backbone.num_hidden_layers, _layer_templates(table, base, native))
+        reader, base, rename = _open_hf(path, table)
+        backbone = rename(conversion.backbone_rules(table, config.backbone.num_hidden_layers, base))
+        head_rules = rename(conversion.head_rules(table, config.head, head_paths, base))
+    _raise_for_extra_layers(reader, hf_config, config.backbone.num_hidden_layers,
+                            _layer_templates(table, base, native, rename))
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
     notes = list(table.loading_notes)
     if init_classifier_from_nsp:
-        head_rules = _nsp_rules(table, config, head_rules, reader, base)
+        head_rules = _nsp_rules(table, config, head_rules, reader, base, rename)
         notes.append(
             "classifier initialised from the NSP head cls.seq_relationship: label 0 = B follows A, "
             "label 1 = B is random"
@@ -253,13 +274,13 @@ def from_pretrained(
     return (model, info) if output_loading_info else model
 
 
-def _nsp_rules(table, config: ClassifierConfig, head_rules: list[Rule], reader, base: str) -> list[Rule]:
+def _nsp_rules(table, config: ClassifierConfig, head_rules: list[Rule], reader, base: str, rename=list) -> list[Rule]:
     if config.head != "pooler" or config.num_labels != 2 or not table.nsp_classifier:
         raise ValueError(
             "init_classifier_from_nsp=True needs head='pooler', num_labels=2 and a BERT checkpoint; got "
             f"head={config.head!r}, num_labels={config.num_labels}, model_type={table.model_type!r}"
         )
-    nsp = conversion.under("head", conversion.expand(table.nsp_classifier, num_layers=0, base=base))
+    nsp = rename(conversion.under("head", conversion.expand(table.nsp_classifier, num_layers=0, base=base)))
     missing = [r.hf for r in nsp if r.hf not in reader.names]
     if missing:
         raise CheckpointError(
@@ -275,6 +296,7 @@ def load_backbone(path: str | os.PathLike, *, dtype=None, param_dtype=None):
     table = conversion.architecture_table(hf_config.get("model_type"))
     config = backbone_config_from_hf(hf_config)
     native = (Path(path) / checkpoint_io.FLAX_NAME).is_file()
+    rename = list
     if native:
         # flaxheads' own layout: the classifier's backbone, and the "pooler" head's pooler if any.
         reader = checkpoint_io.open_weights(path, checkpoint_io.FLAX_NAME)
@@ -283,11 +305,10 @@ def load_backbone(path: str | os.PathLike, *, dtype=None, param_dtype=None):
         rules = [Rule(f"backbone.{r.flax}", r.flax) for r in conversion.expand(
             table.backbone, num_layers=config.num_hidden_layers, base="")]
     else:
-        reader = checkpoint_io.open_weights(path)
-        base = _base(table, reader.names)
-        pooler = conversion.expand(table.pooler, num_layers=0, base=base)
-        rules = conversion.expand(table.backbone, num_layers=config.num_hidden_layers, base=base)
-    _raise_for_extra_layers(reader, hf_config, config.num_hidden_layers, _layer_templates(table, base, native))
+        reader, base, rename = _open_hf(path, table)
+        pooler = rename(conversion.expand(table.pooler, num_layers=0, base=base))
+        rules = rename(conversion.expand(table.backbone, num_layers=config.num_hidden_layers, base=base))
+    _raise_for_extra_layers(reader, hf_config, config.num_hidden_layers, _layer_templates(table, base, native, rename))
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
     rules += pooler if has_pooler else []
 
