@@ -59,7 +59,6 @@ def _open_hf(path, table: conversion.ArchitectureTable):
     if hf_flax.weights_file(path) is None or any((Path(path) / name).is_file() for name in _PYTORCH_WEIGHTS):
         reader = checkpoint_io.open_weights(path)
         return reader, _base(table, reader.names), list
-    hf_flax.check_model_type(table.model_type, path)
     reader = hf_flax.open_hf_flax(path)
     return reader, _base(table, reader.names, hf_flax.SEPARATOR), hf_flax.hf_flax_rules
 
@@ -199,6 +198,10 @@ def from_pretrained(
     output_loading_info: bool = False,
 ):
     """A `SequenceClassifier` from a Hugging Face (or flaxheads) checkpoint directory.
+
+    A folder with no PyTorch weights but Hugging Face Flax ones (`flax_model.msgpack`, or a sharded
+    `flax_model.msgpack.index.json`, as transformers 4.x Flax models save) loads the same way; the
+    loading info then names tensors as that file does ("bert/encoder/layer/0/...").
 
     `pad_token_id` overrides config.json's (None keeps it), as `model.config.pad_token_id = ...`
     does in transformers: GPT-2 checkpoints have none, and the "last_token" head needs one to

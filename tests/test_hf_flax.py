@@ -102,6 +102,35 @@ def test_gpt2_lm_head_model_gives_a_last_token_classifier_on_its_hidden_states()
     assert_close(logits, final_hidden @ np.asarray(model.head.score.kernel[...]), "gpt2 last-token logits")
 
 
+def pretraining_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """bert_model's weights in FlaxBertForPreTraining's layout: under "bert", beside an NSP head."""
+    path = copy_fixture("bert_model", tmp_path)
+    rng = np.random.default_rng(0)
+    nsp = {"kernel": rng.standard_normal((32, 2)).astype(np.float32), "bias": rng.standard_normal(2).astype(np.float32)}
+    bare = serialization.msgpack_restore((path / hf_flax.MSGPACK_NAME).read_bytes())
+    tree = {"bert": bare, "cls": {"seq_relationship": nsp}}
+    (path / hf_flax.MSGPACK_NAME).write_bytes(serialization.msgpack_serialize(tree))
+    return path, nsp
+
+
+def test_pretraining_heads_are_reported_unused_by_their_hf_flax_names(tmp_path):
+    path, _ = pretraining_checkpoint(tmp_path)
+
+    _, info = flaxheads.from_pretrained(path, num_labels=3, output_loading_info=True)
+
+    assert info.unused == ["cls/seq_relationship/bias", "cls/seq_relationship/kernel"]
+    assert "bert/pooler/dense/kernel" in info.loaded
+
+
+def test_init_classifier_from_nsp_takes_the_flax_nsp_kernel_as_is(tmp_path):
+    path, nsp = pretraining_checkpoint(tmp_path)
+
+    model, info = flaxheads.from_pretrained(path, num_labels=2, init_classifier_from_nsp=True, output_loading_info=True)
+
+    assert info.newly_initialized == [] and "cls/seq_relationship/kernel" in info.loaded
+    np.testing.assert_array_equal(np.asarray(model.head.classifier.kernel[...]), nsp["kernel"])
+
+
 def test_sharded_fixture_spans_several_shards():
     index = json.loads((FIXTURES / "gpt2_lm_sharded" / hf_flax.MSGPACK_INDEX_NAME).read_text())
 

@@ -53,15 +53,18 @@ def weights_file(folder: str | os.PathLike) -> Path | None:
 def open_hf_flax(folder: str | os.PathLike) -> TensorReader:
     """The tensors of a Hugging Face Flax checkpoint folder, by "/"-joined names.
 
-    Raises CheckpointError naming the file and the fix when the folder has no such weights, a
-    file is truncated, damaged or not msgpack (a Git LFS pointer, say), a shard is missing, or a
-    leaf of the parameter tree is not an array of numbers.
+    Raises CheckpointError naming the file and the fix when the folder has no such weights, its
+    config.json names a model type transformers has no Flax model for (XLNet), a file is
+    truncated, damaged or not msgpack (a Git LFS pointer, say), a shard is missing, or a leaf of
+    the parameter tree is not an array of numbers.
     """
     file = weights_file(folder)
     if file is None:
         raise CheckpointError(
             f"{folder} has no Hugging Face Flax weights: expected {MSGPACK_NAME} or {MSGPACK_INDEX_NAME}"
         )
+    if (Path(folder) / checkpoint_io.CONFIG_NAME).is_file():
+        _check_model_type(checkpoint_io.read_config(folder).get("model_type"), folder)
     if file.name == MSGPACK_INDEX_NAME:
         # The sharded-index checks (valid weight_map, every shard present, each tensor where the
         # index says) are the safetensors ones: one home for them.
@@ -120,8 +123,8 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__} ({value!r:.40})"
 
 
-def check_model_type(model_type: str | None, source: str | os.PathLike) -> None:
-    """Raises CheckpointError for a model type that has no Hugging Face Flax model."""
+def _check_model_type(model_type: str | None, source: str | os.PathLike) -> None:
+    """Said before the tensors are read: their names alone would only fail as missing backbone tensors."""
     if model_type in NO_FLAX_MODEL:
         raise CheckpointError(
             f"{source} holds Hugging Face Flax weights but config.json says model_type={model_type!r}: "
