@@ -276,3 +276,13 @@ def test_rules_keep_linear_kernels_and_transpose_conv1d_ones():
 def test_rules_refuse_a_parameter_with_no_flax_module_leaf():
     with pytest.raises(ValueError, match="no Hugging Face Flax name"):
         hf_flax.hf_flax_rules([Rule("transformer.mask_emb", "backbone.mask_emb")])
+
+
+def test_head_of_another_size_is_named_in_the_flax_layout_and_can_be_replaced():
+    with pytest.raises(ValueError, match=r"classifier/kernel: checkpoint has shape \(32, 3\).*expects \(32, 5\)"):
+        flaxheads.from_pretrained(FIXTURES / "bert_seq_cls", num_labels=5)
+
+    _, info = flaxheads.from_pretrained(
+        FIXTURES / "bert_seq_cls", num_labels=5, ignore_mismatched_sizes=True, output_loading_info=True
+    )
+    assert {name for name, _, _ in info.mismatched} == {"classifier/bias", "classifier/kernel"}
