@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from flaxheads import conversion
-from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion import checkpoint_io, hf_flax
 from flaxheads.conversion.loading import FORMATS, flat_variables, open_checkpoint, weight_format
 from flaxheads.model import from_pretrained, save_pretrained
 
@@ -21,7 +21,7 @@ TOKENIZER_FILES = (
 )
 WEIGHT_FILES = (
     checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME, checkpoint_io.BIN_NAME,
-    checkpoint_io.BIN_INDEX_NAME, checkpoint_io.FLAX_NAME, "flax_model.msgpack", "tf_model.h5",
+    checkpoint_io.BIN_INDEX_NAME, checkpoint_io.FLAX_NAME, *hf_flax.WEIGHT_NAMES, "tf_model.h5",
 )
 """Every weight file name a loader (flaxheads or transformers) might read from a checkpoint directory."""
 _SHARD = re.compile(r"(model|pytorch_model|flax_model|tf_model)-\d+-of-\d+\.(safetensors|bin|msgpack|h5)")

@@ -307,7 +307,10 @@ def _open_sharded(index_file: Path, open_shard: Callable[[Path], TensorReader]) 
     for shard in sorted(set(weight_map.values())):
         shard_file = index_file.parent / shard
         if not shard_file.is_file():
-            raise CheckpointError(f"{index_file} lists shard {shard}, which is missing from {index_file.parent}")
+            raise CheckpointError(
+                f"{index_file} lists shard {shard}, which is missing from {index_file.parent}; download it beside the "
+                "index, or re-export the checkpoint"
+            )
         shards[shard] = open_shard(shard_file)
     shard_names = {shard: set(reader.names) for shard, reader in shards.items()}
     for name, shard in weight_map.items():

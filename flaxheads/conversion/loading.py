@@ -21,7 +21,7 @@ from flax import nnx
 
 from flaxheads import conversion
 from flaxheads.backbones import backbone_config_from_hf, build_backbone
-from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion import checkpoint_io, hf_flax
 from flaxheads.conversion.checkpoint_io import CheckpointError, TensorReader
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.loading_info import LoadingInfo
@@ -63,6 +63,9 @@ WEIGHT_FORMATS: tuple[WeightFormat, ...] = (
         conversion.native_names,
         holds_pretraining_heads=False,
     ),
+    # Hugging Face Flax (transformers 4.x `Flax*` models' save_pretrained): read without torch or
+    # transformers 4.x; PyTorch weights in the same folder win, as in transformers.
+    WeightFormat("hf_flax", hf_flax.WEIGHT_NAMES, hf_flax.open_hf_flax, hf_flax.hf_flax_rules),
 )
 """Weight formats in the order a folder is searched for them; a new format is one more entry."""
 
