@@ -1,8 +1,9 @@
 """Evaluation and prediction with a saved classifier: the library functions behind `flaxheads
-evaluate | predict`, and the pieces training shares with them (the tokenizer a model reads its
-text with, the longest input it can take, the split evaluator).
+evaluate | predict`, the one inference path they and `flaxheads.pipeline` take (`TextScorer`),
+and the pieces training shares with them (the tokenizer a model reads its text with, the
+longest input it can take, the split evaluator).
 
-Both refuse to answer from weights that were never trained, from a folder without the model's
+All refuse to answer from weights that were never trained, from a folder without the model's
 tokenizer, and with non-finite scores: a confident-looking wrong answer is worse than an error.
 """
 
@@ -189,6 +190,7 @@ def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_
     tokenized = data.tokenize_split(task.splits[split], tokenizer, max_seq_length)
     batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length,
                                              model_pad_token_id=model.config.backbone.pad_token_id)
+    model.eval()
     graphdef, params = nnx.split(model)
     evaluator = Evaluator(graphdef, task.problem_type, Layout.create(), batch_format, batch_size)
     return evaluator(params, tokenized)
