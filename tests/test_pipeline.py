@@ -194,7 +194,7 @@ def test_non_finite_scores_raise_naming_the_texts(exported, bert_tokenizer):
         flaxheads.pipeline(model=broken, tokenizer=bert_tokenizer)(["a fine film", "dull"])
 
 
-def test_texts_of_one_bucket_compile_one_shape(exported, bert_tokenizer):
+def test_forward_compiles_once_per_bucket_and_batch_size(exported, bert_tokenizer):
     _, model = exported("single_label")
     scorer = TextScorer(model, bert_tokenizer, max_seq_length=64, batch_size=8)
 
