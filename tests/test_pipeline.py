@@ -212,10 +212,9 @@ def test_forward_compiles_once_per_bucket_and_batch_size(exported, bert_tokenize
 # GPT-2: no pad token anywhere, a tokenizer that pads on the left
 
 
-@pytest.fixture(scope="module")
-def gpt2_folder(tmp_path_factory) -> Path:
-    """A random GPT2ForSequenceClassification whose config and tokenizer have no pad id, the
-    tokenizer (byte-level BPE) set to pad on the left."""
+def _save_gpt2(folder: Path, **config) -> Path:
+    """A random GPT2ForSequenceClassification (3 labels) and a byte-level BPE tokenizer without pad
+    token that pads on the left, saved in `folder`; `config` overrides the GPT-2 config."""
     from tokenizers import ByteLevelBPETokenizer
 
     bpe = ByteLevelBPETokenizer()
@@ -224,18 +223,25 @@ def gpt2_folder(tmp_path_factory) -> Path:
                                                bos_token="<|endoftext|>", unk_token="<|endoftext|>",
                                                padding_side="left")
     eos = tokenizer.eos_token_id
-    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                     n_inner=37, bos_token_id=eos, eos_token_id=eos, initializer_range=0.1,
-                                     num_labels=3)
+    config = transformers.GPT2Config(**{
+        "vocab_size": len(tokenizer), "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64, "n_inner": 37,
+        "bos_token_id": eos, "eos_token_id": eos, "initializer_range": 0.1, "num_labels": 3, **config})
     torch.manual_seed(0)
     model = transformers.GPT2ForSequenceClassification(config).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, 0.1)
-    folder = tmp_path_factory.mktemp("gpt2")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    assert tokenizer.pad_token is None and model.config.pad_token_id is None
+    assert tokenizer.pad_token is None
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory) -> Path:
+    """GPT-2 as it ships: no pad id in its config, no pad token in its tokenizer."""
+    folder = _save_gpt2(tmp_path_factory.mktemp("gpt2"))
+    assert transformers.AutoConfig.from_pretrained(folder).pad_token_id is None
     return folder
 
 
@@ -255,6 +261,20 @@ def test_gpt2_in_memory_with_a_left_padding_eos_tokenizer_answers_as_transformer
     assert tokenizer.padding_side == "left"
 
     _compare(flaxheads.pipeline(model=model, tokenizer=tokenizer), theirs, calls=[{}, {"top_k": None}])
+
+
+def test_gpt2_batches_pad_with_the_models_pad_id_not_the_tokenizers_eos(tmp_path):
+    # The pad id is an extra embedding row no text uses; the tokenizer knows nothing of it. Padding
+    # with eos instead would make the "last_token" head read a pad as the end of shorter texts.
+    vocab = len(transformers.AutoTokenizer.from_pretrained(_save_gpt2(tmp_path / "probe")))
+    folder = _save_gpt2(tmp_path / "gpt2", vocab_size=vocab + 1, pad_token_id=vocab)
+    theirs = transformers.pipeline("text-classification", model=str(folder), tokenizer=str(folder))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+
+    ours = flaxheads.pipeline(model=flaxheads.from_pretrained(folder), tokenizer=tokenizer, batch_size=8)
+
+    assert ours.scorer.batch_format.pad_token_id == vocab
+    _compare(ours, theirs, calls=[{"top_k": None}])
 
 
 # ---------------------------------------------------------------------------------------------
