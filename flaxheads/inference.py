@@ -71,8 +71,9 @@ def load_tokenizer(model_dir: str | os.PathLike, tokenizer_name: str | os.PathLi
     check_tokenizer_fits(tokenizer, backbone, f"the model in {model_dir}")
     tokenizer.padding_side = backbone_spec(backbone.model_type).padding_side
     pad_token_id = pad_token_ids(tokenizer, backbone.pad_token_id).model
-    if tokenizer.pad_token_id is None and pad_token_id is not None:
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad_token_id)
+    pad_token = None if pad_token_id is None else tokenizer.convert_ids_to_tokens(pad_token_id)
+    if tokenizer.pad_token_id is None and pad_token is not None:
+        tokenizer.pad_token = pad_token
     if backbone.pad_token_id is None and pad_token_id is not None:
         _note(f"{model_dir} sets no pad_token_id; using the tokenizer's {tokenizer.pad_token!r} "
               f"(id {pad_token_id}), saved with the model")
