@@ -322,6 +322,7 @@ class XLNet(nnx.Module):
             raise ValueError(
                 "XLNet has no position ids: its attention uses relative distances only; pass position_ids=None"
             )
+
         def drop(y):
             return layers.dropout(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
 
