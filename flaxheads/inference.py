@@ -216,7 +216,7 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, max_seq_length: int 
 def problem_type_of(config) -> str:
     """The problem type a classifier's scores mean; one unset at training is read as transformers
     trains it: one label is a regression, several are single-label."""
-    return config.problem_type or (problem.REGRESSION if config.num_labels == 1 else problem.SINGLE_LABEL)
+    return problem.resolved_problem_type(config.problem_type, config.num_labels)
 
 
 class TextScorer:

@@ -172,8 +172,10 @@ def _names_by_id(by_id: Sequence[str] | Mapping[int | str, str], what: str) -> l
 
 
 class SequenceClassifier(nnx.Module):
-    """backbone -> head -> logits. Dropout is active only when `rngs` is passed (training).
+    """backbone -> head -> logits.
 
+    Train/eval mode the NNX way: built in train mode (dropout on); `model.eval()` turns every
+    dropout off and `model.train()` back on (`from_pretrained` returns an eval-mode model).
     `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype; logits are
     returned as float32 whatever the compute dtype.
     """
@@ -198,7 +200,10 @@ class SequenceClassifier(nnx.Module):
     ) -> jax.Array:
         """(batch, seq) int inputs -> (batch, num_labels) float32 logits.
 
-        `cls_index` (batch,) is read only by the "summary" head with summary_type="cls_index"."""
+        `cls_index` (batch,) is read only by the "summary" head with summary_type="cls_index".
+        `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode and
+        is ignored in eval mode; in train mode without it (and a non-zero dropout rate) the call
+        raises ValueError: pass rngs=nnx.Rngs(dropout=key), or call model.eval() for inference."""
         backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
         out = self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, rngs=rngs)
         # The head gets the caller's mask, None included: "last_token" lets a given mask decide.

@@ -7,10 +7,18 @@
 | `multi_label_classification`   | (B, L)        | multi-hot floats (B, L)        | binary cross-entropy |
 
 When `problem_type` is None it is inferred the way transformers does: `num_labels == 1` means
-regression, integer labels mean single-label, anything else multi-label.
+regression, integer labels mean single-label, anything else multi-label. Without labels to look
+at (prediction), it is regression for one label and single-label classification otherwise.
+
+This module is the one home of the idea: the names, the check of a name (`require_known`,
+`check_problem_type`), the defaults (`default_problem_type`, `resolved_problem_type`,
+`infer_problem_type`), and `by_problem_type`, which picks the value for a problem type so that
+other modules dispatch on it without repeating the check.
 """
 
 from __future__ import annotations
+
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +29,35 @@ REGRESSION = "regression"
 SINGLE_LABEL = "single_label_classification"
 MULTI_LABEL = "multi_label_classification"
 PROBLEM_TYPES = (REGRESSION, SINGLE_LABEL, MULTI_LABEL)
+
+T = TypeVar("T")
+
+
+def require_known(problem_type: str) -> str:
+    """`problem_type` itself when it is one of `PROBLEM_TYPES`; ValueError naming them otherwise
+    (None included: callers that may infer the type check with `check_problem_type`)."""
+    if problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"unknown problem_type={problem_type!r}; choose one of {PROBLEM_TYPES}")
+    return problem_type
+
+
+def by_problem_type(problem_type: str, *, single_label: T, multi_label: T, regression: T) -> T:
+    """The argument named after `problem_type` (a value, or a function to call); ValueError as
+    `require_known` for an unknown one. Dispatch on the problem type goes through here."""
+    choices = {SINGLE_LABEL: single_label, MULTI_LABEL: multi_label, REGRESSION: regression}
+    return choices[require_known(problem_type)]
+
+
+def default_problem_type(num_labels: int) -> str:
+    """The problem type when nothing says otherwise: regression for one output, else single-label."""
+    return REGRESSION if num_labels == 1 else SINGLE_LABEL
+
+
+def resolved_problem_type(problem_type: str | None, num_labels: int) -> str:
+    """`problem_type` when set (checked as `check_problem_type` does), else the default for
+    `num_labels`: what a model's outputs mean when there are no labels to infer it from."""
+    check_problem_type(problem_type, num_labels)
+    return problem_type or default_problem_type(num_labels)
 
 
 def _is_integer(labels) -> bool:
@@ -34,10 +71,13 @@ def infer_problem_type(num_labels: int, labels) -> str:
     return SINGLE_LABEL if _is_integer(labels) else MULTI_LABEL
 
 
-def check_problem_type(problem_type: str | None, num_labels: int) -> None:
-    if problem_type is not None and problem_type not in PROBLEM_TYPES:
-        raise ValueError(f"problem_type={problem_type!r} is not one of {PROBLEM_TYPES}")
-    if problem_type == SINGLE_LABEL and num_labels < 2:
+def check_problem_type(problem_type: str | None, num_labels: int | None = None) -> None:
+    """ValueError unless `problem_type` is None (inferred later) or known (`require_known`) and,
+    when `num_labels` is given, fits it: single-label classification needs two labels or more."""
+    if problem_type is None:
+        return
+    require_known(problem_type)
+    if problem_type == SINGLE_LABEL and num_labels is not None and num_labels < 2:
         raise ValueError(
             f"problem_type={SINGLE_LABEL!r} needs num_labels >= 2, got num_labels={num_labels}; "
             f"for a single score use problem_type={REGRESSION!r}"
@@ -106,15 +146,22 @@ def _check_class_ids(labels, num_labels: int) -> None:
 
 def per_example_loss(logits, labels, problem_type: str) -> jax.Array:
     """(batch,) losses; their mean equals the Hugging Face loss for the same batch."""
-    logits = logits.astype(jnp.float32)
-    if problem_type == REGRESSION:
-        labels = labels.astype(jnp.float32).reshape(logits.shape)
-        return jnp.mean(jnp.square(logits - labels), axis=-1)
-    if problem_type == SINGLE_LABEL:
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    if problem_type == MULTI_LABEL:
-        return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, labels.astype(jnp.float32)), axis=-1)
-    raise ValueError(f"problem_type={problem_type!r} is not one of {PROBLEM_TYPES}")
+    per_example = by_problem_type(
+        problem_type, single_label=_cross_entropy, multi_label=_binary_cross_entropy, regression=_squared_error
+    )
+    return per_example(logits.astype(jnp.float32), labels)
+
+
+def _squared_error(logits, labels) -> jax.Array:
+    return jnp.mean(jnp.square(logits - labels.astype(jnp.float32).reshape(logits.shape)), axis=-1)
+
+
+def _cross_entropy(logits, labels) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def _binary_cross_entropy(logits, labels) -> jax.Array:
+    return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, labels.astype(jnp.float32)), axis=-1)
 
 
 def loss(logits, labels, *, problem_type: str | None, num_labels: int, example_mask=None) -> jax.Array:

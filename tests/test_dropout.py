@@ -1,7 +1,9 @@
-"""Dropout's random bits: jax's threefry bit for bit, 16 bits per decision, the same mask sharded."""
+"""Dropout's random bits (jax's threefry bit for bit, 16 bits per decision, the same mask sharded),
+and train/eval mode: `model.train()` / `model.eval()` switch every dropout, `rngs` feeds the masks."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,9 +12,14 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from flax import nnx
 
-from flaxheads.backbones import layers
+import flaxheads
+from flaxheads.backbones import EncoderConfig, GPT2Config, XLNetConfig, layers
+from flaxheads.model import ClassifierConfig, SequenceClassifier
+from flaxheads.training import step as train_steps
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5), (2, 3, 4, 6)])
@@ -79,3 +86,162 @@ def test_a_batch_sharded_over_devices_draws_the_same_mask():
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "same"
+
+
+# ---------------------------------------------------------------------------------------------
+# Train/eval mode: `model.train()` / `model.eval()` switch every dropout; `rngs` feeds the masks
+
+_ENCODER = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                max_position_embeddings=64, initializer_range=0.1)
+# Every dropout-carrying head, each on a backbone family (dropout rates: the configs' defaults, 0.1).
+MODELS = {
+    "bert-pooler": (EncoderConfig(**_ENCODER), "pooler", {}),
+    "roberta-roberta": (EncoderConfig(**_ENCODER, model_type="roberta", pad_token_id=1, type_vocab_size=1,
+                                      position_ids_from_padding=True), "roberta", {}),
+    "bert-mean": (EncoderConfig(**_ENCODER), "mean", {}),
+    "gpt2-last_token": (GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                   initializer_range=0.1, pad_token_id=0), "last_token", {}),
+    "xlnet-summary": (XLNetConfig(vocab_size=99, d_model=32, n_head=4, d_inner=37, n_layer=2, initializer_range=0.1),
+                      "summary", {"summary_first_dropout": 0.2}),
+}
+# Logits of `_model(name)` on INPUTS with rngs=nnx.Rngs(dropout=7), computed before train/eval
+# modes existed (dropout was then active whenever rngs was given): the masks must not change.
+EARLIER_DROPOUT_LOGITS = {
+    "bert-pooler": [[-0.408749, 0.323682, 0.236559], [-0.151589, 0.178706, 0.024963]],
+    "roberta-roberta": [[-0.586056, -0.196214, -0.271246], [-0.295227, -0.39905, -0.35242]],
+    "bert-mean": [[-0.361262, -0.018854, 0.185343], [0.045064, -0.177475, 0.860716]],
+    "gpt2-last_token": [[0.939483, 0.070722, 0.610459], [0.348012, -1.091429, 0.286503]],
+    "xlnet-summary": [[-0.057052, -0.126405, -0.218784], [-0.199002, -0.079975, -0.158646]],
+}
+INPUTS = dict(
+    input_ids=jnp.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 0, 0]], jnp.int32),
+    attention_mask=jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], jnp.int32),
+)
+
+
+def _model(name: str, **backbone_overrides) -> SequenceClassifier:
+    backbone, head, options = MODELS[name]
+    if backbone_overrides:
+        backbone = dataclasses.replace(backbone, **backbone_overrides)
+    config = ClassifierConfig(backbone=backbone, head=head, num_labels=3, head_options=tuple(options.items()))
+    return SequenceClassifier(config, rngs=nnx.Rngs(0))
+
+
+def _modes(model: nnx.Module) -> dict[str, bool]:
+    """'backbone.layers.0.attention' -> its `deterministic`, for every module that has one."""
+    return {
+        ".".join(map(str, path)): node.deterministic
+        for path, node in nnx.iter_graph(model)
+        if isinstance(node, nnx.Module) and hasattr(node, "deterministic")
+    }
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_constructed_model_is_in_train_mode_and_eval_train_flip_every_dropout(name):
+    model = _model(name)
+    modes = _modes(model)
+    assert modes and not any(modes.values())
+    assert any(".attention" in path for path in modes)  # attention-probability dropout
+    if name != "gpt2-last_token":  # the only head without dropout, as GPT2ForSequenceClassification
+        assert "head" in modes
+
+    model.eval()
+    assert all(_modes(model).values())
+    model.train()
+    assert not any(_modes(model).values())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_eval_mode_turns_dropout_off_even_with_rngs(name):
+    model = _model(name)
+    model.eval()
+
+    without = np.asarray(model(**INPUTS))
+    with_rngs = np.asarray(model(**INPUTS, rngs=nnx.Rngs(dropout=7)))
+
+    np.testing.assert_array_equal(with_rngs, without)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_train_mode_draws_the_masks_of_earlier_releases_and_a_new_mask_per_key(name):
+    model = _model(name)
+
+    logits = np.asarray(model(**INPUTS, rngs=nnx.Rngs(dropout=7)))
+    other_key = np.asarray(model(**INPUTS, rngs=nnx.Rngs(dropout=8)))
+    model.eval()
+    deterministic = np.asarray(model(**INPUTS))
+
+    np.testing.assert_allclose(logits, EARLIER_DROPOUT_LOGITS[name], atol=1e-5)
+    assert np.max(np.abs(logits - other_key)) > 1e-3
+    assert np.max(np.abs(logits - deterministic)) > 1e-3
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_train_mode_without_rngs_raises_naming_the_fix(name):
+    model = _model(name)
+
+    with pytest.raises(ValueError, match=r"train mode.*pass rngs=nnx\.Rngs\(dropout=key\), or call model\.eval\(\)"):
+        model(**INPUTS)
+
+
+def test_train_mode_without_rngs_is_fine_when_every_dropout_rate_is_zero():
+    model = _model("bert-pooler", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    logits = np.asarray(model(**INPUTS))
+    model.eval()
+    np.testing.assert_array_equal(logits, np.asarray(model(**INPUTS)))
+
+
+def test_attention_takes_the_fused_kernel_in_eval_mode_and_not_with_train_mode_dropout(monkeypatch):
+    calls = []
+    fused = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    model = _model("bert-pooler")
+
+    model(**INPUTS, rngs=nnx.Rngs(dropout=0))
+    in_train_mode = len(calls)
+    model.eval()
+    model(**INPUTS, rngs=nnx.Rngs(dropout=0))
+
+    assert in_train_mode == 0
+    assert len(calls) == 2  # one per layer
+
+
+def test_from_pretrained_and_load_backbone_return_eval_mode(hf_checkpoint):
+    checkpoint = hf_checkpoint("BertForSequenceClassification", num_labels=2)
+    model = flaxheads.from_pretrained(checkpoint.path)
+    backbone, _ = flaxheads.load_backbone(checkpoint.path)
+
+    assert model.backbone.layers[0].attention.deterministic is True
+    assert model.head.deterministic is True
+    assert all(_modes(model).values()) and all(_modes(backbone).values())
+
+
+def test_train_and_eval_steps_are_the_same_programs_whichever_mode_the_graphdef_was_split_in():
+    # One dropout (the head's) keeps the compilation of the train step short on CPU.
+    model = _model("bert-pooler", num_hidden_layers=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                   classifier_dropout=0.1)
+    train_graphdef, params = nnx.split(model)
+    model.eval()
+    eval_graphdef, _ = nnx.split(model)
+    assert train_graphdef != eval_graphdef
+    schedule = optax.constant_schedule(1e-3)
+    tx = optax.sgd(schedule)
+    state = train_steps.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    batch = {**INPUTS, "labels": jnp.array([0, 2]), "example_mask": jnp.ones(2)}
+    stacked = jax.tree.map(lambda x: x[None], batch)  # one micro-batch
+    key = jax.random.key(0)
+
+    def programs(graphdef):
+        train_step = train_steps.make_train_step(graphdef, tx, schedule, "single_label_classification")
+        eval_step = train_steps.make_eval_step(graphdef, "single_label_classification")
+        return train_step, eval_step, str(jax.make_jaxpr(train_step)(state, stacked, key)), str(
+            jax.make_jaxpr(eval_step)(params, batch))
+
+    train_step, eval_step, *from_eval_mode = programs(eval_graphdef)
+    _, _, *from_train_mode = programs(train_graphdef)
+    _, metrics = jax.jit(train_step)(state, stacked, key)
+    logits = jax.jit(eval_step)(params, batch)["logits"]
+
+    assert from_eval_mode == from_train_mode  # hence the same loss, gradients and logits
+    # the train step's dropout was on (a graphdef split in eval mode) and the eval step's off
+    assert abs(float(metrics["loss"]) - float(model.loss(logits, batch["labels"]))) > 1e-4

@@ -237,12 +237,13 @@ def test_fresh_model_initialises_like_transformers_with_scaled_residual_projecti
     assert model.head.score.bias is None
 
 
-def test_dropout_is_active_only_with_rngs(gpt2):
+def test_dropout_is_active_only_in_train_mode(gpt2):
     path, _ = gpt2("GPT2ForSequenceClassification", num_labels=2, pad_token_id=EOS)
     batch = flax_inputs(token_batch("right"))
     model = flaxheads.from_pretrained(path)
 
     deterministic = [np.asarray(model(**batch)) for _ in range(2)]
+    model.train()
     with_dropout = np.asarray(model(**batch, rngs=nnx.Rngs(dropout=0)))
 
     np.testing.assert_array_equal(deterministic[0], deterministic[1])

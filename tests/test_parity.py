@@ -128,12 +128,13 @@ def test_multi_label_checkpoint_loads_its_problem_type_and_matches_logits(hf_che
     assert_close(model(**flax_inputs(batch)), torch_outputs(checkpoint.model, batch).logits, f"{family} multi-label")
 
 
-def test_dropout_is_inactive_without_rngs(hf_checkpoint):
+def test_dropout_is_inactive_in_eval_mode_and_active_in_train_mode(hf_checkpoint):
     checkpoint = hf_checkpoint(CLASSIFIER["bert"], num_labels=2)
     batch = flax_inputs(token_batch("bert", "right"))
     model = flaxheads.from_pretrained(checkpoint.path)
 
     deterministic = [np.asarray(model(**batch)) for _ in range(2)]
+    model.train()
     with_dropout = np.asarray(model(**batch, rngs=nnx.Rngs(dropout=1)))
 
     np.testing.assert_array_equal(deterministic[0], deterministic[1])
@@ -259,6 +260,7 @@ def test_all_padding_row_gives_finite_logits_with_and_without_dropout(hf_checkpo
     model = flaxheads.from_pretrained(checkpoint.path, head=head, num_labels=3)
 
     logits = model(**flax_inputs(batch))
+    model.train()
     with_dropout = model(**flax_inputs(batch), rngs=nnx.Rngs(dropout=0))
 
     assert np.isfinite(np.asarray(logits)).all() and np.isfinite(np.asarray(with_dropout)).all()

@@ -221,3 +221,61 @@ def test_model_loss_uses_the_problem_type_its_checkpoint_records(hf_checkpoint):
 
     theirs = torch.nn.BCEWithLogitsLoss()(torch.from_numpy(logits), torch.from_numpy(multi_hot).float())
     assert_loss_matches(ours, theirs, "multi-label via model.loss")
+
+
+# ---------------------------------------------------------------------------------------------
+# One definition: every module checks a problem type through flaxheads.problem
+
+
+def _refusers():
+    import datasets
+
+    from flaxheads.data.batching import BatchFormat
+    from flaxheads.data.labels import encode_labels
+    from flaxheads.data.task import TaskData
+    from flaxheads.training import metrics
+
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a"], "label": [0]})})
+    return {
+        "ClassifierConfig": lambda p: flaxheads.ClassifierConfig(
+            backbone=flaxheads.EncoderConfig(), head="cls", problem_type=p),
+        "TaskData": lambda p: TaskData(splits, p, 1, {0: "LABEL_0"}),
+        "BatchFormat": lambda p: BatchFormat(max_seq_length=8, pad_token_id=0, problem_type=p),
+        "encode_labels": lambda p: encode_labels(splits, problem_type=p),
+        "MetricAccumulator": metrics.MetricAccumulator,
+        "compute_metrics": lambda p: metrics.compute_metrics(p, np.zeros((2, 2)), np.zeros(2)),
+        "probabilities": lambda p: metrics.probabilities(p, np.zeros((2, 2))),
+        "per_example_loss": lambda p: problem.per_example_loss(jnp.zeros((2, 2)), jnp.zeros(2, jnp.int32), p),
+    }
+
+
+@pytest.mark.parametrize("where", list(_refusers()))
+def test_every_module_refuses_an_unknown_problem_type_with_the_same_message(where):
+    expected = f"unknown problem_type='ordinal'; choose one of {problem.PROBLEM_TYPES}"
+
+    with pytest.raises(ValueError) as refused:
+        _refusers()[where]("ordinal")
+
+    assert str(refused.value) == expected
+
+
+@pytest.mark.parametrize(
+    "problem_type, num_labels, resolved",
+    [(None, 1, REGRESSION), (None, 2, SINGLE_LABEL), (None, 5, SINGLE_LABEL), (MULTI_LABEL, 3, MULTI_LABEL),
+     (REGRESSION, 2, REGRESSION)],
+)
+def test_resolved_problem_type_is_the_set_one_else_the_default_for_num_labels(problem_type, num_labels, resolved):
+    assert problem.resolved_problem_type(problem_type, num_labels) == resolved
+
+
+def test_resolved_problem_type_checks_the_set_one():
+    with pytest.raises(ValueError, match=r"needs num_labels >= 2"):
+        problem.resolved_problem_type(SINGLE_LABEL, 1)
+
+
+def test_by_problem_type_picks_the_argument_named_after_the_problem_type():
+    picks = {p: problem.by_problem_type(p, single_label="s", multi_label="m", regression="r")
+             for p in problem.PROBLEM_TYPES}
+    assert picks == {SINGLE_LABEL: "s", MULTI_LABEL: "m", REGRESSION: "r"}
+    with pytest.raises(ValueError, match="unknown problem_type=None"):
+        problem.by_problem_type(None, single_label="s", multi_label="m", regression="r")

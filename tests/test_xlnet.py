@@ -259,7 +259,7 @@ def test_bfloat16_compute_stays_close_to_float32_and_keeps_float32_params(xlnet_
     assert_close(logits, full(**batch), "bfloat16 vs float32 logits", atol=5e-2, rtol=5e-2)
 
 
-def test_dropout_is_active_only_with_rngs_and_gradients_flow(xlnet_checkpoint):
+def test_dropout_is_active_only_in_train_mode_and_gradients_flow(xlnet_checkpoint):
     path, _ = xlnet_checkpoint("XLNetForSequenceClassification", num_labels=3, summary_first_dropout=0.2)
     batch = flax_inputs(xlnet_batch("left"))
     model = flaxheads.from_pretrained(path)
@@ -269,6 +269,7 @@ def test_dropout_is_active_only_with_rngs_and_gradients_flow(xlnet_checkpoint):
         return m.loss(logits, jnp.array([0, 1, 2])), logits
 
     deterministic = [np.asarray(model(**batch)) for _ in range(2)]
+    model.train()
     # One compilation: random-bit generation makes dropout programs slow to compile on CPU.
     (_, with_dropout), grads = nnx.jit(nnx.value_and_grad(loss_and_logits, has_aux=True))(model)
 

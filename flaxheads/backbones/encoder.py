@@ -100,6 +100,8 @@ class Embeddings(nnx.Module):
         self.layer_norm = layers.layer_norm(
             cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
+        self.deterministic = False
+        """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `layers`)."""
 
     def default_position_ids(self, input_ids_BT: jax.Array) -> jax.Array:
         if self.cfg.position_ids_from_padding:
@@ -118,7 +120,7 @@ class Embeddings(nnx.Module):
             + self.token_type_embeddings(token_type_ids_BT)
             + self.position_embeddings(position_ids_BT)
         )
-        return layers.dropout(self.layer_norm(x), self.cfg.hidden_dropout_prob, rngs)
+        return layers.dropout(self.layer_norm(x), self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
 
 class SelfAttention(nnx.Module):
@@ -130,6 +132,7 @@ class SelfAttention(nnx.Module):
         self.key = layers.dense(d, d, **kw)
         self.value = layers.dense(d, d, **kw)
         self.output = layers.dense(d, d, **kw)
+        self.deterministic = False
 
     def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs) -> jax.Array:
         b, t, _ = x_BTD.shape
@@ -140,6 +143,7 @@ class SelfAttention(nnx.Module):
             self.value(x_BTD).reshape(heads),
             mask_BT,
             dropout_rate=self.cfg.attention_probs_dropout_prob,
+            deterministic=self.deterministic,
             rngs=rngs,
         )
         return self.output(context_BTNH.reshape(b, t, -1))
@@ -158,13 +162,14 @@ class EncoderLayer(nnx.Module):
         self.output = layers.dense(cfg.intermediate_size, cfg.hidden_size, **kw)
         self.output_norm = layers.layer_norm(cfg.hidden_size, **norm)
         self.act = layers.activation(cfg.hidden_act)
+        self.deterministic = False
 
     def __call__(self, x_BTD, mask_BT, rngs) -> jax.Array:
-        p = self.cfg.hidden_dropout_prob
-        attn = layers.dropout(self.attention(x_BTD, mask_BT, rngs), p, rngs)
-        x_BTD = self.attention_norm(x_BTD + attn)
-        mlp = layers.dropout(self.output(self.act(self.intermediate(x_BTD))), p, rngs)
-        return self.output_norm(x_BTD + mlp)
+        def drop(y):
+            return layers.dropout(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
+
+        x_BTD = self.attention_norm(x_BTD + drop(self.attention(x_BTD, mask_BT, rngs)))
+        return self.output_norm(x_BTD + drop(self.output(self.act(self.intermediate(x_BTD)))))
 
 
 class Encoder(nnx.Module):
@@ -173,6 +178,7 @@ class Encoder(nnx.Module):
     `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype.
     `add_pooling_layer` gives the standalone backbone BERT's pooler; classifiers built by
     flaxheads keep the pooler in the "pooler" head instead, so heads stay backbone-agnostic.
+    Built in train mode (dropout on, `rngs` needed at call time); `.eval()` turns dropout off.
     """
 
     def __init__(
@@ -204,7 +210,10 @@ class Encoder(nnx.Module):
         *,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
-        """input_ids, attention_mask (1 = real token), token_type_ids, position_ids: (batch, seq) ints."""
+        """input_ids, attention_mask (1 = real token), token_type_ids, position_ids: (batch, seq) ints.
+
+        `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
+        eval mode ignores it. ValueError in train mode without it (non-zero dropout rates)."""
         x_BTD = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
         hidden_states = [x_BTD]
         for layer in self.layers:

@@ -128,6 +128,8 @@ class SelfAttention(nnx.Module):
         # Fused query/key/value projection, as transformers' `c_attn`, so weights convert as-is.
         self.qkv = _projection(d, 3 * d, init_std=cfg.initializer_range, **kw)
         self.output = _projection(d, d, init_std=_residual_init_std(cfg), **kw)
+        self.deterministic = False
+        """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `layers`)."""
 
     def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs) -> jax.Array:
         b, t, d = x_BTD.shape
@@ -141,6 +143,7 @@ class SelfAttention(nnx.Module):
             is_causal=True,
             scale=self.scale,
             dropout_rate=self.cfg.attn_pdrop,
+            deterministic=self.deterministic,
             rngs=rngs,
         )
         if mask_BT is not None:
@@ -166,12 +169,14 @@ class Block(nnx.Module):
         self.intermediate = _projection(cfg.n_embd, cfg.inner_size, init_std=cfg.initializer_range, **kw)
         self.output = _projection(cfg.inner_size, cfg.n_embd, init_std=_residual_init_std(cfg), **kw)
         self.act = layers.activation(cfg.activation_function)
+        self.deterministic = False
 
     def __call__(self, x_BTD, mask_BT, rngs) -> jax.Array:
-        p = self.cfg.resid_pdrop
-        x_BTD = x_BTD + layers.dropout(self.attention(self.attention_norm(x_BTD), mask_BT, rngs), p, rngs)
-        mlp = self.output(self.act(self.intermediate(self.mlp_norm(x_BTD))))
-        return x_BTD + layers.dropout(mlp, p, rngs)
+        def drop(y):
+            return layers.dropout(y, self.cfg.resid_pdrop, rngs, deterministic=self.deterministic)
+
+        x_BTD = x_BTD + drop(self.attention(self.attention_norm(x_BTD), mask_BT, rngs))
+        return x_BTD + drop(self.output(self.act(self.intermediate(self.mlp_norm(x_BTD)))))
 
 
 class GPT2(nnx.Module):
@@ -179,6 +184,7 @@ class GPT2(nnx.Module):
 
     `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype. GPT-2 has
     no pooler; `add_pooling_layer` exists for the backbone interface and must be False.
+    Built in train mode (dropout on, `rngs` needed at call time); `.eval()` turns dropout off.
     """
 
     def __init__(
@@ -198,6 +204,7 @@ class GPT2(nnx.Module):
         self.position_embeddings = layers.embed(cfg.n_positions, cfg.n_embd, init_std=cfg.initializer_range, **kw)
         self.layers = nnx.List([Block(cfg, i, **kw) for i in range(cfg.n_layer)])
         self.final_norm = layers.layer_norm(cfg.n_embd, eps=cfg.layer_norm_epsilon, **kw)
+        self.deterministic = False
 
     def __call__(
         self,
@@ -213,8 +220,9 @@ class GPT2(nnx.Module):
         Position ids default to 0..T-1 whatever the padding, as transformers does; pass
         `position_ids` to count from the first real token of a left-padded row instead.
         `token_type_ids`, when given, are looked up in the token embeddings and added (as in
-        transformers). Raises ValueError for inputs that are not (batch, seq) or longer than
-        `n_positions`.
+        transformers). `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in
+        train mode; eval mode ignores it. Raises ValueError for inputs that are not (batch, seq)
+        or longer than `n_positions`, and in train mode without `rngs` (non-zero dropout rates).
         """
         self._check_inputs(input_ids, attention_mask, position_ids)
         if position_ids is None:
@@ -222,7 +230,7 @@ class GPT2(nnx.Module):
         x_BTD = self.token_embeddings(input_ids) + self.position_embeddings(position_ids)
         if token_type_ids is not None:
             x_BTD = x_BTD + self.token_embeddings(token_type_ids)
-        x_BTD = layers.dropout(x_BTD, self.cfg.embd_pdrop, rngs)
+        x_BTD = layers.dropout(x_BTD, self.cfg.embd_pdrop, rngs, deterministic=self.deterministic)
         hidden_states = [x_BTD]
         for layer in self.layers:
             x_BTD = layer(x_BTD, attention_mask, rngs)

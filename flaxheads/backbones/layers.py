@@ -1,8 +1,11 @@
 """Building blocks shared by every backbone: dense/LayerNorm factories, activations, attention.
 
-Dropout in flaxheads is active exactly when the caller passes ``rngs`` (an ``nnx.Rngs`` with a
-``dropout`` stream); without it every module is deterministic. There is no train/eval mode flag
-to forget: inference code simply does not pass ``rngs``.
+Train/eval mode the NNX way: every module that applies dropout carries a ``deterministic``
+attribute, which ``model.train()`` sets to False and ``model.eval()`` to True (``nnx.Module``
+does this for every submodule that has the attribute). A freshly constructed model is in train
+mode, as in NNX; ``from_pretrained`` returns one in eval mode. In train mode the dropout bits
+come from the ``rngs`` the caller passes (an ``nnx.Rngs`` with a ``dropout`` stream), so the call
+stays pure; forgetting them is a ValueError, never silently deterministic training.
 """
 
 from __future__ import annotations
@@ -92,9 +95,26 @@ DROPOUT_BITS = 16
 keep probability, so the expectation is unchanged."""
 
 
-def dropout(x: jax.Array, rate: float, rngs: nnx.Rngs | None) -> jax.Array:
-    """Inverted dropout, active only when `rngs` is given (training)."""
-    if rngs is None or rate == 0.0:
+def dropout_active(rate: float, *, deterministic: bool, rngs: nnx.Rngs | None) -> bool:
+    """Whether dropout at `rate` applies: in train mode (`deterministic` False) at a non-zero rate.
+
+    Raises ValueError in train mode at a non-zero rate without `rngs`: the model would otherwise
+    have to choose between training without dropout and inventing a key.
+    """
+    if deterministic or rate == 0.0:
+        return False
+    if rngs is None:
+        raise ValueError(
+            f"the model is in train mode (dropout rate {rate}) but no rngs were passed: pass "
+            "rngs=nnx.Rngs(dropout=key), or call model.eval() for inference"
+        )
+    return True
+
+
+def dropout(x: jax.Array, rate: float, rngs: nnx.Rngs | None, *, deterministic: bool = False) -> jax.Array:
+    """Inverted dropout in train mode (`deterministic` False); `x` itself in eval mode or at rate 0.
+    ValueError in train mode at a non-zero rate without `rngs` (see `dropout_active`)."""
+    if not dropout_active(rate, deterministic=deterministic, rngs=rngs):
         return x
     keep, keep_prob = keep_mask(rngs.dropout(), rate, x.shape)
     return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros_like(x))
@@ -181,6 +201,7 @@ def attend(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_rate: float = 0.0,
+    deterministic: bool = False,
     rngs: nnx.Rngs | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention over a (batch, key) padding mask; returns BTNH.
@@ -190,12 +211,13 @@ def attend(
     XLA's kernel; kernels differ there, so a backbone that needs a defined value sets it itself
     (GPT-2 zeroes those rows, as torch does). Real queries never see such rows: they are padding.
 
-    Inference and dropout-free training go through `jax.nn.dot_product_attention`, which GPUs
-    run as a fused kernel. Attention-probability dropout (as BERT trains with) has no fused
-    form there, so with `rngs` and a non-zero rate the probabilities are materialised.
+    Eval mode (`deterministic`) and dropout-free training go through
+    `jax.nn.dot_product_attention`, which GPUs run as a fused kernel. Attention-probability
+    dropout (as BERT trains with) has no fused form there, so in train mode at a non-zero rate
+    the probabilities are materialised; that needs `rngs` (ValueError without, as `dropout`).
     """
     mask_B11S = None if mask_BS is None else mask_BS[:, None, None, :].astype(bool)
-    if rngs is None or dropout_rate == 0.0:
+    if not dropout_active(dropout_rate, deterministic=deterministic, rngs=rngs):
         return jax.nn.dot_product_attention(
             query_BTNH, key_BSNH, value_BSNH, mask=mask_B11S, is_causal=is_causal, scale=scale,
             implementation=_fused_implementation(query_BTNH),
@@ -209,7 +231,7 @@ def attend(
     if mask_B11S is not None:
         logits_BNTS = jnp.where(mask_B11S, logits_BNTS, jnp.finfo(logits_BNTS.dtype).min)
     probs_BNTS = jax.nn.softmax(logits_BNTS.astype(jnp.float32), axis=-1).astype(value_BSNH.dtype)
-    probs_BNTS = dropout(probs_BNTS, dropout_rate, rngs)
+    probs_BNTS = dropout(probs_BNTS, dropout_rate, rngs, deterministic=False)
     return jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, value_BSNH)
 
 

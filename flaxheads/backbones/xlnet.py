@@ -204,12 +204,16 @@ class RelativeAttention(nnx.Module):
         self.seg_embed = _param((2, n, h), **kw)
         """[same segment, different segment] embeddings."""
         self.layer_norm = layers.layer_norm(d, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.deterministic = False
+        """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `layers`)."""
 
     def _bias(self, param: nnx.Param) -> jax.Array:
         return param[...].astype(self.dtype)
 
     def __call__(self, h_BTD, positions_BPD, other_segment_BTS, allowed_BTS, rngs) -> jax.Array:
-        p = self.cfg.dropout
+        def drop(y):
+            return layers.dropout(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
+
         q_BTNH = self.q(h_BTD)
         k_BSNH, v_BSNH = self.k(h_BTD), self.v(h_BTD)
         k_r_BPNH = self.r(positions_BPD)
@@ -230,9 +234,8 @@ class RelativeAttention(nnx.Module):
         if allowed_BTS is not None:
             scores_BNTS = jnp.where(allowed_BTS[:, None], scores_BNTS, _MASKED_SCORE)
         probs_BNTS = jax.nn.softmax(scores_BNTS, axis=-1).astype(v_BSNH.dtype)
-        probs_BNTS = layers.dropout(probs_BNTS, p, rngs)
-        context_BTNH = jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, v_BSNH)
-        out_BTD = layers.dropout(self.o(context_BTNH), p, rngs)
+        context_BTNH = jnp.einsum("BNTS,BSNH->BTNH", drop(probs_BNTS), v_BSNH)
+        out_BTD = drop(self.o(context_BTNH))
         return self.layer_norm(out_BTD + h_BTD)
 
 
@@ -248,11 +251,14 @@ class FeedForward(nnx.Module):
             cfg.d_model, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
         self.act = layers.activation(cfg.ff_activation)
+        self.deterministic = False
 
     def __call__(self, x_BTD, rngs) -> jax.Array:
-        p = self.cfg.dropout
-        hidden = layers.dropout(self.act(self.layer_1(x_BTD)), p, rngs)
-        return self.layer_norm(layers.dropout(self.layer_2(hidden), p, rngs) + x_BTD)
+        def drop(y):
+            return layers.dropout(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
+
+        hidden = drop(self.act(self.layer_1(x_BTD)))
+        return self.layer_norm(drop(self.layer_2(hidden)) + x_BTD)
 
 
 class XLNetLayer(nnx.Module):
@@ -269,6 +275,7 @@ class XLNet(nnx.Module):
 
     `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype. XLNet has
     no pooler; `add_pooling_layer` exists for the common backbone signature and must be False.
+    Built in train mode (dropout on, `rngs` needed at call time); `.eval()` turns dropout off.
     """
 
     def __init__(
@@ -292,6 +299,7 @@ class XLNet(nnx.Module):
         self.layers = nnx.List(
             [XLNetLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.n_layer)]
         )
+        self.deterministic = False
 
     def __call__(
         self,
@@ -305,20 +313,25 @@ class XLNet(nnx.Module):
         """input_ids, attention_mask (1 = real token), token_type_ids: (batch, seq) ints.
 
         `hidden_states` are the embeddings' output, then every layer's; the last one has the
-        final dropout applied (transformers' `last_hidden_state`). ValueError for position_ids:
-        XLNet's positions are relative and cannot be set.
+        final dropout applied (transformers' `last_hidden_state`). `rngs` (an `nnx.Rngs` with a
+        `dropout` stream) draws the dropout masks in train mode; eval mode ignores it. ValueError
+        for position_ids (XLNet's positions are relative and cannot be set), and in train mode
+        without `rngs` (non-zero dropout rates).
         """
         if position_ids is not None:
             raise ValueError(
                 "XLNet has no position ids: its attention uses relative distances only; pass position_ids=None"
             )
-        p = self.cfg.dropout
+
+        def drop(y):
+            return layers.dropout(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
+
         seq_len = input_ids.shape[1]
-        h_BTD = layers.dropout(self.word_embedding(input_ids), p, rngs)
+        h_BTD = drop(self.word_embedding(input_ids))
         positions_PD = relative_positional_encoding(seq_len, self.cfg.d_model, self.cfg.clamp_len)
         # One copy per example, as transformers expands it before dropout: each example gets its own mask.
         positions_BPD = jnp.broadcast_to(positions_PD.astype(self.dtype), (input_ids.shape[0], *positions_PD.shape))
-        positions_BPD = layers.dropout(positions_BPD, p, rngs)
+        positions_BPD = drop(positions_BPD)
         other_segment_BTS = (
             None if token_type_ids is None else token_type_ids[:, :, None] != token_type_ids[:, None, :]
         )
@@ -331,5 +344,5 @@ class XLNet(nnx.Module):
         for layer in self.layers:
             h_BTD = layer(h_BTD, positions_BPD, other_segment_BTS, allowed_BTS, rngs)
             hidden_states.append(h_BTD)
-        hidden_states[-1] = layers.dropout(h_BTD, p, rngs)
+        hidden_states[-1] = drop(h_BTD)
         return BackboneOutput(hidden_states[-1], tuple(hidden_states))

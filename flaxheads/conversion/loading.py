@@ -202,6 +202,7 @@ def _load(
         (path, var.replace(fresh[k] if k in fresh else _place(arrays.pop(k), param_dtype, where[k])))
         for k, (path, var) in variables.items()
     ]))
+    module.eval()  # loaded models serve inference (dropout off); model.train() before training by hand
     used = {r.hf for r in required + optional if r.flax in variables and r.flax not in new_keys}
     info = LoadingInfo(
         source=reader.source,

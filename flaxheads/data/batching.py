@@ -32,7 +32,8 @@ from collections.abc import Iterator, Sequence
 import datasets
 import numpy as np
 
-from flaxheads.data.task import PROBLEM_TYPES, REGRESSION, SINGLE_LABEL, TaskData
+from flaxheads import problem
+from flaxheads.data.task import SINGLE_LABEL, TaskData
 from flaxheads.data.tokenization import LABELS, LENGTH, pad_token_ids
 
 Batch = dict[str, np.ndarray]
@@ -77,8 +78,7 @@ class BatchFormat:
     def __post_init__(self):
         if self.padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
-        if self.problem_type not in PROBLEM_TYPES:
-            raise ValueError(f"problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
+        problem.require_known(self.problem_type)
 
     @classmethod
     def for_task(cls, task: TaskData, tokenizer, max_seq_length: int, padding_side: str | None = None, *,
@@ -419,8 +419,11 @@ def _pad(sequences: Sequence[Sequence[int]], padded_length: int, pad_value: int,
 
 
 def _labels(values: list, fmt: BatchFormat) -> np.ndarray:
-    if fmt.problem_type == SINGLE_LABEL:
-        return np.asarray(values, dtype=np.int32)
-    if fmt.problem_type == REGRESSION:
-        return np.asarray(values, dtype=np.float32)
-    return np.asarray(values, dtype=np.float32).reshape(len(values), fmt.num_labels)
+    """Class ids (B,) int32, scores (B,) float32, or multi-hot rows (B, num_labels) float32."""
+    dtype, shape = problem.by_problem_type(
+        fmt.problem_type,
+        single_label=(np.int32, (len(values),)),
+        regression=(np.float32, (len(values),)),
+        multi_label=(np.float32, (len(values), fmt.num_labels)),
+    )
+    return np.asarray(values, dtype=dtype).reshape(shape)

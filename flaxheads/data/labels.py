@@ -29,10 +29,10 @@ from collections.abc import Iterable, Sequence
 
 import datasets
 
+from flaxheads import problem
 from flaxheads.data.task import (
     LABEL,
     MULTI_LABEL,
-    PROBLEM_TYPES,
     REGRESSION,
     SINGLE_LABEL,
     TaskData,
@@ -62,8 +62,7 @@ def encode_labels(
     whole numbers with other values when `problem_type` is None, and problem types the labels
     cannot express.
     """
-    if problem_type is not None and problem_type not in PROBLEM_TYPES:
-        raise ValueError(f"--problem_type {problem_type!r} is not one of {PROBLEM_TYPES}")
+    problem.check_problem_type(problem_type)
     values = {name: list(split[LABEL]) for name, split in splits.items()}
     for name, split_values in values.items():
         _check_no_missing(split_values, name)
@@ -325,8 +324,9 @@ def _multi_hot_from_ids(ids: dict[str, list[list[int]]], num_labels: int) -> dic
 
 
 def _encoded_feature(problem_type: str, num_labels: int):
-    if problem_type == SINGLE_LABEL:
-        return datasets.Value("int32")
-    if problem_type == REGRESSION:
-        return datasets.Value("float32")
-    return datasets.List(datasets.Value("float32"), length=num_labels)
+    return problem.by_problem_type(
+        problem_type,
+        single_label=datasets.Value("int32"),
+        regression=datasets.Value("float32"),
+        multi_label=datasets.List(datasets.Value("float32"), length=num_labels),
+    )

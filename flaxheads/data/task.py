@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 import datasets
 
+from flaxheads import problem
+
 # Hugging Face's `config.problem_type` strings, defined once in `flaxheads.problem`.
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL  # noqa: F401 (re-exported)
 
@@ -49,8 +51,7 @@ class TaskData:
     a built-in data set's label is. Empty only for a `TaskData` built by hand without one."""
 
     def __post_init__(self):
-        if self.problem_type not in PROBLEM_TYPES:
-            raise ValueError(f"problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
+        problem.require_known(self.problem_type)
         if "train" not in self.splits:
             raise ValueError(f"TaskData needs a 'train' split, got {sorted(self.splits)}")
         if len(self.id2label) != self.num_labels:

@@ -21,10 +21,12 @@ class PoolerHead(nnx.Module):
         kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.pooler = layers.Pooler(cfg.hidden_size, **kw)
         self.classifier = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
+        self.deterministic = False
+        """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `backbones.layers`)."""
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         pooled = self.pooler(inputs.hidden_states[-1])
-        return self.classifier(layers.dropout(pooled, self.cfg.dropout_rate, rngs))
+        return self.classifier(layers.dropout(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
 
 class RobertaHead(nnx.Module):
@@ -35,12 +37,14 @@ class RobertaHead(nnx.Module):
         kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.dense = layers.dense(cfg.hidden_size, cfg.hidden_size, **kw)
         self.out_proj = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
+        self.deterministic = False
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
-        p = self.cfg.dropout_rate
-        x = layers.dropout(pooling.first_token(inputs), p, rngs)
-        x = jnp.tanh(self.dense(x))
-        return self.out_proj(layers.dropout(x, p, rngs))
+        def drop(y):
+            return layers.dropout(y, self.cfg.dropout_rate, rngs, deterministic=self.deterministic)
+
+        x = jnp.tanh(self.dense(drop(pooling.first_token(inputs))))
+        return self.out_proj(drop(x))
 
 
 class LinearHead(nnx.Module):
@@ -61,6 +65,8 @@ class LinearHead(nnx.Module):
         self.classifier = layers.dense(
             features, cfg.num_labels, init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
+        self.deterministic = False
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
-        return self.classifier(layers.dropout(self.pool(inputs), self.cfg.dropout_rate, rngs))
+        pooled = self.pool(inputs)
+        return self.classifier(layers.dropout(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))

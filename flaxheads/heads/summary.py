@@ -138,11 +138,13 @@ class SummaryHead(nnx.Module):
         width = cfg.num_labels if options["summary_proj_to_labels"] else d
         self.summary = layers.dense(d, width, **kw) if options["summary_use_proj"] else None
         self.logits_proj = layers.dense(d, cfg.num_labels, **kw)
+        self.deterministic = False
+        """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `backbones.layers`)."""
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
-        x = layers.dropout(pick(inputs, self.summary_type), self.first_dropout, rngs)
+        x = layers.dropout(pick(inputs, self.summary_type), self.first_dropout, rngs, deterministic=self.deterministic)
         if self.summary is not None:
             x = self.summary(x)
         if self.activation is not None:
             x = self.activation(x)
-        return self.logits_proj(layers.dropout(x, self.last_dropout, rngs))
+        return self.logits_proj(layers.dropout(x, self.last_dropout, rngs, deterministic=self.deterministic))

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
+from flaxheads import problem
+from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL  # noqa: F401 (re-exported)
 
 # The metrics `compute_metrics` returns for each problem type, in the order it returns them.
 METRIC_NAMES: Mapping[str, tuple[str, ...]] = {
@@ -43,13 +44,6 @@ _HIGHER_IS_BETTER = {
     "mse": False,
     "loss": False,
 }
-
-
-def _check_problem_type(problem_type: str) -> None:
-    if problem_type not in PROBLEM_TYPES:
-        raise ValueError(
-            f"Unknown problem_type {problem_type!r}; expected one of {PROBLEM_TYPES}."
-        )
 
 
 def higher_is_better(metric_name: str) -> bool:
@@ -91,16 +85,20 @@ def probabilities(problem_type: str, logits: np.ndarray) -> np.ndarray:
     multi-label: elementwise sigmoid, (N, C) -> (N, C).
     regression: the values themselves, (N,) or (N, 1) -> (N,).
     """
-    _check_problem_type(problem_type)
-    logits = _as_float_array(logits)
-    if problem_type == SINGLE_LABEL:
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        exp = np.exp(shifted)
-        return exp / exp.sum(axis=-1, keepdims=True)
-    if problem_type == MULTI_LABEL:
-        # exp(-log(1 + exp(-x))) neither overflows nor loses the tails, unlike 1 / (1 + exp(-x)).
-        return np.exp(-np.logaddexp(0.0, -logits))
-    return _regression_values(logits)
+    to_probabilities = problem.by_problem_type(
+        problem_type, single_label=_softmax, multi_label=_sigmoid, regression=_regression_values
+    )
+    return to_probabilities(_as_float_array(logits))
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def _sigmoid(logits: np.ndarray) -> np.ndarray:
+    # exp(-log(1 + exp(-x))) neither overflows nor loses the tails, unlike 1 / (1 + exp(-x)).
+    return np.exp(-np.logaddexp(0.0, -logits))
 
 
 def predictions(problem_type: str, logits: np.ndarray) -> np.ndarray:
@@ -110,12 +108,13 @@ def predictions(problem_type: str, logits: np.ndarray) -> np.ndarray:
     multi-label: multi-hot `logit > 0` (probability > 0.5), (N, C) -> (N, C) int64.
     regression: the predicted values, (N,) or (N, 1) -> (N,) float64.
     """
-    _check_problem_type(problem_type)
-    if problem_type == SINGLE_LABEL:
-        return np.asarray(logits).argmax(axis=-1).astype(np.int64)
-    if problem_type == MULTI_LABEL:
-        return (np.asarray(logits) > 0).astype(np.int64)
-    return _regression_values(_as_float_array(logits))
+    to_predictions = problem.by_problem_type(
+        problem_type,
+        single_label=lambda x: np.asarray(x).argmax(axis=-1).astype(np.int64),
+        multi_label=lambda x: (np.asarray(x) > 0).astype(np.int64),
+        regression=lambda x: _regression_values(_as_float_array(x)),
+    )
+    return to_predictions(logits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +263,7 @@ def compute_metrics(
     Raises:
       ValueError: unknown problem type, mismatched shapes, or no unmasked rows.
     """
-    _check_problem_type(problem_type)
+    problem.require_known(problem_type)
     logits = _as_float_array(logits)
     labels = np.asarray(labels)
     if labels.shape[:1] != logits.shape[:1]:
@@ -272,12 +271,13 @@ def compute_metrics(
     keep = _example_keep(example_mask, logits.shape[0])
     if not keep.any():
         raise ValueError("compute_metrics needs at least one row with example_mask != 0.")
-    logits, labels = logits[keep], labels[keep]
-    if problem_type == SINGLE_LABEL:
-        return _single_label_metrics(logits, labels)
-    if problem_type == MULTI_LABEL:
-        return _multi_label_metrics(logits, labels)
-    return _regression_metrics(logits, _as_float_array(labels))
+    metrics = problem.by_problem_type(
+        problem_type,
+        single_label=_single_label_metrics,
+        multi_label=_multi_label_metrics,
+        regression=lambda logits, labels: _regression_metrics(logits, _as_float_array(labels)),
+    )
+    return metrics(logits[keep], labels[keep])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,8 +302,7 @@ class MetricAccumulator:
     """
 
     def __init__(self, problem_type: str):
-        _check_problem_type(problem_type)
-        self.problem_type = problem_type
+        self.problem_type = problem.require_known(problem_type)
         self._logits: list[np.ndarray] = []
         self._labels: list[np.ndarray] = []
         self._loss_sum = 0.0

@@ -1,5 +1,7 @@
 """The pure train and eval steps. The model is split once into (graphdef, params); the steps
-merge it back inside, so jit sees plain pytrees and compiles once per batch shape."""
+merge it back inside, so jit sees plain pytrees and compiles once per batch shape. Each step
+sets the mode it needs after merging (train: dropout on; eval: off), so the graphdef a caller
+split may be in either mode."""
 
 from __future__ import annotations
 
@@ -22,8 +24,12 @@ class TrainState(NamedTuple):
     opt_state: optax.OptState
 
 
-def _logits(graphdef, params, batch, rngs=None):
+def _logits(graphdef, params, batch, *, train: bool, rngs=None):
     model = nnx.merge(graphdef, params)
+    if train:
+        model.train()
+    else:
+        model.eval()
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     return model(**inputs, rngs=rngs)
 
@@ -51,7 +57,7 @@ def make_train_step(
     """
 
     def summed_loss(params, micro_batch, key):
-        logits = _logits(graphdef, params, micro_batch, rngs=nnx.Rngs(dropout=key))
+        logits = _logits(graphdef, params, micro_batch, train=True, rngs=nnx.Rngs(dropout=key))
         losses = problem.per_example_loss(logits, micro_batch["labels"], problem_type)
         return jnp.sum(losses * micro_batch["example_mask"])
 
@@ -97,7 +103,7 @@ def make_eval_step(graphdef: nnx.GraphDef, problem_type: str) -> Callable[[nnx.S
     """`(params, batch) -> {"logits", "loss"}` per example, deterministic (no dropout)."""
 
     def eval_step(params, batch):
-        logits = _logits(graphdef, params, batch)
+        logits = _logits(graphdef, params, batch, train=False)
         out = {"logits": logits}
         if "labels" in batch:
             out["loss"] = problem.per_example_loss(logits, batch["labels"], problem_type)
