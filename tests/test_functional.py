@@ -152,19 +152,12 @@ def test_hub_only_options_are_accepted_only_at_values_that_download_nothing(chec
 
 
 def run_flax_glue_decay_mask_fn(params):
-    """transformers v4.40 examples/flax/text-classification/run_flax_glue.py, verbatim
-    (Copyright 2021 The HuggingFace Inc. team, Apache License 2.0)."""
-    flat_params = traverse_util.flatten_dict(params)
-    # find out all LayerNorm parameters
-    layer_norm_candidates = ["layernorm", "layer_norm", "ln"]
-    layer_norm_named_params = {
-        layer[-2:]
-        for layer_norm_name in layer_norm_candidates
-        for layer in flat_params.keys()
-        if layer_norm_name in "".join(layer).lower()
-    }
-    flat_mask = {path: (path[-1] != "bias" and path[-2:] not in layer_norm_named_params) for path in flat_params}
-    return traverse_util.unflatten_dict(flat_mask)
+    """The rule of `decay_mask_fn` in transformers' examples/flax/text-classification/run_flax_glue.py
+    (v4.40), restated: no decay for a parameter named "bias", nor for any (module, parameter) name
+    pair that ends a path whose joined, lowercased names contain "layernorm", "layer_norm" or "ln"."""
+    flat = traverse_util.flatten_dict(params)
+    norm_pairs = {path[-2:] for path in flat if any(s in "".join(path).lower() for s in ("layernorm", "layer_norm", "ln"))}
+    return traverse_util.unflatten_dict({path: path[-1] != "bias" and path[-2:] not in norm_pairs for path in flat})
 
 
 TINY = {

@@ -1,12 +1,13 @@
 """A Hugging Face Flax training loop, written as examples/flax/text-classification/run_flax_glue.py
 writes it, runs on flaxheads with only its model lines changed.
 
-The loop below keeps run_flax_glue's shape (transformers v4.40, Apache License 2.0, Copyright 2021
-The HuggingFace Inc. team): a `train_state.TrainState` with `apply_fn=model.__call__` and
-`params=model.params`, `optax.adamw(..., mask=...)`, `jax.pmap(train_step, axis_name="batch",
-donate_argnums=(0,))`, one dropout key per device, `state.apply_fn(**batch, params=...,
-dropout_rng=..., train=True)[0]`, `jax.lax.pmean` of the gradients, `replicate` / `unreplicate`,
-`shard`ed batches and `model.save_pretrained(dir, params=...)`. It runs on two fake CPU devices in
+The loop below follows run_flax_glue.py's structure (transformers v4.40): a
+`train_state.TrainState` with `apply_fn=model.__call__` and `params=model.params`,
+`optax.adamw(..., mask=...)`, `jax.pmap(train_step, axis_name="batch", donate_argnums=(0,))`, one
+dropout key per device, `state.apply_fn(**batch, params=..., dropout_rng=..., train=True)[0]`,
+`jax.lax.pmean` of the gradients, `replicate` / `unreplicate`, `shard`ed batches, an eval step
+through `pad_shard_unpad`, and `model.save_pretrained(dir, params=...)`. Only the lines marked
+"model line" differ from a Hugging Face Flax script. It runs on two fake CPU devices in
 a fresh process (XLA_FLAGS must be set before jax starts).
 """
 
