@@ -142,8 +142,10 @@ class FunctionalClassifier:
 
 
 def _flat_by_dotted_name(params) -> dict[str, Any]:
-    if not isinstance(params, dict) and not hasattr(params, "items"):
-        raise ValueError(
-            f"params is a {type(params).__name__}; pass a nested dict of arrays like `model.params`"
-        )
+    """{"backbone.layers.0.attention.query.kernel": array} from a nested dict (plain or frozen) or
+    an `nnx.State`."""
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    if not hasattr(params, "items"):
+        raise ValueError(f"params is a {type(params).__name__}; pass a nested dict of arrays like `model.params`")
     return {".".join(map(str, key)): value for key, value in traverse_util.flatten_dict(params).items()}

@@ -105,6 +105,9 @@ def test_params_round_trip_bit_exact_through_to_model(classifier):
     _assert_bit_identical(FunctionalClassifier(classifier.to_model(params)).params, params)
     host = jax.device_get(params)  # what run_flax_glue saves: numpy arrays
     _assert_bit_identical(FunctionalClassifier(classifier.to_model(host)).params, params)
+    _assert_bit_identical(FunctionalClassifier(classifier.to_model(freeze(params))).params, params)
+    _, state = nnx.split(classifier.to_model(params), nnx.Param)  # an nnx.State fits too
+    _assert_bit_identical(FunctionalClassifier(classifier.to_model(state)).params, params)
 
 
 def test_save_pretrained_with_params_writes_them_bit_exact_for_flaxheads_and_transformers(classifier, tmp_path):
@@ -140,6 +143,13 @@ def test_a_params_dict_that_does_not_fit_names_the_first_mismatching_key(classif
     extra = traverse_util.unflatten_dict({**flat, ("head", "extra", "kernel"): flat[key]})
     with pytest.raises(ValueError, match="params has 'head.extra.kernel'"):
         classifier.to_model(extra)
+
+
+def test_from_pretrained_passes_options_through_and_returns_the_loading_info_when_asked(checkpoint):
+    classifier, info = FunctionalClassifier.from_pretrained(checkpoint.path, num_labels=3, output_loading_info=True)
+    assert isinstance(info, flaxheads.LoadingInfo) and not info.newly_initialized
+    fresh = FunctionalClassifier.from_pretrained(checkpoint.path, num_labels=5, ignore_mismatched_sizes=True)
+    assert fresh.params["head"]["classifier"]["kernel"].shape == (32, 5) and fresh.config.num_labels == 5
 
 
 def test_hub_only_options_are_accepted_only_at_values_that_download_nothing(checkpoint):
