@@ -4,6 +4,7 @@
     print(info)                      # which weights are pretrained, which must be trained
     logits = model(input_ids, attention_mask)
     model.save_pretrained("out")     # a directory transformers loads
+    clf = flaxheads.pipeline("text-classification", model="out")   # transformers' answers, batched
 """
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
@@ -14,8 +15,8 @@ from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ShapeMismatch
 from flaxheads.functional import ClassifierOutput, FunctionalClassifier
 from flaxheads.heads import HEAD_NAMES
-from flaxheads.model import ClassifierConfig, SequenceClassifier
-from flaxheads.pretrained import from_pretrained, load_backbone, save_pretrained
+from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, load_backbone, save_pretrained
+from flaxheads.pipeline import TextClassificationPipeline, pipeline
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
 from flaxheads.training.optim import decay_mask
 
@@ -39,10 +40,12 @@ __all__ = [
     "LoadingInfo",
     "SequenceClassifier",
     "ShapeMismatch",
+    "TextClassificationPipeline",
     "XLNet",
     "XLNetConfig",
     "decay_mask",
     "from_pretrained",
     "load_backbone",
+    "pipeline",
     "save_pretrained",
 ]

@@ -11,7 +11,7 @@ import sys
 import typing
 
 from flaxheads.heads import HEAD_NAMES
-from flaxheads.training.config import TrainConfig
+from flaxheads.training.config import CHOICES, TrainConfig, field_docs
 
 
 def _convert(args) -> int:
@@ -33,29 +33,64 @@ def _inspect(args) -> int:
     return 0
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help lines end with the flag's default, unless it is None (the text says what None does)
+    or the flag is a plain switch."""
+
+    def _get_help_string(self, action):
+        plain_switch = action.nargs == 0 and not isinstance(action, _BooleanFlag)
+        if not action.option_strings or action.default in (None, argparse.SUPPRESS) or plain_switch:
+            return action.help
+        return f"{action.help or ''} (default: %(default)s)"
+
+
+class _BooleanFlag(argparse.Action):
+    """`--x` sets True, `--no_x` False: transformers' spelling of argparse.BooleanOptionalAction
+    (whose `--no-x` is kept as a hidden alias, see `_add_train_flags`)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        (flag,) = option_strings
+        super().__init__([flag, f"--no_{flag[2:]}"], dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not option_string.startswith("--no"))
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
+
+
 def _flag_type(field: dataclasses.Field):
     hint = typing.get_type_hints(TrainConfig)[field.name]
-    for candidate in (bool, int, float, str):
+    for candidate in (bool, int, float, str, pathlib.Path):
         if hint is candidate or candidate in typing.get_args(hint):
             return candidate
     raise TypeError(f"no flag type for {field.name}: {hint}")
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field, same name and default; booleans get --x / --no_x."""
+    """One flag per TrainConfig field, same name and default, its docstring as help and, for the
+    fields in CHOICES, only those values; booleans get --x / --no_x."""
+    docs = field_docs()
     for field in dataclasses.fields(TrainConfig):
         kind = _flag_type(field)
-        doc = f"default: {field.default}"
+        flag, doc = f"--{field.name}", docs[field.name].replace("%", "%%")
         if kind is bool:
-            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=field.default, help=doc)
+            parser.add_argument(flag, action=_BooleanFlag, default=field.default, help=doc)
+            parser.add_argument(f"--no-{field.name}", dest=field.name, action="store_false",
+                                default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         else:
-            parser.add_argument(f"--{field.name}", type=kind, default=field.default, help=doc)
+            parser.add_argument(flag, type=kind, default=field.default, choices=CHOICES.get(field.name), help=doc)
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig that parsed `train` (or `evaluate`) flags describe."""
+    return TrainConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(TrainConfig)})
 
 
 def _train(args) -> int:
     from flaxheads.training.trainer import train
 
-    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    config = train_config(args)
     results = train(config)
     print(json.dumps({k: results[k] for k in ("validation", "test") if k in results}, indent=2))
     if not results.get("already_complete"):
@@ -67,7 +102,7 @@ def _evaluate(args) -> int:
     from flaxheads.inference import evaluate
     from flaxheads.training.trainer import load_task, model_path
 
-    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    config = train_config(args)
     task = load_task(config)
     print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
     result = evaluate(model_path(config), task, args.split, max_seq_length=args.max_seq_length,
@@ -118,40 +153,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flaxheads", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("convert", help="convert a checkpoint directory between Hugging Face PyTorch and flaxheads")
-    p.add_argument("src")
-    p.add_argument("dst")
+    def add_parser(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
+
+    p = add_parser("convert", help="convert a checkpoint directory between Hugging Face PyTorch and flaxheads")
+    p.add_argument("src", help="checkpoint folder to read (Hugging Face PyTorch or flaxheads)")
+    p.add_argument("dst", help="folder to write the converted checkpoint and the tokenizer files to")
     p.add_argument("--to", choices=["pytorch", "flax"], help="default: pytorch for flaxheads sources, else flax")
     p.add_argument("--head", choices=HEAD_NAMES, help="default: the checkpoint's own head")
-    p.add_argument("--num_labels", type=int)
+    p.add_argument("--num_labels", type=int, help="labels of the head; default: the checkpoint's")
     p.add_argument("--ignore_mismatched_sizes", action="store_true",
                    help="start a new head where the checkpoint's has another size (e.g. another --num_labels)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the checkpoint files dst already holds (other files there are left alone)")
     p.set_defaults(run=_convert)
 
-    p = sub.add_parser("inspect", help="architecture, sizes, and which weights a head loads or creates")
-    p.add_argument("path")
-    p.add_argument("--head", choices=HEAD_NAMES)
-    p.add_argument("--num_labels", type=int)
+    p = add_parser("inspect", help="architecture, sizes, and which weights a head loads or creates")
+    p.add_argument("path", help="checkpoint folder (Hugging Face PyTorch or flaxheads)")
+    p.add_argument("--head", choices=HEAD_NAMES, help="head to show; default: the checkpoint's own")
+    p.add_argument("--num_labels", type=int, help="labels of the head to show; default: the checkpoint's")
     p.add_argument("--ignore_mismatched_sizes", action="store_true",
                    help="show a new head where the checkpoint's has another size")
     p.set_defaults(run=_inspect)
 
-    p = sub.add_parser("train", help="fine-tune a classifier (no flags: MiniLM on movie_snippets)")
+    p = add_parser("train", help="fine-tune a classifier (no flags: MiniLM on movie_snippets)")
     _add_train_flags(p)
     p.set_defaults(run=_train)
 
-    p = sub.add_parser("evaluate", help="metrics of a saved classifier on a data split")
+    p = add_parser("evaluate", help="metrics of a saved classifier on a data split")
     _add_train_flags(p)
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="split of the data to evaluate on: train, validation or test")
     p.set_defaults(run=_evaluate)
 
-    p = sub.add_parser("predict", help="labels and probabilities for texts")
-    p.add_argument("texts", nargs="*")
-    p.add_argument("--model_name_or_path", required=True)
+    p = add_parser("predict", help="labels and probabilities for texts")
+    p.add_argument("texts", nargs="*", help="texts to classify (and/or --input_file)")
+    p.add_argument("--model_name_or_path", required=True, help="folder of a trained classifier (train's output_dir)")
     p.add_argument("--input_file", help='one text per line, UTF-8 ("-": standard input); one output row per line')
-    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--max_seq_length", type=int, default=128, help="longest input in tokens; longer texts are truncated")
     p.add_argument("--tokenizer_name", help="folder of the model's tokenizer, when the model folder has none")
     p.set_defaults(run=_predict)
 
@@ -174,7 +212,7 @@ def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     for name in sorted(flags):
         parameter = rf"(?<![\w./-]){re.escape(name)}="
         message = re.sub(parameter + r"True\b", f"--{name}", message)
-        negative = next((f for f in (f"no-{name}", f"no_{name}") if f in flags), None)  # BooleanOptionalAction
+        negative = next((f for f in (f"no_{name}", f"no-{name}") if f in flags), None)  # _BooleanFlag, BooleanOptionalAction
         if negative:
             message = re.sub(parameter + r"False\b", f"--{negative}", message)
         message = re.sub(parameter + r"(['\"])([\w./-]*)\1", rf"--{name} \2", message)

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from flaxheads import conversion
-from flaxheads.conversion import checkpoint_io
-from flaxheads.pretrained import FORMATS, _flat_variables, from_pretrained, save_pretrained
+from flaxheads.conversion import checkpoint_io, hf_flax
+from flaxheads.conversion.loading import FORMATS, flat_variables, open_checkpoint, weight_format
+from flaxheads.model import from_pretrained, save_pretrained
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -22,7 +21,7 @@ TOKENIZER_FILES = (
 )
 WEIGHT_FILES = (
     checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME, checkpoint_io.BIN_NAME,
-    checkpoint_io.BIN_INDEX_NAME, checkpoint_io.FLAX_NAME, "flax_model.msgpack", "tf_model.h5",
+    checkpoint_io.BIN_INDEX_NAME, checkpoint_io.FLAX_NAME, *hf_flax.WEIGHT_NAMES, "tf_model.h5",
 )
 """Every weight file name a loader (flaxheads or transformers) might read from a checkpoint directory."""
 _SHARD = re.compile(r"(model|pytorch_model|flax_model|tf_model)-\d+-of-\d+\.(safetensors|bin|msgpack|h5)")
@@ -56,7 +55,8 @@ def checkpoint_files(folder: str | os.PathLike) -> list[str]:
 
 def default_direction(src: str | os.PathLike) -> str:
     """flaxheads-native sources convert to pytorch, everything else to flax."""
-    return "pytorch" if (Path(src) / checkpoint_io.FLAX_NAME).is_file() else "flax"
+    fmt = weight_format(src)
+    return "pytorch" if fmt is not None and fmt.name == "flaxheads" else "flax"
 
 
 def convert(
@@ -89,20 +89,10 @@ def convert(
         src, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
         output_loading_info=True,
     )
-    target = Path(dst).resolve()
-    created = _make_folder(target.parent)
-    staging = _staging_folder(target)
-    try:
+    with checkpoint_io.staged_into(dst) as staging:
         save_pretrained(model, staging, format=to)
         copy_tokenizer_files(src, staging)
-        written = set(os.listdir(staging))
-        _check_destination(src, dst, written, overwrite)  # again: dst may have changed meanwhile
-        _move_into(staging, target, written)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        _remove_empty(created)
-        raise
-    shutil.rmtree(staging, ignore_errors=True)  # now only the files dst held before
+        _check_destination(src, dst, set(os.listdir(staging)), overwrite)  # again: dst may have changed meanwhile
     return info, time.perf_counter() - start
 
 
@@ -154,74 +144,25 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return stat.st_dev, stat.st_ino
 
 
-def _make_folder(folder: Path) -> list[Path]:
-    """Creates `folder` and any missing parents; returns those it created, deepest first."""
-    missing = []
-    while not folder.exists() and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    for new in reversed(missing):
-        new.mkdir(exist_ok=True)
-    return missing
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Removes folders this conversion created, deepest first, if nothing else has filled them."""
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
-def _staging_folder(dst: Path) -> Path:
-    """An empty private folder on `dst`'s file system, so each file moves in with one rename:
-    beside `dst`, or inside it where `dst` is a mount point or its parent is read-only."""
-    parent = dst.parent
-    beside = not dst.is_dir() or (os.access(parent, os.W_OK) and dst.stat().st_dev == parent.stat().st_dev)
-    return Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=parent if beside else dst))
-
-
-def _move_into(staging: Path, dst: Path, names: set[str]) -> None:
-    """Moves the files `names` from `staging` into `dst` (created if missing) with one rename
-    each; the files they replace wait in `staging`, and are put back if any move fails."""
-    created = _make_folder(dst)
-    replaced = Path(tempfile.mkdtemp(dir=staging))
-    moved = []
-    try:
-        for name in sorted(names):
-            if os.path.lexists(dst / name):
-                os.replace(dst / name, replaced / name)
-            moved.append(name)
-            os.replace(staging / name, dst / name)
-    except BaseException:
-        for name in reversed(moved):
-            with contextlib.suppress(OSError):  # put back as much as can be; the first error is what to report
-                if os.path.lexists(replaced / name):
-                    os.replace(replaced / name, dst / name)
-                else:
-                    (dst / name).unlink(missing_ok=True)
-        _remove_empty(created)
-        raise
-
-
 def describe(
     path: str | os.PathLike, *, head: str | None = None, num_labels: int | None = None,
     ignore_mismatched_sizes: bool = False,
 ) -> str:
     """A readable report: architecture, sizes, weight file, and what a head would load or create."""
-    hf_config = checkpoint_io.read_config(path)
-    table = conversion.architecture_table(hf_config.get("model_type"))
+    checkpoint = open_checkpoint(path)
+    table = conversion.architecture_table(checkpoint.config.get("model_type"))
     model, info = from_pretrained(
-        path, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
+        checkpoint, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
         output_loading_info=True,
     )
     cfg = model.config
     counts = {"backbone": 0, "head": 0}
-    for key, (_, var) in _flat_variables(model).items():
+    for key, (_, var) in flat_variables(model).items():
         counts[key.split(".", 1)[0]] += int(np.prod(var.shape))
     b = cfg.backbone
     lines = [
         f"{path}",
-        f"  model_type: {b.model_type}   architectures in config: {hf_config.get('architectures')}",
+        f"  model_type: {b.model_type}   architectures in config: {checkpoint.config.get('architectures')}",
         f"  layers {b.num_hidden_layers}, hidden {b.hidden_size}, vocab {b.vocab_size}",
         f"  parameters: backbone {counts['backbone']:,}, head {counts['head']:,}",
         f"  canonical head: {table.canonical_head!r} ({table.classification_architecture}); "

@@ -1,8 +1,9 @@
 """Evaluation and prediction with a saved classifier: the library functions behind `flaxheads
-evaluate | predict`, and the pieces training shares with them (the tokenizer a model reads its
-text with, the longest input it can take, the split evaluator).
+evaluate | predict`, the one inference path they and `flaxheads.pipeline` take (`TextScorer`),
+and the pieces training shares with them (the tokenizer a model reads its text with, the
+longest input it can take, the split evaluator).
 
-Both refuse to answer from weights that were never trained, from a folder without the model's
+All refuse to answer from weights that were never trained, from a folder without the model's
 tokenizer, and with non-finite scores: a confident-looking wrong answer is worse than an error.
 """
 
@@ -12,7 +13,7 @@ import itertools
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -21,8 +22,8 @@ from flax import nnx
 from flaxheads import data, problem
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, backbone_spec
 from flaxheads.conversion import checkpoint_io
-from flaxheads.model import SequenceClassifier
-from flaxheads.pretrained import from_pretrained
+from flaxheads.data.tokenization import pad_token_ids, tokenize_texts
+from flaxheads.model import SequenceClassifier, from_pretrained
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.parallel import host_values
 from flaxheads.training.sharding import Layout
@@ -45,47 +46,72 @@ def _note(message: str) -> None:
 def load_tokenizer(model_dir: str | os.PathLike, tokenizer_name: str | os.PathLike | None = None):
     """(tokenizer, pad_token_id to load the model with) for the model in `model_dir`.
 
-    The tokenizer comes from `tokenizer_name` when given, else from `model_dir`, which must then
-    hold tokenizer files: transformers would otherwise build an empty fallback tokenizer that
-    reads every word as unknown. It pads on the side the model's family expects. The pad id is
-    the tokenizer's when config.json has none (GPT-2), so the "last_token" head can tell padding
-    from text (a text that really ends in eos is then classified from the token before it, as
-    transformers' `GPT2ForSequenceClassification` does); else None (keep config.json's).
+    The tokenizer comes from `tokenizer_name` when given, else from `model_dir`; either folder
+    must hold tokenizer files: transformers would otherwise build an empty fallback tokenizer that
+    reads every word as unknown. It pads on the side the model's family expects, and with the
+    model's pad id (`model_pad_token_id`): a tokenizer without a pad token (GPT-2) gets the
+    model's, so the tokenizer saved with a trained model pads in transformers as flaxheads does.
 
     Raises ValueError naming `tokenizer_name=` for a folder without tokenizer files, and for a
     tokenizer whose ids do not fit the model's vocabulary (it is not the model's tokenizer).
     """
-    import transformers
-
     model_dir = Path(model_dir)
-    hf_config = checkpoint_io.read_config(model_dir)
-    source = Path(tokenizer_name) if tokenizer_name else model_dir
-    if not tokenizer_name and not any((model_dir / name).is_file() for name in VOCABULARY_FILES):
+    backbone = backbone_config_from_hf(checkpoint_io.read_config(model_dir))
+    if tokenizer_name:
+        tokenizer = read_tokenizer(tokenizer_name)
+    elif not _has_vocabulary(model_dir):
         raise ValueError(
             f"{model_dir} holds no tokenizer (none of {', '.join(VOCABULARY_FILES)}), and text read with "
             "another tokenizer gives meaningless predictions. Pass the folder of the tokenizer the model was "
             "trained with as tokenizer_name=, or save it next to the model (tokenizer.save_pretrained)"
         )
+    else:
+        tokenizer = read_tokenizer(model_dir)
+    check_tokenizer_fits(tokenizer, backbone, f"the model in {model_dir}")
+    tokenizer.padding_side = backbone_spec(backbone.model_type).padding_side
+    pad_token_id = pad_token_ids(tokenizer, backbone.pad_token_id).model
+    pad_token = None if pad_token_id is None else tokenizer.convert_ids_to_tokens(pad_token_id)
+    if tokenizer.pad_token_id is None and pad_token is not None:
+        tokenizer.pad_token = pad_token
+    if backbone.pad_token_id is None and pad_token_id is not None:
+        _note(f"{model_dir} sets no pad_token_id; using the tokenizer's {tokenizer.pad_token!r} "
+              f"(id {pad_token_id}), saved with the model")
+    return tokenizer, pad_token_id
+
+
+def read_tokenizer(folder: str | os.PathLike):
+    """The transformers tokenizer saved in `folder`; ValueError if it holds none."""
+    import transformers
+
+    if Path(folder).is_dir() and not _has_vocabulary(Path(folder)):
+        raise ValueError(f"{folder} holds no tokenizer (none of {', '.join(VOCABULARY_FILES)}); pass the folder "
+                         "of the tokenizer the model was trained with")
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
+        return transformers.AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load a tokenizer from {source}: {err}") from None
-    backbone = backbone_config_from_hf(hf_config)
+        raise ValueError(f"cannot load a tokenizer from {folder}: {err}") from None
+
+
+def _has_vocabulary(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in VOCABULARY_FILES)
+
+
+def check_tokenizer_fits(tokenizer, backbone: BackboneConfig, model: str) -> None:
+    """ValueError if `tokenizer` has ids past the vocabulary of `model` (described in words):
+    it is not that model's tokenizer, and its ids would index past the embeddings."""
     vocab_size = getattr(backbone, "vocab_size", None)
     if vocab_size is not None and len(tokenizer) > vocab_size:
         raise ValueError(
-            f"the tokenizer from {source} has {len(tokenizer)} tokens and the model in {model_dir} embeds only "
-            f"{vocab_size}: it is not this model's tokenizer. Pass the model's own tokenizer as tokenizer_name="
+            f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has {len(tokenizer)} tokens and {model} "
+            f"embeds only {vocab_size}: it is not this model's tokenizer. Pass the model's own tokenizer as "
+            "tokenizer_name="
         )
-    tokenizer.padding_side = backbone_spec(hf_config.get("model_type")).padding_side
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        # GPT-2 ships without a pad token: pad with end-of-text, transformers' documented practice.
-        tokenizer.pad_token = tokenizer.eos_token
-    if backbone.pad_token_id is not None or tokenizer.pad_token_id is None:
-        return tokenizer, None
-    _note(f"{model_dir} sets no pad_token_id; using the tokenizer's {tokenizer.pad_token!r} "
-          f"(id {tokenizer.pad_token_id}), saved with the model")
-    return tokenizer, tokenizer.pad_token_id
+
+
+def model_pad_token_id(model_dir: str | os.PathLike, tokenizer) -> int | None:
+    """The pad_token_id to load the model in `model_dir` with, to read `tokenizer`'s batches."""
+    backbone = backbone_config_from_hf(checkpoint_io.read_config(model_dir))
+    return pad_token_ids(tokenizer, backbone.pad_token_id).model
 
 
 def fitting_max_length(backbone: BackboneConfig, requested: int) -> int:
@@ -162,7 +188,9 @@ def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_
                          pad_token_id=pad_token_id)
     max_seq_length = fitting_max_length(model.config.backbone, max_seq_length)
     tokenized = data.tokenize_split(task.splits[split], tokenizer, max_seq_length)
-    batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length)
+    batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length,
+                                             model_pad_token_id=model.config.backbone.pad_token_id)
+    model.eval()
     graphdef, params = nnx.split(model)
     evaluator = Evaluator(graphdef, task.problem_type, Layout.create(), batch_format, batch_size)
     return evaluator(params, tokenized)
@@ -178,37 +206,81 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, max_seq_length: int 
     """
     tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
     model = load_trained(model_dir, pad_token_id=pad_token_id)
-    cfg = model.config
-    max_seq_length = fitting_max_length(cfg.backbone, max_seq_length)
-    problem_type = cfg.problem_type or (problem.REGRESSION if cfg.num_labels == 1 else problem.SINGLE_LABEL)
+    scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
+                        source=f"the model in {model_dir}")
     texts = list(texts)
-    step = jax.jit(lambda ids, mask, types: model(ids, mask, types))
-    buckets = data.bucket_lengths(max_seq_length)
-    out = []
-    for start in range(0, len(texts), batch_size):
-        chunk = texts[start : start + batch_size]
-        enc = tokenizer(chunk, truncation=True, max_length=max_seq_length, padding="longest", return_tensors="np")
-        bucket = data.bucket_for(enc["input_ids"].shape[1], buckets)
-        arrays = {k: _pad_to(enc[k], bucket, tokenizer, k) for k in ("input_ids", "attention_mask")}
-        types = _pad_to(enc["token_type_ids"], bucket, tokenizer, "token_type_ids") if "token_type_ids" in enc else None
-        logits = np.asarray(step(arrays["input_ids"], arrays["attention_mask"], types))
+    return _describe_predictions(texts, scorer.logits(texts), problem_type_of(model.config),
+                                 model.config.label_names)
+
+
+def problem_type_of(config) -> str:
+    """The problem type a classifier's scores mean; one unset at training is read as transformers
+    trains it: one label is a regression, several are single-label."""
+    return config.problem_type or (problem.REGRESSION if config.num_labels == 1 else problem.SINGLE_LABEL)
+
+
+class TextScorer:
+    """Logits of texts from an in-memory classifier: the one inference path of `predict` and
+    `flaxheads.pipeline`.
+
+    Texts are tokenised and batched by `flaxheads.data` (`tokenize_texts`, `eval_batches`) as
+    evaluation batches them: padded on the model family's side with the pad id `pad_token_ids`
+    decides, to a length bucket, in batches of `batch_size` rows (fewer for fewer texts, a power
+    of two), so the forward pass compiles once per (bucket, batch size). The model runs in eval
+    mode (dropout off) from a copy: the caller's model keeps its mode.
+    """
+
+    def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int = 128, batch_size: int = 64,
+                 source: str = "the model"):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        backbone = model.config.backbone
+        check_tokenizer_fits(tokenizer, backbone, source)
+        self.tokenizer, self.batch_size, self.source = tokenizer, batch_size, source
+        self.num_labels = model.config.num_labels
+        self.max_seq_length = fitting_max_length(backbone, max_seq_length)
+        self.batch_format = data.BatchFormat(
+            max_seq_length=self.max_seq_length,
+            pad_token_id=pad_token_ids(tokenizer, backbone.pad_token_id).input_ids,
+            pad_token_type_id=getattr(tokenizer, "pad_token_type_id", 0),
+            padding_side=backbone_spec(backbone.model_type).padding_side,
+        )
+        runnable = nnx.merge(*nnx.split(model))
+        runnable.eval()
+        graphdef, self._params = nnx.split(runnable)
+
+        def forward(params, input_ids, attention_mask, token_type_ids):
+            return nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids)
+
+        self._forward = jax.jit(forward)
+
+    def logits(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None) -> np.ndarray:
+        """(len(texts), num_labels) float32 logits, in order.
+
+        Raises FloatingPointError naming the (0-based) texts whose scores are not finite.
+        """
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.num_labels), np.float32)
+        tokenized = tokenize_texts(texts, self.tokenizer, self.max_seq_length, text_pairs)
+        rows = min(self.batch_size, 1 << (len(texts) - 1).bit_length())
+        out = []
+        for batch in data.eval_batches(tokenized, self.batch_format, global_batch_size=rows):
+            logits = self._forward(self._params, batch["input_ids"], batch["attention_mask"],
+                                   batch.get("token_type_ids"))
+            out.append(np.asarray(logits)[batch["example_mask"] > 0])
+        logits = np.concatenate(out)
+        self._check_finite(logits)
+        return logits
+
+    def _check_finite(self, logits: np.ndarray) -> None:
         bad = np.flatnonzero(~np.isfinite(logits).all(axis=-1))
         if bad.size:
-            rows = [start + int(i) for i in bad[:5]]
             raise FloatingPointError(
-                f"the model gave non-finite scores for text(s) {rows} (0-based); no prediction is printed for "
-                f"weights that produce NaN or infinity. Check the model in {model_dir} (was its training stopped "
-                "by a non-finite loss?)"
+                f"{self.source} gave non-finite scores for text(s) {bad[:5].tolist()} (0-based); no prediction "
+                f"is given from weights that produce NaN or infinity. Check {self.source} (was its training "
+                "stopped by a non-finite loss?)"
             )
-        out += _describe_predictions(chunk, logits, problem_type, cfg.label_names)
-    return out
-
-
-def _pad_to(array: np.ndarray, length: int, tokenizer, name: str) -> np.ndarray:
-    """Pads (batch, T) to (batch, length) on the tokenizer's side, so shapes come from few buckets."""
-    value = {"input_ids": tokenizer.pad_token_id or 0, "attention_mask": 0}.get(name, 0)
-    width = [(0, 0), (0, length - array.shape[1]) if tokenizer.padding_side == "right" else (length - array.shape[1], 0)]
-    return np.pad(array, width, constant_values=value)
 
 
 def _describe_predictions(texts, logits, problem_type, label_names) -> list[dict[str, Any]]:

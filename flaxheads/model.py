@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +11,8 @@ from flax import nnx
 
 from flaxheads import problem
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone
+from flaxheads.conversion import loading
+from flaxheads.conversion.loading import load_backbone, save_pretrained
 from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs, build_head
 
 FLAXHEADS_CONFIG_KEY = "flaxheads"
@@ -24,8 +26,8 @@ class ClassifierConfig:
     num_labels: int = 2
     problem_type: str | None = None
     """None: inferred from the labels on first use, as transformers does."""
-    id2label: tuple[str, ...] | None = None
-    """Label names by class id; None means LABEL_0, LABEL_1, ..."""
+    labels: tuple[str, ...] | None = None
+    """Label names by class id; None means LABEL_0, LABEL_1, ... (see `id2label`, `label2id`)."""
     classifier_dropout: float | None = None
     """Dropout before the classifier; None: the backbone's own default (as transformers)."""
     head_options: tuple[tuple[str, Any], ...] = ()
@@ -36,15 +38,26 @@ class ClassifierConfig:
         if self.num_labels < 1:
             raise ValueError(f"num_labels must be >= 1, got {self.num_labels}")
         problem.check_problem_type(self.problem_type, self.num_labels)
-        if self.id2label is not None and len(self.id2label) != self.num_labels:
+        if self.labels is not None and len(self.labels) != self.num_labels:
             raise ValueError(
-                f"id2label has {len(self.id2label)} names but num_labels={self.num_labels}; "
+                f"id2label has {len(self.labels)} names but num_labels={self.num_labels}; "
                 "give one name per label"
             )
 
     @property
     def label_names(self) -> tuple[str, ...]:
-        return self.id2label or tuple(f"LABEL_{i}" for i in range(self.num_labels))
+        """The name of each class id, in id order."""
+        return self.labels or tuple(f"LABEL_{i}" for i in range(self.num_labels))
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        """{class id: name}, int keys, as transformers' `PretrainedConfig.id2label`."""
+        return dict(enumerate(self.label_names))
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """{name: class id}, as transformers' `PretrainedConfig.label2id`."""
+        return {name: i for i, name in enumerate(self.label_names)}
 
     def head_config(self) -> HeadConfig:
         b = self.backbone
@@ -75,24 +88,29 @@ class ClassifierConfig:
         head: str | None = None,
         num_labels: int | None = None,
         problem_type: str | None = None,
-        id2label: list[str] | None = None,
+        id2label: Sequence[str] | Mapping[int, str] | None = None,
+        label2id: Mapping[str, int] | None = None,
         classifier_dropout: float | None = None,
         head_options: dict[str, Any] | None = None,
     ) -> "ClassifierConfig":
         """Reads a Hugging Face config.json dict; keyword arguments override what it says
-        (`head_options` key by key, over those a flaxheads export recorded)."""
+        (`head_options` key by key, over those a flaxheads export recorded).
+
+        `id2label` is a list of names or an {id: name} dict (int or str ids 0..n-1), `label2id`
+        a {name: id} dict; either sets num_labels when that is not given."""
         saved = hf.get(FLAXHEADS_CONFIG_KEY, {})
-        saved_names = _id2label_from_hf(hf)
+        saved_names = label_names_from(hf.get("id2label"), hf.get("label2id"), source="config.json")
+        names = label_names_from(id2label, label2id)
         if num_labels is None:
-            num_labels = len(id2label) if id2label else len(saved_names) if saved_names else hf.get("num_labels", 2)
-        if id2label is None and saved_names is not None and len(saved_names) == num_labels:
-            id2label = saved_names
+            num_labels = len(names) if names else len(saved_names) if saved_names else hf.get("num_labels", 2)
+        if names is None and saved_names is not None and len(saved_names) == num_labels:
+            names = saved_names
         return cls(
             backbone=backbone_config_from_hf(hf),
             head=head or saved.get("head") or default_head,
             num_labels=num_labels,
             problem_type=problem_type if problem_type is not None else hf.get("problem_type"),
-            id2label=tuple(id2label) if id2label else None,
+            labels=tuple(names) if names else None,
             classifier_dropout=classifier_dropout,
             head_options=tuple(sorted({**saved.get("head_options", {}), **(head_options or {})}.items())),
         )
@@ -120,11 +138,37 @@ class ClassifierConfig:
         return hf
 
 
-def _id2label_from_hf(hf: dict[str, Any]) -> list[str] | None:
-    raw = hf.get("id2label")
-    if not raw:
-        return None
-    return [raw[str(i)] if str(i) in raw else raw[i] for i in range(len(raw))]
+def label_names_from(
+    id2label: Sequence[str] | Mapping[int | str, str] | None,
+    label2id: Mapping[str, int | str] | None = None,
+    *,
+    source: str = "",
+) -> list[str] | None:
+    """Label names in id order from transformers' `id2label` (a list, or a dict with int or str
+    ids) or, when that is empty, `label2id`; None when neither is given.
+
+    Raises ValueError when the ids are not 0..n-1, or the two disagree."""
+    where = f" in {source}" if source else ""
+    from_id2label = _names_by_id(id2label, "id2label" + where) if id2label else None
+    from_label2id = (
+        _names_by_id({i: name for name, i in label2id.items()}, "label2id" + where) if label2id else None
+    )
+    if from_id2label and from_label2id and from_id2label != from_label2id:
+        if source:  # transformers keeps config.json's id2label, whatever its label2id says
+            return from_id2label
+        raise ValueError(
+            f"id2label {dict(enumerate(from_id2label))} and label2id {dict(label2id)} disagree; pass one of them"
+        )
+    return from_id2label or from_label2id
+
+
+def _names_by_id(by_id: Sequence[str] | Mapping[int | str, str], what: str) -> list[str]:
+    if isinstance(by_id, Mapping):
+        ids = {int(i) if isinstance(i, str) and i.isdigit() else i: name for i, name in by_id.items()}
+        if set(ids) != set(range(len(ids))):
+            raise ValueError(f"{what} has ids {sorted(by_id, key=str)}; the ids must be 0..{len(ids) - 1}")
+        return [ids[i] for i in range(len(ids))]
+    return list(by_id)
 
 
 class SequenceClassifier(nnx.Module):
@@ -133,6 +177,9 @@ class SequenceClassifier(nnx.Module):
     `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype; logits are
     returned as float32 whatever the compute dtype.
     """
+
+    config_class = ClassifierConfig
+    """What `from_pretrained` reads config.json into."""
 
     def __init__(self, config: ClassifierConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.config = config
@@ -168,8 +215,22 @@ class SequenceClassifier(nnx.Module):
             example_mask=example_mask,
         )
 
-    def save_pretrained(self, path, *, format: str = "pytorch") -> None:
-        """Writes a Hugging Face directory (`format="pytorch"`) or flaxheads' native one (`"flax"`)."""
-        from flaxheads.pretrained import save_pretrained
+    # The loader's own functions, so signatures and docstrings live in one place: the classmethod
+    # builds whichever class it is called on (`cls.config_class` reads config.json).
+    from_pretrained = classmethod(loading.from_pretrained)
+    save_pretrained = loading.save_pretrained
 
-        save_pretrained(self, path, format=format)
+
+from_pretrained = SequenceClassifier.from_pretrained
+"""`flaxheads.from_pretrained(path, ...)`: `SequenceClassifier.from_pretrained` as a function."""
+
+
+__all__ = [
+    "FLAXHEADS_CONFIG_KEY",
+    "ClassifierConfig",
+    "SequenceClassifier",
+    "from_pretrained",
+    "label_names_from",
+    "load_backbone",
+    "save_pretrained",
+]

@@ -1,7 +1,11 @@
-"""The `flaxheads` command: `convert`, `inspect` and `predict` through `main(argv)`, and the installed script."""
+"""The `flaxheads` command: `convert`, `inspect` and `predict` through `main(argv)`, the installed script,
+and the `train`/`evaluate` flags (help, choices, run_glue's command line; parsed, never run)."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import functools
 import io
 import json
 import shutil
@@ -13,7 +17,13 @@ from safetensors.numpy import load_file as load_numpy
 from safetensors.torch import load_file
 
 import flaxheads
-from flaxheads.cli import main
+from flaxheads.cli import build_parser, main, train_config
+from flaxheads.data.builtin import BUILTIN_DATASETS
+from flaxheads.heads import HEAD_NAMES
+from flaxheads.problem import PROBLEM_TYPES
+from flaxheads.training.config import EVAL_STRATEGIES, REPORT_TO, SAMPLING_STRATEGIES, TrainConfig
+from flaxheads.training.optim import SCHEDULES
+from flaxheads.training.parallel import PARALLEL
 
 TOKENIZER_FILES = ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
 
@@ -248,3 +258,118 @@ def test_installed_console_script_shows_help():
 
     assert result.returncode == 0, result.stderr
     assert "convert" in result.stdout and "inspect" in result.stdout
+
+
+# --- train / evaluate flags: help, choices, run_glue's command line (parsing only) ---------------
+
+TRAIN_FIELDS = [field.name for field in dataclasses.fields(TrainConfig)]
+CHOICE_OWNERS = {
+    "head": HEAD_NAMES,
+    "dataset": tuple(BUILTIN_DATASETS),
+    "dtype": ("float32", "bfloat16"),
+    "lr_scheduler_type": SCHEDULES,
+    "problem_type": PROBLEM_TYPES,
+    "eval_strategy": EVAL_STRATEGIES,
+    "report_to": REPORT_TO,
+    "train_sampling_strategy": SAMPLING_STRATEGIES,
+    "parallel": tuple(PARALLEL),
+}
+
+
+@functools.cache
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """The subcommand's parser (built once: tests only read it)."""
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[command]
+
+
+def flag_action(command: str, name: str) -> argparse.Action:
+    return command_parser(command)._option_string_actions[f"--{name}"]
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_every_train_flag_has_a_description_beyond_its_default(command):
+    for name in TRAIN_FIELDS:
+        help_text = flag_action(command, name).help or ""
+        assert len(help_text.split()) >= 3 and not help_text.startswith("default:"), name
+
+
+def test_train_flags_are_the_config_fields_with_their_defaults():
+    args = build_parser().parse_args(["train"])
+
+    assert train_config(args) == TrainConfig()
+    assert {name for name in vars(args) if name not in ("command", "run", "command_parser")} == set(TRAIN_FIELDS)
+
+
+@pytest.mark.parametrize("name", sorted(CHOICE_OWNERS))
+def test_choice_flag_offers_exactly_the_owning_modules_values(name):
+    assert tuple(flag_action("train", name).choices) == CHOICE_OWNERS[name]
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_help_runs_and_lists_every_choice(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name, choices in CHOICE_OWNERS.items():
+        assert f"--{name} {{{','.join(choices)}}}" in out, name
+
+
+@pytest.mark.parametrize("name", sorted(CHOICE_OWNERS))
+def test_a_value_outside_the_choices_is_rejected_naming_the_valid_ones(name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["train", f"--{name}", "bogus"])
+
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--{name}" in err and "invalid choice: 'bogus'" in err
+    assert all(repr(choice) in err for choice in CHOICE_OWNERS[name])
+
+
+@pytest.mark.parametrize("name", sorted(CHOICE_OWNERS))
+def test_train_config_rejects_a_value_outside_the_choices_naming_the_valid_ones(name):
+    with pytest.raises(ValueError, match=f"--{name} 'bogus': choose one of") as error:
+        TrainConfig(**{name: "bogus"})
+
+    assert all(choice in str(error.value) for choice in CHOICE_OWNERS[name])
+
+
+RUN_GLUE_ARGS = (
+    "--model_name_or_path X --do_train --do_eval --max_seq_length 128 --per_device_train_batch_size 32 "
+    "--learning_rate 2e-5 --num_train_epochs 3 --output_dir out --overwrite_output_dir --bf16 "
+    "--eval_strategy epoch --report_to none --warmup_steps 0.1 --train_file a.csv --validation_file b.csv"
+).split()
+
+
+def test_run_glue_command_line_parses_into_the_expected_train_config():
+    config = train_config(build_parser().parse_args(["train", *RUN_GLUE_ARGS]))
+
+    assert config == TrainConfig(
+        model_name_or_path="X", do_train=True, do_eval=True, max_seq_length=128, per_device_train_batch_size=32,
+        learning_rate=2e-5, num_train_epochs=3.0, output_dir="out", overwrite_output_dir=True, bf16=True,
+        eval_strategy="epoch", report_to="none", warmup_steps=0.1, train_file="a.csv", validation_file="b.csv",
+    )
+    assert config.dtype == "bfloat16" and config.num_warmup_steps(1000) == 100
+
+
+def test_warmup_steps_takes_a_count_as_well_as_a_ratio():
+    config = train_config(build_parser().parse_args(["train", "--warmup_steps", "100"]))
+
+    assert config.warmup_steps == 100 and config.num_warmup_steps(1000) == 100
+
+
+@pytest.mark.parametrize("negative", ["--no_group_by_length", "--no-group_by_length"])
+def test_no_flag_turns_a_boolean_field_off(negative):
+    args = build_parser().parse_args(["train", negative, "--no_do_eval"])
+
+    assert args.group_by_length is False and args.do_eval is False and args.do_train is True
+
+
+def test_library_messages_name_a_false_boolean_by_its_no_underscore_flag():
+    from flaxheads.cli import _in_flag_terms
+
+    message = _in_flag_terms("retry with group_by_length=False", command_parser("train"))
+
+    assert message == "retry with --no_group_by_length"

@@ -140,7 +140,7 @@ def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None) ->
     from flaxheads import conversion
     from flaxheads.backbones import backbone_config_from_hf
     from flaxheads.model import ClassifierConfig, SequenceClassifier
-    from flaxheads.pretrained import from_pretrained
+    from flaxheads.model import from_pretrained
     from flaxheads.training.optim import make_optimizer
     from flaxheads.training.step import TrainState, make_eval_step, make_train_step
 

@@ -1,6 +1,10 @@
-"""Hugging Face PyTorch <-> flaxheads conversion: declarative tables, checkpoint I/O, loading info."""
+"""Hugging Face PyTorch <-> flaxheads conversion: declarative tables and the rules built from
+them, checkpoint I/O, loading and saving (`loading.py`), loading info."""
 
 from __future__ import annotations
+
+import re
+from typing import Callable
 
 from flaxheads.conversion.bert import BERT, ROBERTA
 from flaxheads.conversion.gpt2 import GPT2
@@ -41,6 +45,64 @@ def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str],
     return under("head", expand(rules, num_layers=0, base=base))
 
 
+Rename = Callable[[list[Rule]], list[Rule]]
+"""Expanded rules naming Hugging Face PyTorch tensors -> the same rules naming another weight
+format's tensors (flaxheads' own, Hugging Face Flax)."""
+
+
+def pytorch_names(rules: list[Rule]) -> list[Rule]:
+    """The identity `Rename`: the tables already name Hugging Face PyTorch tensors."""
+    return rules
+
+
+def native_names(rules: list[Rule]) -> list[Rule]:
+    """The `Rename` for flaxheads' own format, which stores every parameter under its flax path
+    (`backbone.layers.0.attention.query.kernel`) in the flax layout."""
+    return [Rule(r.flax, r.flax) for r in rules]
+
+
+def base_prefix(table: ArchitectureTable, names: list[str], rename: Rename = pytorch_names) -> str:
+    """`"bert."` when the checkpoint's backbone tensors sit under the base model's attribute (a
+    model with a head, `BertForSequenceClassification`), `""` for a bare `BertModel`."""
+    prefix = f"{table.base_prefix}."
+    present = set(names)
+    return prefix if any(r.hf in present for r in rename(backbone_rules(table, 1, prefix))) else ""
+
+
+def nsp_rules(table: ArchitectureTable, base: str) -> list[Rule]:
+    """The rules filling a 2-label "pooler" head's classifier from the pretraining NSP head
+    (`cls.seq_relationship`); [] for architectures without one."""
+    return under("head", expand(table.nsp_classifier, num_layers=0, base=base))
+
+
+_LAYER_SENTINEL = 987654321
+"""A layer index no checkpoint has: where it lands in a renamed tensor name marks the index."""
+
+
+def layer_name_patterns(table: ArchitectureTable, base: str, rename: Rename = pytorch_names) -> list[re.Pattern]:
+    """Patterns matching the names of one backbone layer's tensors (group 1: the layer index), in
+    the format `rename` gives."""
+    sentinel = str(_LAYER_SENTINEL)
+    one_layer = [Rule(r.hf.format(i=sentinel, base=base), r.flax.format(i=sentinel), r.transform)
+                 for r in table.backbone if "{i}" in r.hf]
+    patterns = []
+    for rule in rename(under("backbone", one_layer)):
+        before, after = rule.hf.split(sentinel, 1)
+        patterns.append(re.compile(re.escape(before) + r"(\d+)" + re.escape(after)))
+    return patterns
+
+
+def deepest_layer(names: list[str], patterns: list[re.Pattern]) -> tuple[int, str]:
+    """(the highest layer index among `names`, a name of that layer); (-1, "") when none match."""
+    deepest, example = -1, ""
+    for name in names:
+        for pattern in patterns:
+            match = pattern.fullmatch(name) if isinstance(name, str) else None
+            if match and int(match.group(1)) > deepest:
+                deepest, example = int(match.group(1)), name
+    return deepest, example
+
+
 def is_canonical(table: ArchitectureTable, head: str) -> bool:
     """Whether transformers' `*ForSequenceClassification` holds exactly this head."""
     return head == table.canonical_head
@@ -53,7 +115,13 @@ __all__ = [
     "Rule",
     "architecture_table",
     "backbone_rules",
+    "base_prefix",
+    "deepest_layer",
     "head_rules",
     "is_canonical",
+    "layer_name_patterns",
+    "native_names",
+    "nsp_rules",
+    "pytorch_names",
     "under",
 ]

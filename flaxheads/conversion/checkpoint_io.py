@@ -9,13 +9,15 @@ costs about its own size in memory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -305,7 +307,10 @@ def _open_sharded(index_file: Path, open_shard: Callable[[Path], TensorReader]) 
     for shard in sorted(set(weight_map.values())):
         shard_file = index_file.parent / shard
         if not shard_file.is_file():
-            raise CheckpointError(f"{index_file} lists shard {shard}, which is missing from {index_file.parent}")
+            raise CheckpointError(
+                f"{index_file} lists shard {shard}, which is missing from {index_file.parent}; download it beside the "
+                "index, or re-export the checkpoint"
+            )
         shards[shard] = open_shard(shard_file)
     shard_names = {shard: set(reader.names) for shard, reader in shards.items()}
     for name, shard in weight_map.items():
@@ -444,3 +449,71 @@ def write_safetensors(file: str | os.PathLike, tensors: Mapping[str, np.ndarray]
         f.write(blob)
         for name in order:
             f.write(np.ascontiguousarray(tensors[name]).reshape(-1).view(np.uint8).data)
+
+
+@contextlib.contextmanager
+def staged_into(dst: str | os.PathLike) -> Iterator[Path]:
+    """An empty folder to write a checkpoint into. When the block ends without error, every file
+    written there moves into `dst` (created if missing) with one rename each; on any error `dst`
+    is left as it was, and folders created for it are removed again. The staging folder is gone
+    either way. Files in `dst` that the block did not write are never touched."""
+    target = Path(dst).resolve()
+    created = make_folders(target.parent)
+    staging = _staging_folder(target)
+    try:
+        yield staging
+        _move_into(staging, target, set(os.listdir(staging)))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_empty(created)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)  # now only the files dst held before
+
+
+def make_folders(folder: Path) -> list[Path]:
+    """Creates `folder` and any missing parents; returns those it created, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Removes `folders` (made by `make_folders`), deepest first, if nothing else has filled them."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _staging_folder(dst: Path) -> Path:
+    """An empty private folder on `dst`'s file system, so each file moves in with one rename:
+    beside `dst`, or inside it where `dst` is a mount point or its parent is read-only."""
+    parent = dst.parent
+    beside = not dst.is_dir() or (os.access(parent, os.W_OK) and dst.stat().st_dev == parent.stat().st_dev)
+    return Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=parent if beside else dst))
+
+
+def _move_into(staging: Path, dst: Path, names: set[str]) -> None:
+    """Moves the files `names` from `staging` into `dst` (created if missing) with one rename
+    each; the files they replace wait in `staging`, and are put back if any move fails."""
+    created = make_folders(dst)
+    replaced = Path(tempfile.mkdtemp(dir=staging))
+    moved = []
+    try:
+        for name in sorted(names):
+            if os.path.lexists(dst / name):
+                os.replace(dst / name, replaced / name)
+            moved.append(name)
+            os.replace(staging / name, dst / name)
+    except BaseException:
+        for name in reversed(moved):
+            with contextlib.suppress(OSError):  # put back as much as can be; the first error is what to report
+                if os.path.lexists(replaced / name):
+                    os.replace(replaced / name, dst / name)
+                else:
+                    (dst / name).unlink(missing_ok=True)
+        remove_empty(created)
+        raise

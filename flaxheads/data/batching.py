@@ -33,7 +33,7 @@ import datasets
 import numpy as np
 
 from flaxheads.data.task import PROBLEM_TYPES, REGRESSION, SINGLE_LABEL, TaskData
-from flaxheads.data.tokenization import LABELS, LENGTH
+from flaxheads.data.tokenization import LABELS, LENGTH, pad_token_ids
 
 Batch = dict[str, np.ndarray]
 SMALLEST_BUCKET = 16
@@ -81,18 +81,14 @@ class BatchFormat:
             raise ValueError(f"problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
 
     @classmethod
-    def for_task(cls, task: TaskData, tokenizer, max_seq_length: int, padding_side: str | None = None):
-        """Pad values from `tokenizer`, label layout from `task`; `padding_side` defaults to the
-        tokenizer's. A tokenizer without a pad token (GPT-2) pads with its end-of-text token;
-        heads find real tokens through `attention_mask`, so the pad id only has to be valid."""
-        pad_token_id = tokenizer.pad_token_id
-        if pad_token_id is None:
-            pad_token_id = tokenizer.eos_token_id
-        if pad_token_id is None:
-            raise ValueError("the tokenizer has neither a pad token nor an end-of-sequence token to pad with")
+    def for_task(cls, task: TaskData, tokenizer, max_seq_length: int, padding_side: str | None = None, *,
+                 model_pad_token_id: int | None = None):
+        """Pad values from `tokenizer` and the model's `model_pad_token_id` (its config's
+        pad_token_id) as `pad_token_ids` decides them, label layout from `task`; `padding_side`
+        defaults to the tokenizer's."""
         return cls(
             max_seq_length=max_seq_length,
-            pad_token_id=pad_token_id,
+            pad_token_id=pad_token_ids(tokenizer, model_pad_token_id).input_ids,
             pad_token_type_id=getattr(tokenizer, "pad_token_type_id", 0),
             padding_side=padding_side or tokenizer.padding_side,
             problem_type=task.problem_type,

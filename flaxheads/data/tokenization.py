@@ -1,4 +1,5 @@
-"""Tokenising `TaskData` splits once, unpadded, with a cache keyed by data and tokenizer.
+"""Tokenising `TaskData` splits once, unpadded, with a cache keyed by data and tokenizer; texts
+to classify the same way (`tokenize_texts`); and the one decision of which id pads them.
 
 Padding is left to batching, which pads each batch to a length bucket; storing unpadded ids
 keeps the cache small and lets one tokenisation serve any batch size or padding side.
@@ -6,9 +7,11 @@ keeps the cache small and lets one tokenisation serve any batch size or padding 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import pathlib
+from collections.abc import Sequence
 
 import datasets
 from datasets.fingerprint import Hasher
@@ -19,6 +22,37 @@ from flaxheads.data.task import LABEL, TEXT, TEXT_PAIR, TaskData
 _CACHE_VERSION = "flaxheads-tokenized-v1"
 LENGTH = "length"
 LABELS = "labels"
+
+
+@dataclasses.dataclass(frozen=True)
+class PadIds:
+    """Which id pads a model's inputs, and the pad_token_id the model is loaded with."""
+
+    input_ids: int
+    """Fills the padded positions of `input_ids` in every batch the model reads."""
+    model: int | None
+    """The model's `pad_token_id` (None only when neither config nor tokenizer has one)."""
+
+
+def pad_token_ids(tokenizer, config_pad_token_id: int | None) -> PadIds:
+    """The pad ids of a model whose config.json says `config_pad_token_id`, read with `tokenizer`.
+
+    The only place flaxheads decides a pad id; loading, training, evaluation and prediction all
+    ask here, because the model and its batches must agree:
+
+    - The model keeps config.json's pad id when it has one. GPT-2 has none (nor has its
+      tokenizer a pad token): the tokenizer's pad token, else its end-of-text token, as
+      transformers documents (`model.config.pad_token_id = tokenizer.eos_token_id`).
+    - Batches pad `input_ids` with the model's id, not the tokenizer's, because the model is
+      what reads them: the "last_token" head takes the last id that is not the model's pad id
+      as the text's end, and RoBERTa counts positions over ids that are not its pad id. Encoders
+      find real tokens through `attention_mask`, so for them any valid id would do.
+    - With no pad id anywhere, heads find real tokens through `attention_mask`; id 0 pads.
+    """
+    model = config_pad_token_id
+    if model is None:
+        model = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return PadIds(input_ids=0 if model is None else model, model=model)
 
 
 def tokenize_task(
@@ -47,11 +81,7 @@ def tokenize_split(
     otherwise wherever `datasets` caches the split (in memory for in-memory splits).
     Raises ValueError if `max_seq_length` exceeds the tokenizer's `model_max_length`.
     """
-    if not 0 < max_seq_length <= tokenizer.model_max_length:
-        raise ValueError(
-            f"--max_seq_length {max_seq_length} must be in [1, {tokenizer.model_max_length}], the "
-            "tokenizer's model_max_length"
-        )
+    _check_max_length(tokenizer, max_seq_length)
     # `_fingerprint` is how datasets itself identifies a split's content and history.
     fingerprint = Hasher.hash(
         [_CACHE_VERSION, split._fingerprint, tokenizer_fingerprint(tokenizer), max_seq_length]
@@ -71,6 +101,27 @@ def tokenize_split(
     )
 
 
+def tokenize_texts(
+    texts: Sequence[str], tokenizer, max_seq_length: int, text_pairs: Sequence[str] | None = None
+) -> datasets.Dataset:
+    """Texts to classify (and their second texts), tokenised exactly as `tokenize_split` tokenises
+    a split, in memory and uncached: the same columns without `labels`, ready for `eval_batches`.
+
+    Raises ValueError if `max_seq_length` exceeds the tokenizer's `model_max_length`.
+    """
+    _check_max_length(tokenizer, max_seq_length)
+    columns = _encode(list(texts), None if text_pairs is None else list(text_pairs), tokenizer, max_seq_length)
+    return datasets.Dataset.from_dict(columns, features=_tokenized_features(tokenizer))
+
+
+def _check_max_length(tokenizer, max_seq_length: int) -> None:
+    if not 0 < max_seq_length <= tokenizer.model_max_length:
+        raise ValueError(
+            f"--max_seq_length {max_seq_length} must be in [1, {tokenizer.model_max_length}], the "
+            "tokenizer's model_max_length"
+        )
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """A hash of everything that decides a fast tokenizer's ids, stable across processes.
 
@@ -85,20 +136,27 @@ def tokenizer_fingerprint(tokenizer) -> str:
     )
 
 
-def _tokenized_features(tokenizer, label_feature) -> datasets.Features:
+def _tokenized_features(tokenizer, label_feature=None) -> datasets.Features:
+    """The tokenised columns; `labels` only when a `label_feature` is given."""
     ids = datasets.List(datasets.Value("int32"))
     names = ["input_ids", "attention_mask"]
     if "token_type_ids" in tokenizer.model_input_names:
         names.append("token_type_ids")
-    return datasets.Features(
-        {**{name: ids for name in names}, LABELS: label_feature, LENGTH: datasets.Value("int32")}
-    )
+    labels = {} if label_feature is None else {LABELS: label_feature}
+    return datasets.Features({**{name: ids for name in names}, **labels, LENGTH: datasets.Value("int32")})
 
 
 def _tokenize_batch(batch: dict[str, list], *, tokenizer, max_seq_length: int) -> dict[str, list]:
+    columns = _encode(batch[TEXT], batch.get(TEXT_PAIR), tokenizer, max_seq_length)
+    columns[LABELS] = batch[LABEL]
+    return columns
+
+
+def _encode(texts: list[str], text_pairs: list[str] | None, tokenizer, max_seq_length: int) -> dict[str, list]:
+    """Unpadded ids, masks (and token types) of texts, truncated to `max_seq_length`, and `length`."""
     encoded = tokenizer(
-        batch[TEXT],
-        batch.get(TEXT_PAIR),
+        texts,
+        text_pairs,
         truncation=True,
         max_length=max_seq_length,
         return_attention_mask=True,
@@ -107,6 +165,5 @@ def _tokenize_batch(batch: dict[str, list], *, tokenizer, max_seq_length: int) -
     columns = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
     if "token_type_ids" in encoded:
         columns["token_type_ids"] = encoded["token_type_ids"]
-    columns[LABELS] = batch[LABEL]
     columns[LENGTH] = [len(ids) for ids in encoded["input_ids"]]
     return columns

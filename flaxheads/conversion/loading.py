@@ -1,0 +1,506 @@
+"""Checkpoints in, checkpoints out: `from_pretrained`, `load_backbone`, `save_pretrained`.
+
+The one home of loading and saving. A checkpoint folder is opened once (`open_checkpoint`: its
+config.json and the weight format found) and passed on. The loader is generic over the model
+class (`cls.config_class` reads config.json), so the model module imports this one and never
+the other way round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from flaxheads import conversion
+from flaxheads.backbones import backbone_config_from_hf, build_backbone
+from flaxheads.conversion import checkpoint_io, hf_flax
+from flaxheads.conversion.checkpoint_io import CheckpointError, TensorReader
+from flaxheads.conversion.hub import resolve_checkpoint
+from flaxheads.conversion.loading_info import LoadingInfo
+from flaxheads.conversion.table import Rule, ShapeMismatch, flax_to_hf, hf_to_flax
+
+FORMATS = ("pytorch", "flax")
+"""What `save_pretrained(format=...)` writes: a Hugging Face PyTorch folder, or flaxheads' own."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening a checkpoint folder
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightFormat:
+    """One way a checkpoint folder can store its weights."""
+
+    name: str
+    files: tuple[str, ...]
+    """Weight file names, any of which in a folder means this format."""
+    open: Callable[[Path], TensorReader]
+    rename: conversion.Rename = conversion.pytorch_names
+    """Expanded rules naming Hugging Face PyTorch tensors -> rules naming this format's tensors."""
+    holds_pretraining_heads: bool = True
+    """Whether a file of this format can carry a pretraining checkpoint's heads (BERT's NSP)."""
+
+
+WEIGHT_FORMATS: tuple[WeightFormat, ...] = (
+    WeightFormat(
+        "pytorch",
+        (checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME,
+         checkpoint_io.BIN_NAME, checkpoint_io.BIN_INDEX_NAME),
+        checkpoint_io.open_weights,
+    ),
+    WeightFormat(
+        "flaxheads",
+        (checkpoint_io.FLAX_NAME,),
+        functools.partial(checkpoint_io.open_weights, file_name=checkpoint_io.FLAX_NAME),
+        conversion.native_names,
+        holds_pretraining_heads=False,
+    ),
+    # Hugging Face Flax (transformers 4.x `Flax*` models' save_pretrained): read without torch or
+    # transformers 4.x; PyTorch weights in the same folder win, as in transformers.
+    WeightFormat("hf_flax", hf_flax.WEIGHT_NAMES, hf_flax.open_hf_flax, hf_flax.hf_flax_rules),
+)
+"""Weight formats in the order a folder is searched for them; a new format is one more entry."""
+
+
+def weight_format(folder: str | os.PathLike) -> WeightFormat | None:
+    """The first of `WEIGHT_FORMATS` whose files `folder` holds; None when it holds none."""
+    for fmt in WEIGHT_FORMATS:
+        if any((Path(folder) / name).is_file() for name in fmt.files):
+            return fmt
+    return None
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A checkpoint folder, read once: its config.json and its weights."""
+
+    folder: Path
+    config: dict[str, Any]
+    """config.json as read; treat as read-only (loaders copy it before applying overrides)."""
+    format: WeightFormat | None
+    """None: the folder holds no weights (an error once they are asked for)."""
+
+    @functools.cached_property
+    def reader(self) -> TensorReader:
+        """The weights, opened on first use (so config errors come first, as they are cheaper to fix)."""
+        if self.format is None:
+            expected = [name for fmt in WEIGHT_FORMATS for name in fmt.files]
+            raise CheckpointError(
+                f"{self.folder} has no weights: expected one of {expected}. flaxheads never starts a "
+                "backbone from random weights; point it at a directory saved with save_pretrained"
+            )
+        return self.format.open(self.folder)
+
+
+def open_checkpoint(
+    path: str | os.PathLike | Checkpoint,
+    *,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool = False,
+) -> Checkpoint:
+    """The checkpoint `path` names (a folder, or what `resolve_checkpoint` resolves), with its
+    config.json read; a `Checkpoint` is returned as it is.
+
+    Raises FileNotFoundError for a path that names no checkpoint, CheckpointError for a missing
+    or invalid config.json."""
+    if isinstance(path, Checkpoint):
+        return path
+    folder = resolve_checkpoint(
+        path, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
+    )
+    return Checkpoint(folder, checkpoint_io.read_config(folder), weight_format(folder))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def flat_variables(module: nnx.Module) -> dict[str, tuple[tuple, nnx.Variable]]:
+    """'backbone.layers.0.attention.query.kernel' -> (nnx path, variable), for every parameter."""
+    _, state = nnx.split(module)
+    return {".".join(map(str, path)): (path, var) for path, var in nnx.to_flat_state(state)}
+
+
+def _dtype(name):
+    return jnp.dtype(name or "float32")
+
+
+def _checkpoint_dtype(reader: TensorReader, rules: list[Rule]):
+    """The dtype the checkpoint stores its backbone in (for `param_dtype="auto"`)."""
+    present = [r.hf for r in rules if r.hf in set(reader.names)]
+    return jnp.dtype(reader.dtype_of(present[0])) if present else jnp.dtype("float32")
+
+
+Placement = Callable[[str, tuple[int, ...]], jax.sharding.Sharding]
+"""(parameter path, shape) -> where the parameter lives, e.g. `Layout.param_sharding`."""
+
+
+def _init_only(make: Callable[[], nnx.Module], keys: list[str], out_shardings=None) -> dict[str, jax.Array]:
+    """The initial values `make()` gives the parameters `keys`, and no others: under jit, XLA
+    drops the random initialisation of everything not returned, so a new classifier costs
+    microseconds, not a whole model's init."""
+    if not keys:
+        return {}
+
+    def init():
+        variables = flat_variables(make())
+        return {k: variables[k][1][...] for k in keys}
+
+    return jax.jit(init, out_shardings=out_shardings)()
+
+
+def _place(array, param_dtype, sharding: jax.sharding.Sharding | None) -> jax.Array:
+    """A checkpoint tensor on device; with a sharding each device receives only its shard, so a
+    model larger than one device's memory still loads."""
+    # device_put, not jnp.asarray: the array it makes is one np.asarray can later view without
+    # a copy (measured: saving a BERT-base model after jnp.asarray loading cost 30% more memory).
+    return jax.device_put(np.asarray(array, dtype=param_dtype), sharding)
+
+
+def _load(
+    make: Callable[[], nnx.Module],
+    reader: TensorReader,
+    required: list[Rule],
+    optional: list[Rule],
+    *,
+    param_dtype,
+    ignore_mismatched_sizes: bool,
+    describe: str,
+    abstract: nnx.Module | None = None,
+    placement: Placement | None = None,
+) -> tuple[nnx.Module, LoadingInfo]:
+    """Builds `make()` with the checkpoint's tensors. `required` rules (the backbone) must all be
+    satisfied; `optional` ones (the head) may be newly initialised, and are then reported so.
+    `abstract` is `nnx.eval_shape(make)` when the caller already has it (tracing is not free)."""
+    abstract = abstract if abstract is not None else nnx.eval_shape(make)
+    variables = flat_variables(abstract)
+    shapes = {key: var.shape for key, (_, var) in variables.items()}
+    arrays, absent, mismatched = hf_to_flax(reader.read, reader.names, required + optional, shapes)
+    required_names = {r.hf for r in required}
+    _raise_for_backbone_problems(reader, [r for r in absent if r.hf in required_names],
+                                 [m for m in mismatched if m.hf_name in required_names])
+    if mismatched and not ignore_mismatched_sizes:
+        raise mismatched[0].with_hint(
+            "a head of another size: pass the checkpoint's num_labels, or ignore_mismatched_sizes=True "
+            "to start a new head"
+        )
+    graphdef, _ = nnx.split(abstract)
+    where = {k: placement(k, tuple(var.shape)) if placement else None for k, (_, var) in variables.items()}
+    new_keys = [k for k in variables if k not in arrays]
+    fresh = _init_only(make, new_keys, {k: where[k] for k in new_keys} if placement else None)
+    module = nnx.merge(graphdef, nnx.from_flat_state([
+        (path, var.replace(fresh[k] if k in fresh else _place(arrays.pop(k), param_dtype, where[k])))
+        for k, (path, var) in variables.items()
+    ]))
+    used = {r.hf for r in required + optional if r.flax in variables and r.flax not in new_keys}
+    info = LoadingInfo(
+        source=reader.source,
+        head=describe,
+        loaded=sorted(used),
+        newly_initialized=sorted(r.hf for r in absent),
+        unused=sorted(set(reader.names) - used),
+        mismatched=[(m.hf_name, m.got, m.expected) for m in mismatched],
+    )
+    return module, info
+
+
+def _raise_for_backbone_problems(reader: TensorReader, absent: list[Rule], mismatched: list[ShapeMismatch]) -> None:
+    if mismatched:
+        m = mismatched[0]
+        raise m.with_hint("config.json and the weights describe different models; re-export the checkpoint")
+    if absent:
+        names = [r.hf for r in absent]
+        raise CheckpointError(
+            f"{reader.source} lacks {len(names)} backbone tensor(s) that config.json implies, e.g. "
+            f"{names[:3]}. The file is incomplete or belongs to a different architecture; flaxheads never "
+            "fills a backbone with random weights"
+        )
+
+
+def _raise_for_extra_layers(checkpoint: Checkpoint, table, base: str, num_layers: int) -> None:
+    """Weights of more layers than config.json declares would otherwise load as a shallower model,
+    the deeper layers merely listed as unused: a different network that still runs."""
+    reader = checkpoint.reader
+    patterns = conversion.layer_name_patterns(table, base, checkpoint.format.rename)
+    deepest, example = conversion.deepest_layer(reader.names, patterns)
+    if deepest >= num_layers:
+        key = "n_layer" if "n_layer" in checkpoint.config else "num_hidden_layers"
+        raise CheckpointError(
+            f"{reader.source} holds {deepest + 1} layers (e.g. {example}) but config.json says {key}={num_layers}; "
+            f"loading would silently drop the last {deepest + 1 - num_layers}. Set \"{key}\": {deepest + 1} in "
+            "config.json if the weights are right, or re-export the checkpoint"
+        )
+
+
+_LABEL_SETTINGS = frozenset({"num_labels", "id2label", "label2id", "problem_type", "classifier_dropout", "pad_token_id"})
+"""The fields of `from_pretrained(config=...)` that override config.json's."""
+_RUN_SETTINGS = ("dropout", "pdrop", "summary_")
+"""Fields containing these (dropout rates, XLNet's summary-head options) change training or the
+head, not the weights the checkpoint holds: `config=` may set them too, as in transformers."""
+
+
+def _overridden(hf_config: dict[str, Any], config: Any) -> dict[str, Any]:
+    """config.json's settings with those `from_pretrained(config=...)` may change taken from it.
+
+    Raises ValueError naming the first field `config` sets differently from the checkpoint's
+    config.json that would build another backbone (model_type, hidden_size, ...)."""
+    given = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+    settable = {k: v for k, v in given.items() if k in _LABEL_SETTINGS or any(s in k for s in _RUN_SETTINGS)}
+    _raise_for_other_architecture(hf_config, {k: v for k, v in given.items() if k not in settable})
+    merged = {**hf_config, **settable}
+    if "num_labels" in settable and not {"id2label", "label2id"} & set(settable):
+        # A new label count makes config.json's names (for its own count) meaningless.
+        merged = {k: v for k, v in merged.items() if k not in ("id2label", "label2id")}
+    return merged
+
+
+def _raise_for_other_architecture(hf_config: dict[str, Any], given: dict[str, Any]) -> None:
+    """A field is part of the architecture when changing it changes the backbone config.json
+    builds; bookkeeping fields (transformers_version, architectures, ...) are not."""
+    expected = backbone_config_from_hf(hf_config)
+    for key, value in given.items():
+        if key in hf_config and hf_config[key] == value:
+            continue
+        try:
+            same = backbone_config_from_hf({**hf_config, key: value}) == expected
+        except (ValueError, NotImplementedError, TypeError, KeyError):
+            same = False
+        if not same:
+            has = repr(hf_config[key]) if key in hf_config else "no value (the default)"
+            raise ValueError(
+                f"config= sets {key}={value!r} but the checkpoint's config.json has {has}: the weights belong "
+                f"to a model with config.json's {key}. config= may change only label and dropout settings "
+                f"({sorted(_LABEL_SETTINGS)}); pass the config that matches the checkpoint, or leave it out"
+            )
+
+
+def _refuse_remote_code(trust_remote_code: bool) -> None:
+    if trust_remote_code:
+        raise ValueError(
+            "trust_remote_code=True: flaxheads runs no code from checkpoints; it has its own implementation "
+            f"of the architectures with model_type {sorted(conversion.TABLES)}. Load a checkpoint of one of "
+            "these with trust_remote_code=False (the default)"
+        )
+
+
+def from_pretrained(
+    cls,
+    path: str | os.PathLike | Checkpoint,
+    *,
+    config: Any = None,
+    num_labels: int | None = None,
+    head: str | None = None,
+    problem_type: str | None = None,
+    dtype=None,
+    param_dtype=None,
+    id2label: list[str] | Mapping[int, str] | None = None,
+    label2id: Mapping[str, int] | None = None,
+    classifier_dropout: float | None = None,
+    seed: int = 0,
+    ignore_mismatched_sizes: bool = False,
+    init_classifier_from_nsp: bool = False,
+    pad_token_id: int | None = None,
+    head_options: dict | None = None,
+    placement: Placement | None = None,
+    output_loading_info: bool = False,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool = False,
+    trust_remote_code: bool = False,
+):
+    """A `cls` model (`SequenceClassifier`) from a Hugging Face (or flaxheads) checkpoint.
+
+    `path` is a checkpoint folder, or what `resolve_checkpoint` resolves with `revision`,
+    `cache_dir`, `token` and `local_files_only` (as in transformers), or an open `Checkpoint`.
+
+    `config` is a transformers `PretrainedConfig` or a dict: its label settings (num_labels,
+    id2label/label2id, problem_type, classifier_dropout, pad_token_id) and dropout rates override
+    config.json's; any other field that would build another backbone (model_type, hidden_size,
+    num_hidden_layers, vocab_size, ...) raises ValueError naming the field and both values. The
+    keyword arguments override both.
+
+    `id2label` is a list of names or an {id: name} dict; `label2id` a {name: id} dict.
+
+    `pad_token_id` overrides config.json's (None keeps it), as `model.config.pad_token_id = ...`
+    does in transformers: GPT-2 checkpoints have none, and the "last_token" head needs one to
+    find the last real token of padded rows (usually `tokenizer.eos_token_id`). It is saved with
+    the model. On RoBERTa it also moves the position ids, as in transformers.
+
+    `placement(path, shape)` puts each parameter where it belongs (a mesh sharding) straight
+    from the checkpoint, so a model too large for one device loads sharded.
+
+    `head_options` set head-specific options (the "summary" head's `summary_type`, ...; see
+    `flaxheads/heads/summary.py`) over those config.json gives; they are saved with the model.
+
+    `head` defaults to the checkpoint's own (the one transformers' `*ForSequenceClassification`
+    uses, or the head a flaxheads export recorded). New parameters (usually the classifier) are
+    initialised from `seed` as transformers does and listed in the loading info. `param_dtype`
+    defaults to float32; "auto" keeps the checkpoint's dtype (exact conversion). Returns the
+    model, or `(model, LoadingInfo)` with `output_loading_info=True`.
+
+    Raises ValueError (CheckpointError, ShapeMismatch) naming the key or setting at fault;
+    ValueError for `trust_remote_code=True` (flaxheads runs no code from checkpoints).
+    """
+    _refuse_remote_code(trust_remote_code)
+    checkpoint = open_checkpoint(
+        path, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
+    )
+    hf_config = _overridden(checkpoint.config, config) if config is not None else dict(checkpoint.config)
+    if pad_token_id is not None:
+        hf_config["pad_token_id"] = pad_token_id
+    table = conversion.architecture_table(hf_config.get("model_type"))
+    model_config = cls.config_class.from_hf_config(
+        hf_config,
+        default_head=table.canonical_head,
+        head=head,
+        num_labels=num_labels,
+        problem_type=problem_type,
+        id2label=id2label,
+        label2id=label2id,
+        classifier_dropout=classifier_dropout,
+        head_options=head_options,
+    )
+
+    def make(param_dtype=jnp.float32):
+        return cls(model_config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=nnx.Rngs(seed))
+
+    abstract = nnx.eval_shape(make)
+    head_paths = [k[len("head."):] for k in flat_variables(abstract) if k.startswith("head.")]
+    reader, rename = checkpoint.reader, checkpoint.format.rename
+    base = conversion.base_prefix(table, reader.names, rename)
+    num_layers = model_config.backbone.num_hidden_layers
+    backbone = rename(conversion.backbone_rules(table, num_layers, base))
+    head_rules = rename(conversion.head_rules(table, model_config.head, head_paths, base))
+    _raise_for_extra_layers(checkpoint, table, base, num_layers)
+    param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
+    notes = list(table.loading_notes)
+    if init_classifier_from_nsp:
+        head_rules = _with_nsp_classifier(checkpoint, table, model_config, head_rules, base)
+        notes.append(
+            "classifier initialised from the NSP head cls.seq_relationship: label 0 = B follows A, "
+            "label 1 = B is random"
+        )
+    if model_config.head == "last_token" and model_config.backbone.pad_token_id is None:
+        notes.append(
+            "no pad_token_id: padded batches need attention_mask to find each text's last token, and "
+            "transformers refuses them; load with pad_token_id=tokenizer.eos_token_id (or another pad id)"
+        )
+    model, info = _load(
+        functools.partial(make, param_dtype), reader, backbone, head_rules,
+        param_dtype=param_dtype, ignore_mismatched_sizes=ignore_mismatched_sizes, describe=model_config.head,
+        abstract=abstract, placement=placement,
+    )
+    info.notes += notes
+    return (model, info) if output_loading_info else model
+
+
+def _with_nsp_classifier(checkpoint: Checkpoint, table, config, head_rules: list[Rule], base: str) -> list[Rule]:
+    """`head_rules` with the classifier's taken from the pretraining NSP head."""
+    if config.head != "pooler" or config.num_labels != 2 or not table.nsp_classifier:
+        raise ValueError(
+            "init_classifier_from_nsp=True needs head='pooler', num_labels=2 and a BERT checkpoint; got "
+            f"head={config.head!r}, num_labels={config.num_labels}, model_type={table.model_type!r}"
+        )
+    nsp = conversion.nsp_rules(table, base)
+    if checkpoint.format.holds_pretraining_heads:
+        nsp = checkpoint.format.rename(nsp)
+    # Left with PyTorch names in a format that cannot hold them, the rules find no tensor.
+    missing = [r.hf for r in nsp if r.hf not in set(checkpoint.reader.names)]
+    if missing:
+        raise CheckpointError(
+            f"init_classifier_from_nsp=True but {checkpoint.reader.source} has no {missing[0]}; only pretraining "
+            "checkpoints (BertForPreTraining, BertForNextSentencePrediction) carry the NSP head"
+        )
+    return [r for r in head_rules if not r.flax.startswith("head.classifier.")] + nsp
+
+
+def _relative(rules: list[Rule]) -> list[Rule]:
+    """Rules for a bare backbone: flax paths without the classifier's `backbone.`/`head.` part."""
+    return [Rule(r.hf, r.flax.split(".", 1)[1], r.transform) for r in rules]
+
+
+def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dtype=None, **where):
+    """(backbone, LoadingInfo) for a checkpoint's base model, with its pooler when it has one.
+
+    `where` are `open_checkpoint`'s (revision=, cache_dir=, token=, local_files_only=)."""
+    checkpoint = open_checkpoint(path, **where)
+    table = conversion.architecture_table(checkpoint.config.get("model_type"))
+    config = backbone_config_from_hf(checkpoint.config)
+    reader, rename = checkpoint.reader, checkpoint.format.rename
+    base = conversion.base_prefix(table, reader.names, rename)
+    _raise_for_extra_layers(checkpoint, table, base, config.num_hidden_layers)
+    rules = _relative(rename(conversion.backbone_rules(table, config.num_hidden_layers, base)))
+    # The pooler: the base model's own, or, in flaxheads' format, the "pooler" head's.
+    pooler = _relative(rename(conversion.under("head", conversion.expand(table.pooler, num_layers=0, base=base))))
+    has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
+    rules += pooler if has_pooler else []
+
+    def make():
+        return build_backbone(
+            config, dtype=_dtype(dtype), param_dtype=_dtype(param_dtype), rngs=nnx.Rngs(0), add_pooling_layer=has_pooler
+        )
+
+    return _load(make, reader, rules, [], param_dtype=_dtype(param_dtype), ignore_mismatched_sizes=False,
+                 describe="none (backbone only)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving
+
+
+def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", tokenizer=None) -> None:
+    """`"pytorch"`: a Hugging Face directory (`config.json` + `model.safetensors`) that transformers
+    loads; `"flax"`: the same config with `flaxheads_model.safetensors` keyed by flax paths.
+
+    With `tokenizer` (a transformers tokenizer) its files are saved into the same folder
+    (`tokenizer.save_pretrained`); everything is then written into a temporary folder beside
+    `path` and moved in only when complete, so a failure leaves `path` as it was.
+
+    Raises ValueError for an unknown `format`, FileExistsError when `path` holds the other
+    format's weights."""
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r}; choose one of {FORMATS}")
+    path = Path(path)
+    other = checkpoint_io.FLAX_NAME if format == "pytorch" else checkpoint_io.SAFETENSORS_NAME
+    if (path / other).exists():
+        raise FileExistsError(
+            f"{path} already holds {other}; save each format into its own directory so neither is "
+            "mistaken for the other"
+        )
+    hf_config, tensors, file_name = _exported(model, format)
+    if tokenizer is None:
+        checkpoint_io.write_checkpoint(path, hf_config, tensors, file_name)
+        return
+    with checkpoint_io.staged_into(path) as staging:
+        checkpoint_io.write_checkpoint(staging, hf_config, tensors, file_name)
+        tokenizer.save_pretrained(str(staging))
+
+
+def _exported(model, format: str) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
+    """(config.json, tensors by file name, weight file name) of `model` in `format`."""
+    config = model.config
+    table = conversion.architecture_table(config.backbone.model_type)
+    arrays = {key: np.asarray(var[...]) for key, (_, var) in flat_variables(model).items()}
+    architecture = (
+        table.classification_architecture if conversion.is_canonical(table, config.head) else table.base_architecture
+    )
+    hf_config = config.to_hf_config(architecture)
+    hf_config["dtype"] = str(next(iter(arrays.values())).dtype)
+    if format == "flax":
+        return hf_config, arrays, checkpoint_io.FLAX_NAME
+    base = f"{table.base_prefix}."
+    head_paths = [k[len("head."):] for k in arrays if k.startswith("head.")]
+    rules = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base)
+    rules += conversion.head_rules(table, config.head, head_paths, base)
+    return hf_config, flax_to_hf(arrays, rules), checkpoint_io.SAFETENSORS_NAME

@@ -1,0 +1,175 @@
+"""`flaxheads.pipeline("text-classification", ...)`: transformers' text-classification pipeline
+over a flaxheads classifier, in memory or saved, answering in the same shapes with the same
+scores, but batched and bucketed through `flaxheads.inference.TextScorer` (the path `predict`
+takes).
+
+    clf = flaxheads.pipeline("text-classification", model="out")    # or model=model, tokenizer=tok
+    clf("a fine film")                   # [{"label": "positive", "score": 0.97}]
+    clf(["a fine film", "dull"], top_k=None)   # every label of every text, best first
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flaxheads import problem
+from flaxheads.inference import (
+    TextScorer,
+    load_tokenizer,
+    load_trained,
+    model_pad_token_id,
+    read_tokenizer,
+)
+from flaxheads.model import SequenceClassifier
+
+TASKS = ("text-classification", "sentiment-analysis")
+"""transformers' names of this task ("sentiment-analysis" is its alias)."""
+FUNCTIONS = ("softmax", "sigmoid", "none")
+"""What `function_to_apply` may name: what turns a text's logits into its scores."""
+
+
+class _BestLabel:
+    """`top_k` left out: the best label alone, as a dict (transformers' legacy answer)."""
+
+    def __repr__(self) -> str:
+        return "best label only"
+
+
+BEST_LABEL = _BestLabel()
+
+
+def pipeline(task: str = "text-classification", model: SequenceClassifier | str | os.PathLike | None = None,
+             tokenizer: Any = None, *, max_seq_length: int | None = None,
+             batch_size: int = 64) -> TextClassificationPipeline:
+    """A text classifier answering as `transformers.pipeline(task, model=..., tokenizer=...)`.
+
+    `model`: a `SequenceClassifier`, or the folder of a trained one (loaded as `predict` loads it:
+    refused when its classifier was never trained). `tokenizer`: a transformers tokenizer or its
+    folder; optional with a model folder that holds the model's tokenizer, required with an
+    in-memory model. Texts are truncated to `max_seq_length` tokens (at most the model's position
+    limit; None: that limit, else the tokenizer's `model_max_length`, else 512) and classified
+    `batch_size` at a time.
+
+    Raises ValueError for another task, a missing or foreign tokenizer, a folder without a
+    tokenizer or a trained classifier (UntrainedModel).
+    """
+    if task not in TASKS:
+        raise ValueError(f"flaxheads.pipeline answers task={' or '.join(map(repr, TASKS))}, not {task!r}")
+    if model is None:
+        raise ValueError("pipeline() needs model=: a SequenceClassifier or the folder of a trained one")
+    if isinstance(model, SequenceClassifier):
+        if tokenizer is None:
+            raise ValueError(
+                "pipeline(model=<SequenceClassifier>) needs tokenizer=: the tokenizer the model was trained "
+                "with (a transformers tokenizer or its folder); a model in memory carries none"
+            )
+        source = "the model"
+        tokenizer = read_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    else:
+        source = f"the model in {model}"
+        if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer, pad_token_id = load_tokenizer(model, tokenizer)
+        else:
+            pad_token_id = model_pad_token_id(model, tokenizer)
+        model = load_trained(Path(model), pad_token_id=pad_token_id)
+    return TextClassificationPipeline(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
+                                      source=source)
+
+
+class TextClassificationPipeline:
+    """Classifies texts with an in-memory model and tokenizer; see `pipeline` and `__call__`."""
+
+    def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int | None = None,
+                 batch_size: int = 64, source: str = "the model"):
+        self.model, self.tokenizer = model, tokenizer
+        if max_seq_length is None:
+            max_seq_length = _longest_input(model, tokenizer)
+        self.scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
+                                 source=source)
+
+    def __call__(self, inputs, *, top_k: int | None | _BestLabel = BEST_LABEL, function_to_apply: str | None = None):
+        """Scores of one text (a str, or {"text", "text_pair"}) or a list of them, as transformers
+        gives them:
+
+        - `top_k` left out: {"label", "score"} of the best label per text; a single str gives a
+          list of that one dict.
+        - `top_k` an int k, or None for all: per text a list of {"label", "score"} of its k best
+          labels, best first (ties in label order).
+
+        `function_to_apply` ("softmax", "sigmoid", "none"; None: transformers' default) turns
+        logits into scores; the default is none for regression, sigmoid for multi-label and for
+        one label, softmax otherwise. Raises FloatingPointError for non-finite scores.
+        """
+        function = _function_name(self.default_function() if function_to_apply is None else function_to_apply)
+        texts, pairs, single = _texts(inputs)
+        scores = _apply(function, self.scorer.logits(texts, pairs))
+        names = self.model.config.label_names
+        if top_k is BEST_LABEL:
+            answers = [{"label": names[int(s.argmax())], "score": s.max().item()} for s in scores]
+            return [answers[0]] if isinstance(inputs, str) else answers[0] if single else answers
+        answers = [_ranked(names, s, top_k) for s in scores]
+        return answers[0] if single else answers
+
+    def default_function(self) -> str:
+        """transformers' default `function_to_apply`, from the config the model was saved with (a
+        problem type left unset means softmax for several labels, sigmoid for one)."""
+        config = self.model.config
+        if config.problem_type == problem.REGRESSION:
+            return "none"
+        if config.problem_type == problem.MULTI_LABEL or config.num_labels == 1:
+            return "sigmoid"
+        return "softmax"
+
+
+def _longest_input(model: SequenceClassifier, tokenizer, fallback: int = 512) -> int:
+    """The most tokens a text may keep when the caller sets no limit: as many as the model's
+    positions cover (transformers does not truncate, and fails past them), or the tokenizer's."""
+    limits = [model.config.backbone.max_sequence_length, tokenizer.model_max_length]
+    # Tokenizers without a known limit report an enormous model_max_length.
+    known = [limit for limit in limits if limit is not None and limit < 1_000_000]
+    return min(known) if known else fallback
+
+
+def _texts(inputs) -> tuple[list[str], list[str] | None, bool]:
+    """(texts, second texts or None, whether `inputs` was a single text)."""
+    single = isinstance(inputs, (str, dict))
+    items = [inputs] if single else list(inputs)
+    if all(isinstance(item, str) for item in items):
+        return items, None, single
+    if all(isinstance(item, dict) and set(item) <= {"text", "text_pair"} and "text" in item for item in items):
+        if all("text_pair" in item for item in items):
+            return [item["text"] for item in items], [item["text_pair"] for item in items], single
+        if not any("text_pair" in item for item in items):
+            return [item["text"] for item in items], None, single
+    raise ValueError(
+        "the pipeline takes a text (str), a pair {'text': ..., 'text_pair': ...}, or a list of one of "
+        "these kinds (every pair with a text_pair, or none)"
+    )
+
+
+def _function_name(function) -> str:
+    """"softmax", "sigmoid" or "none" from a name in any case (or transformers' enum)."""
+    name = str(getattr(function, "value", function)).lower()
+    if name not in FUNCTIONS:
+        raise ValueError(f"function_to_apply={function!r}: choose one of {FUNCTIONS} (or None for the default)")
+    return name
+
+
+def _apply(function: str, logits: np.ndarray) -> np.ndarray:
+    """Scores from float32 logits, computed as transformers' pipeline computes them."""
+    if function == "softmax":
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return shifted / shifted.sum(axis=-1, keepdims=True)
+    if function == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-logits))
+    return logits
+
+
+def _ranked(names: tuple[str, ...], scores: np.ndarray, top_k: int | None) -> list[dict[str, Any]]:
+    ranked = sorted(({"label": name, "score": s.item()} for name, s in zip(names, scores)),
+                    key=lambda answer: answer["score"], reverse=True)
+    return ranked if top_k is None else ranked[:top_k]
