@@ -23,10 +23,6 @@ from flaxheads.model import SequenceClassifier
 Params = dict[str, Any]
 """{"backbone": {"layers": {"0": {"attention": {"query": {"kernel": array, ...}}}}}, "head": ...}"""
 
-_HUB_ONLY = {"token": None, "trust_remote_code": False, "revision": "main", "cache_dir": None}
-"""Options Hugging Face scripts pass to `from_pretrained` that only matter for downloading from
-the Hub, with the values that download nothing; flaxheads reads local folders only."""
-
 
 class ClassifierOutput(NamedTuple):
     """What `FunctionalClassifier.__call__` returns. `output[0]` is the logits, as in Hugging Face's
@@ -60,19 +56,10 @@ class FunctionalClassifier:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **options) -> "FunctionalClassifier":
-        """`flaxheads.from_pretrained(path, **options)` wrapped (with `output_loading_info=True`:
-        `(classifier, LoadingInfo)`). The Hub-only options Hugging Face scripts pass (`token`,
-        `trust_remote_code`, `revision`, `cache_dir`) are accepted at the values that download
-        nothing; any other value raises ValueError."""
-        import flaxheads  # the public loader, wherever it lives
-
-        for name, inert in _HUB_ONLY.items():
-            if name in options and options.pop(name) not in (inert, None):
-                raise ValueError(
-                    f"{name}= is for downloading from the Hugging Face Hub; flaxheads reads local folders "
-                    f"only: download the model first, pass its folder as `path` and drop {name}="
-                )
-        loaded = flaxheads.from_pretrained(path, **options)
+        """`SequenceClassifier.from_pretrained(path, **options)` wrapped: the same options (`config=`,
+        `num_labels=`, `token=`, ...) and errors; with `output_loading_info=True`,
+        `(classifier, LoadingInfo)`."""
+        loaded = SequenceClassifier.from_pretrained(path, **options)
         if isinstance(loaded, tuple):
             model, info = loaded
             return cls(model), info

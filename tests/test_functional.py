@@ -152,10 +152,13 @@ def test_from_pretrained_passes_options_through_and_returns_the_loading_info_whe
     assert fresh.params["head"]["classifier"]["kernel"].shape == (32, 5) and fresh.config.num_labels == 5
 
 
-def test_hub_only_options_are_accepted_only_at_values_that_download_nothing(checkpoint):
-    FunctionalClassifier.from_pretrained(checkpoint.path, token=None, trust_remote_code=False)
-    with pytest.raises(ValueError, match="token= is for downloading from the Hugging Face Hub"):
-        FunctionalClassifier.from_pretrained(checkpoint.path, token="hf_secret")
+def test_from_pretrained_takes_the_options_hugging_face_scripts_pass(checkpoint):
+    config = transformers.AutoConfig.from_pretrained(checkpoint.path, num_labels=3, finetuning_task=None)
+    config.id2label, config.label2id = {0: "a", 1: "b", 2: "c"}, {"a": 0, "b": 1, "c": 2}
+    classifier = FunctionalClassifier.from_pretrained(checkpoint.path, config=config, token=None, trust_remote_code=False)
+    assert classifier.config.label2id == {"a": 0, "b": 1, "c": 2}
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        FunctionalClassifier.from_pretrained(checkpoint.path, trust_remote_code=True)
 
 
 # ---- decay_mask ---------------------------------------------------------------------------------
