@@ -13,10 +13,12 @@ from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ShapeMismatch
+from flaxheads.functional import ClassifierOutput, FunctionalClassifier
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, load_backbone, save_pretrained
 from flaxheads.pipeline import TextClassificationPipeline, pipeline
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
+from flaxheads.training.optim import decay_mask
 
 __version__ = "0.1.0"
 
@@ -28,9 +30,11 @@ __all__ = [
     "SINGLE_LABEL",
     "BackboneOutput",
     "CheckpointError",
+    "ClassifierOutput",
     "ClassifierConfig",
     "Encoder",
     "EncoderConfig",
+    "FunctionalClassifier",
     "GPT2",
     "GPT2Config",
     "LoadingInfo",
@@ -39,6 +43,7 @@ __all__ = [
     "TextClassificationPipeline",
     "XLNet",
     "XLNetConfig",
+    "decay_mask",
     "from_pretrained",
     "load_backbone",
     "pipeline",

@@ -3,6 +3,8 @@ weight decay on biases or LayerNorm parameters."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import optax
 
@@ -29,10 +31,45 @@ def learning_rate_schedule(
     return optax.join_schedules([warmup, decay], [warmup_steps])
 
 
-def decay_mask(params) -> object:
-    """True for matrices (kernels, embeddings), False for vectors (biases, LayerNorm scales and
-    biases): exactly the parameters transformers' Trainer exempts from weight decay."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+_NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
+"""transformers' Trainer exempts parameters whose dotted name (lowercased) matches one of these
+(`Trainer.get_decay_parameter_names`), e.g. XLNet's 2-D `r_w_bias`."""
+
+
+def decay_mask(params):
+    """Which parameters weight decay applies to, as transformers' Trainer decides: True for kernels
+    and embeddings, False for biases (any parameter named `*bias*`) and norm scales and biases
+    (any vector, or a name matching Trainer's norm patterns), whatever the layers are called.
+
+    `params` may be any pytree of arrays: a nested dict (plain or FrozenDict, string or integer
+    keys), an `nnx.State`, or a flat dict keyed by tuples or by "a.b.c" / "a/b/c" strings. The
+    mask has the same structure, so it serves as optax's `mask=` (`optax.adamw(..., mask=decay_mask)`).
+    """
+    return jax.tree_util.tree_map_with_path(lambda path, p: _decays(_dotted_name(path), p), params)
+
+
+def _decays(name: str, param) -> bool:
+    # Vectors stand in for Trainer's LayerNorm-module test: every norm parameter is a vector, and
+    # every matrix or larger that Trainer exempts is caught by its name.
+    return len(param.shape) >= 2 and not _NO_DECAY_NAME.search(name.lower())
+
+
+def _dotted_name(path) -> str:
+    """'backbone.layers.0.attention_norm.scale' for a pytree key path of any container."""
+    parts = []
+    for entry in path:
+        if isinstance(entry, jax.tree_util.GetAttrKey):
+            if entry.name != "value":  # an nnx.Variable's array, not a name the model chose
+                parts.append(entry.name)
+        elif isinstance(entry, jax.tree_util.DictKey):
+            key = entry.key
+            # flat dicts: ("a", "b", "bias") tuples or "a/b/bias" strings
+            parts.extend(map(str, key) if isinstance(key, tuple) else [str(key).replace("/", ".")])
+        elif isinstance(entry, jax.tree_util.SequenceKey):
+            parts.append(str(entry.idx))
+        else:
+            parts.append(str(getattr(entry, "key", entry)))
+    return ".".join(parts)
 
 
 def make_optimizer(
