@@ -4,6 +4,10 @@
     print(info)                      # which weights are pretrained, which must be trained
     logits = model(input_ids, attention_mask)
     model.save_pretrained("out")     # a directory transformers loads
+
+    trainer = flaxheads.Trainer(model, flaxheads.TrainConfig(output_dir=None), tokenizer=tokenizer,
+                                train_dataset=(texts, labels), eval_dataset=(dev_texts, dev_labels))
+    model, metrics, _ = trainer.train()
 """
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
@@ -16,6 +20,8 @@ from flaxheads.heads import HEAD_NAMES
 from flaxheads.model import ClassifierConfig, SequenceClassifier
 from flaxheads.pretrained import from_pretrained, load_backbone, save_pretrained
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
+from flaxheads.training.config import TrainConfig
+from flaxheads.training.trainer import EvalPrediction, PredictionOutput, Trainer, TrainOutput
 
 __version__ = "0.1.0"
 
@@ -28,13 +34,18 @@ __all__ = [
     "BackboneOutput",
     "CheckpointError",
     "ClassifierConfig",
+    "EvalPrediction",
     "Encoder",
     "EncoderConfig",
     "GPT2",
     "GPT2Config",
     "LoadingInfo",
+    "PredictionOutput",
     "SequenceClassifier",
     "ShapeMismatch",
+    "TrainConfig",
+    "TrainOutput",
+    "Trainer",
     "XLNet",
     "XLNetConfig",
     "from_pretrained",
