@@ -21,7 +21,18 @@ from flaxheads.model import ClassifierConfig, SequenceClassifier
 from flaxheads.pretrained import from_pretrained, load_backbone, save_pretrained
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
 from flaxheads.training.config import TrainConfig
-from flaxheads.training.trainer import EvalPrediction, PredictionOutput, Trainer, TrainOutput
+
+_TRAINING_NAMES = ("EvalPrediction", "PredictionOutput", "Trainer", "TrainOutput")
+
+
+def __getattr__(name: str):
+    # Training pulls in datasets, optax, Orbax and TensorBoard: imported on first use, so that
+    # `import flaxheads` for inference stays light.
+    if name in _TRAINING_NAMES:
+        from flaxheads.training import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'flaxheads' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

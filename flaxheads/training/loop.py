@@ -83,22 +83,12 @@ class TrainLoop:
 
     def _restore(self, loading_info) -> data.DataPosition:
         """Continues from a checkpoint when there is one to continue; returns the data position."""
-        cfg, checkpoints = self.cfg, self.checkpoints
-        if checkpoints is None:
-            steps = None
-        elif cfg.resume_from_checkpoint is not None:
-            steps = [checkpoints.resolve_resume(cfg.resume_from_checkpoint)]
-            later = [s for s in checkpoints.all_steps() if s > steps[0]]
-            if later and jax.process_index() == 0:
-                moved = checkpoints.set_aside(later, "after-resume-point")
-                print(f"note: checkpoints {later} come after step {steps[0]}; moved to {moved}", file=sys.stderr)
-            sync("flaxheads: later checkpoints set aside")
-        elif checkpoints.latest_step() is not None:
-            steps = None
-        if checkpoints is None or (steps is None and checkpoints.latest_step() is None):
+        steps = self._resume_steps()
+        if steps == []:
             if loading_info is not None:
                 print0(str(loading_info))
             return data.DataPosition()
+        checkpoints = self.checkpoints
         target = self.runner.restore_target(self.state)
         restored, meta, self.step = checkpoints.restore_newest_intact(target, steps=steps)
         self.state = self.runner.from_restored(restored)
@@ -108,6 +98,21 @@ class TrainLoop:
             self.unconfirmed.append(self.step)
         print(f"resuming from step {self.step} of {self.total_steps} in {checkpoints.directory}")
         return data.DataPosition.from_dict(meta["data_position"])
+
+    def _resume_steps(self) -> list[int] | None:
+        """The checkpoint steps to resume from: [] none (a fresh start), None the newest intact."""
+        cfg, checkpoints = self.cfg, self.checkpoints
+        if checkpoints is None:
+            return []
+        if cfg.resume_from_checkpoint is None:
+            return None if checkpoints.latest_step() is not None else []
+        step = checkpoints.resolve_resume(cfg.resume_from_checkpoint)
+        later = [s for s in checkpoints.all_steps() if s > step]
+        if later and jax.process_index() == 0:
+            moved = checkpoints.set_aside(later, "after-resume-point")
+            print(f"note: checkpoints {later} come after step {step}; moved to {moved}", file=sys.stderr)
+        sync("flaxheads: later checkpoints set aside")
+        return [step]
 
     def params(self):
         return self.runner.params(self.state)

@@ -52,8 +52,8 @@ __all__ = ["EvalPrediction", "NonFiniteLoss", "PredictionOutput", "TrainOutput",
 
 class TrainOutput(NamedTuple):
     model: SequenceClassifier | None
-    """The trained classifier (the given one when do_train is False; for a finished run found in
-    output_dir, the model it exported there)."""
+    """The trained classifier (the given one when do_train is False); None for a finished run found
+    in output_dir: its model is exported there (`flaxheads.from_pretrained(output_dir)`)."""
     metrics: dict[str, Any]
     """{"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float}
     (validation and test where scored)."""
@@ -251,7 +251,7 @@ class Trainer:
         with lock:
             previous = self._claim_folder() if self.args.do_train else None
             if previous is not None:
-                return TrainOutput(self._exported_model(), previous, None)
+                return TrainOutput(None, previous, None)
             return self._run()
 
     def _run(self) -> TrainOutput:
@@ -330,9 +330,6 @@ class Trainer:
                        f"are in {run_dir.RESULTS_FILE}. Pass --overwrite_output_dir to train again")
                 return {**results, "already_complete": True}
         return None
-
-    def _exported_model(self) -> SequenceClassifier:
-        return from_pretrained(self.output_dir, dtype=self.args.dtype)
 
     # -- evaluate and predict -------------------------------------------------------------------
 
