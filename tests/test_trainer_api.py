@@ -48,7 +48,7 @@ def _model(tiny_bert, **options):
 
 
 def _logits(model, tokenizer, texts):
-    enc = tokenizer(texts, padding=True, return_tensors="np")
+    enc = tokenizer(texts, padding=True, truncation=True, max_length=32, return_tensors="np")  # as the Trainer reads them
     return np.asarray(model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]))
 
 
