@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -295,10 +296,12 @@ class Trainer:
                          output_dir=self.output_dir, loading_info=self.loading_info)
 
     def _scores_without_training(self, splits: dict[str, data.OwnSplit]) -> dict[str, Any]:
+        start = time.perf_counter()
         results: dict[str, Any] = {"steps": 0}
         for name in ("validation", "test"):
             if name in splits and name not in self.data.unlabelled:
                 results[name] = self._scorer.scores(name, self.params)
+        results["seconds"] = time.perf_counter() - start
         return results
 
     # -- the output folder ----------------------------------------------------------------------
@@ -321,7 +324,8 @@ class Trainer:
                           f"from {output_dir}", file=sys.stderr)
             sync("flaxheads: output_dir cleared")
             return None
-        record = run_dir.check_folder(output_dir, self.identity, explicit_resume=args.resume_from_checkpoint is not None)
+        explicit_resume = args.resume_from_checkpoint is not None
+        record = run_dir.check_folder(output_dir, self.identity, explicit_resume=explicit_resume)
         # Without resume_from_checkpoint, check_folder has compared the whole identity already.
         if record and record.get("complete") and args.resume_from_checkpoint is None:
             results = run_dir.read_results(output_dir)
@@ -363,10 +367,11 @@ class Trainer:
     def _write_predictions(self, predicted: list) -> None:
         file = self.output_dir / run_dir.PREDICTIONS_FILE
         if not self.args.do_train and file.exists() and not self.args.overwrite_output_dir:
-            raise FileExistsError(f"{file} exists; pass overwrite_output_dir=True (--overwrite_output_dir) to "
-                                  "replace it, or choose another output_dir")
+            raise run_dir.RunConflict(f"{file} exists; pass overwrite_output_dir=True (--overwrite_output_dir) to "
+                                      "replace it, or choose another output_dir")
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        print(f"predictions for the test split written to {run_dir.write_predictions(self.output_dir, format_predictions(predicted))}")
+        written = run_dir.write_predictions(self.output_dir, format_predictions(predicted))
+        print(f"predictions for the test split written to {written}")
 
     def _scorer_of(self, split: str, dataset) -> SplitScorer:
         if dataset is None:
