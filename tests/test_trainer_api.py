@@ -268,3 +268,35 @@ def test_sequential_stream_resumed_from_a_position_yields_the_same_batches():
 def test_eval_example_order_puts_sharded_rows_back_in_dataset_order():
     # 5 examples, 2 shards ([0, 3), [3, 5)), global batches of 4: batch 0 holds 0, 1 | 3, 4; batch 1 holds 2.
     assert data.eval_example_order(5, 2, 4).tolist() == [0, 1, 3, 4, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# The run identity
+
+
+def _identity(**overrides):
+    from flaxheads.training import run_dir
+
+    task = data.load_in_memory({"train": (["a", "b"], [0, 1])}).task
+    return run_dir.run_identity(_args(**overrides), task, {"model_type": "bert"}, "cls", 8, total_steps=10)
+
+
+def test_the_identity_records_sampling_only_where_group_by_length_does_not_say_it():
+    assert "sampling" not in _identity()["trained"]  # earlier runs' checkpoint identities still match
+    assert "sampling" not in _identity(group_by_length=False)["trained"]
+    assert _identity(train_sampling_strategy="sequential")["trained"]["sampling"] == "sequential"
+
+
+def test_the_identity_records_the_warmup_steps_in_effect():
+    assert _identity(warmup_ratio=0.25)["settings"]["warmup_steps"] == 3
+    assert _identity(warmup_steps=4)["settings"]["warmup_steps"] == 4
+
+
+def test_a_run_recorded_before_warmup_steps_existed_is_still_the_same_run(tmp_path):
+    from flaxheads.training import run_dir
+
+    identity = _identity()
+    older = {"trained": identity["trained"],
+             "settings": {k: v for k, v in identity["settings"].items() if k != "warmup_steps"}}
+    run_dir.write_run(tmp_path, older, complete=False)
+    assert run_dir.check_folder(tmp_path, identity, explicit_resume=False) is not None
