@@ -5,6 +5,10 @@
     logits = model(input_ids, attention_mask)
     model.save_pretrained("out")     # a directory transformers loads
     clf = flaxheads.pipeline("text-classification", model="out")   # transformers' answers, batched
+
+    trainer = flaxheads.Trainer(model, flaxheads.TrainConfig(output_dir=None), tokenizer=tokenizer,
+                                train_dataset=(texts, labels), eval_dataset=(dev_texts, dev_labels))
+    model, metrics, _ = trainer.train()
 """
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
@@ -19,6 +23,19 @@ from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretraine
 from flaxheads.pipeline import TextClassificationPipeline, pipeline
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
 from flaxheads.training.optim import decay_mask
+from flaxheads.training.config import TrainConfig
+
+_TRAINING_NAMES = ("EvalPrediction", "PredictionOutput", "Trainer", "TrainOutput")
+
+
+def __getattr__(name: str):
+    # Training pulls in datasets, optax, Orbax and TensorBoard: imported on first use, so that
+    # `import flaxheads` for inference stays light.
+    if name in _TRAINING_NAMES:
+        from flaxheads.training import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'flaxheads' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 
@@ -32,15 +49,20 @@ __all__ = [
     "CheckpointError",
     "ClassifierOutput",
     "ClassifierConfig",
+    "EvalPrediction",
     "Encoder",
     "EncoderConfig",
     "FunctionalClassifier",
     "GPT2",
     "GPT2Config",
     "LoadingInfo",
+    "PredictionOutput",
     "SequenceClassifier",
     "ShapeMismatch",
     "TextClassificationPipeline",
+    "TrainConfig",
+    "TrainOutput",
+    "Trainer",
     "XLNet",
     "XLNetConfig",
     "decay_mask",

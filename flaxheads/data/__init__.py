@@ -8,7 +8,8 @@
 
 Several processes, each reading only its data shards: process p tokenises
 `split.select(process_rows(len(split), S, p, P))` and passes those rows with `num_shards=S`,
-`process_index=p`, `process_count=P` and `lengths` (`example_lengths` of every example, gathered).
+`process_index=p`, `process_count=P` and `lengths` (`example_lengths` of every example, gathered):
+`tokenize_own_shards` does this for every split of a task.
 """
 
 from flaxheads.data.batching import (
@@ -33,7 +34,16 @@ from flaxheads.data.builtin import (
     trec6,
 )
 from flaxheads.data.files import load_local_files, load_named_dataset
+from flaxheads.data.in_memory import InMemoryTask, SplitData, as_dataset, load_in_memory
 from flaxheads.data.labels import encode_labels
+from flaxheads.data.shards import (
+    OwnSplit,
+    accumulation_view,
+    check_data_shards,
+    eval_example_order,
+    gather_lengths,
+    tokenize_own_shards,
+)
 from flaxheads.data.splits import split_dataset
 from flaxheads.data.task import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TaskData
 from flaxheads.data.tokenization import tokenize_split, tokenize_task
@@ -42,18 +52,27 @@ __all__ = [
     "BUILTIN_DATASETS",
     "BatchFormat",
     "DataPosition",
+    "InMemoryTask",
     "MULTI_LABEL",
+    "OwnSplit",
     "REGRESSION",
     "SINGLE_LABEL",
+    "SplitData",
     "TaskData",
     "TrainBatches",
+    "accumulation_view",
+    "as_dataset",
     "bucket_for",
     "bucket_lengths",
+    "check_data_shards",
     "encode_labels",
     "epoch_order",
     "eval_batches",
+    "eval_example_order",
     "example_lengths",
+    "gather_lengths",
     "load_builtin",
+    "load_in_memory",
     "load_local_files",
     "load_named_dataset",
     "movie_snippets",
@@ -63,6 +82,7 @@ __all__ = [
     "process_shards",
     "sms_spam",
     "split_dataset",
+    "tokenize_own_shards",
     "tokenize_split",
     "tokenize_task",
     "trec6",

@@ -38,6 +38,8 @@ from flaxheads.data.tokenization import LABELS, LENGTH, pad_token_ids
 
 Batch = dict[str, np.ndarray]
 SMALLEST_BUCKET = 16
+SAMPLING = ("random", "group_by_length", "sequential")
+"""How `TrainBatches` orders each epoch's examples."""
 
 
 def bucket_lengths(max_seq_length: int, smallest: int = SMALLEST_BUCKET) -> tuple[int, ...]:
@@ -192,7 +194,8 @@ class TrainBatches:
 
     Each epoch visits every example exactly once, as `num_batches(n, global_batch_size)` global
     batches; the last ones are completed with filler rows. With one data shard the epoch's order
-    is `epoch_order(n, seed, epoch)` (or `length_grouped_order` with `group_by_length`); with
+    is `epoch_order(n, seed, epoch)` (or `length_grouped_order` with `sampling="group_by_length"`,
+    or the split's own order, every epoch, with `sampling="sequential"`); with
     `num_shards` S > 1 each shard is walked in its own such order (`shard=s`), and part s of every
     global batch comes from shard s (see the module docstring). `position` is the position of the
     next batch: save `position.to_dict()` with a checkpoint, and a stream started from
@@ -202,7 +205,10 @@ class TrainBatches:
     `dataset` is the split (a single process, or S = 1), or this process's `process_rows` of it
     with `lengths` the token counts of every example of the split. Each batch is this process's
     `global_batch_size // process_count` rows (see `make_batch`). The batches depend on
-    (split, seed, global_batch_size, num_shards, group_by_length), not on the process count.
+    (split, seed, global_batch_size, num_shards, sampling), not on the process count.
+
+    `sampling`: "random", "group_by_length" or "sequential"; None: "group_by_length" when
+    `group_by_length` is true, else "random".
     """
 
     def __init__(
@@ -218,10 +224,13 @@ class TrainBatches:
         group_by_length: bool = False,
         num_shards: int = 1,
         lengths: np.ndarray | None = None,
+        sampling: str | None = None,
     ):
         if (len(dataset) if lengths is None else len(lengths)) == 0:
             raise ValueError("cannot train on an empty split")
-        self._group_by_length = group_by_length
+        self.sampling = sampling or ("group_by_length" if group_by_length else "random")
+        if self.sampling not in SAMPLING:
+            raise ValueError(f"sampling={self.sampling!r}: choose one of {', '.join(SAMPLING)}")
         self._split = _ShardedSplit(
             dataset, lengths, batch_format, global_batch_size=global_batch_size, num_shards=num_shards,
             process_index=process_index, process_count=process_count,
@@ -255,7 +264,9 @@ class TrainBatches:
             orders = []
             for shard, (first, end) in enumerate(split.shard_ranges):
                 key = None if len(split.shard_ranges) == 1 else shard
-                if self._group_by_length:
+                if self.sampling == "sequential":  # the data's own order, the same every epoch
+                    order = np.arange(end - first)
+                elif self.sampling == "group_by_length":
                     order = length_grouped_order(split.lengths[first:end], self._seed, epoch, split.part_size,
                                                  shard=key)
                 else:

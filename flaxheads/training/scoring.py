@@ -1,0 +1,130 @@
+"""Scores, predictions and exports of the weights a run holds, over its tokenised splits:
+what `TrainLoop` asks of its owner (`Scorer`), and what `Trainer.evaluate / predict` return.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+from flax import nnx
+
+from flaxheads import data
+from flaxheads.inference import Evaluator
+from flaxheads.pretrained import save_pretrained
+from flaxheads.training import metrics as metrics_lib
+from flaxheads.training.parallel import host_copy, host_values
+from flaxheads.training.sharding import Layout
+
+
+class EvalPrediction(NamedTuple):
+    """What `compute_metrics` is given, as in transformers: the logits and the label ids of a
+    split, in dataset order."""
+
+    predictions: np.ndarray
+    """(N, num_labels) float32 logits."""
+    label_ids: np.ndarray | None
+    """(N,) class ids, (N,) scores or (N, num_labels) multi-hot rows; None for unlabelled data."""
+
+
+class PredictionOutput(NamedTuple):
+    predictions: np.ndarray
+    """(N, num_labels) float32 logits, in dataset order."""
+    label_ids: np.ndarray | None
+    """The split's encoded labels; None for data given without labels."""
+    metrics: dict[str, float]
+    """The split's metrics (and loss), with compute_metrics' entries; {} without labels."""
+
+
+MetricsFunction = Callable[[EvalPrediction], dict[str, Any]]
+
+
+class SplitScorer:
+    """Scores of the tokenised `splits` for given weights; every process passes its own rows and
+    gets the global result."""
+
+    def __init__(self, graphdef: nnx.GraphDef, splits: dict[str, data.OwnSplit], batch_format: data.BatchFormat,
+                 layout: Layout, *, eval_batch: int, data_shards: int = 1, unlabelled: frozenset[str] = frozenset(),
+                 compute_metrics: MetricsFunction | None = None, tokenizer=None):
+        self.graphdef, self.splits, self.layout = graphdef, splits, layout
+        self.problem_type = batch_format.problem_type
+        self.unlabelled, self.compute_metrics, self.tokenizer = unlabelled, compute_metrics, tokenizer
+        self.evaluator = Evaluator(graphdef, self.problem_type, layout, batch_format, eval_batch, data_shards)
+
+    def scores(self, split: str, params, *, max_batches: int | None = None) -> dict[str, float]:
+        """Metrics and loss of `split` (the first `max_batches` batches: built-in metrics only)."""
+        if self.compute_metrics is None or max_batches is not None:
+            return self.evaluator(params, *self.splits[split], max_batches=max_batches)
+        return self.predict(split, params).metrics
+
+    def predict(self, split: str, params) -> PredictionOutput:
+        """Logits of every example of `split` in dataset order, its labels and metrics."""
+        logits, labels, losses = self._outputs(split, params)
+        if split in self.unlabelled:
+            return PredictionOutput(logits, None, {})
+        metrics = metrics_lib.compute_metrics(self.problem_type, logits, labels)
+        metrics["loss"] = float(np.mean(losses))
+        if self.compute_metrics is not None:
+            metrics.update(self.compute_metrics(EvalPrediction(logits, labels)))
+        return PredictionOutput(logits, labels, metrics)
+
+    def _outputs(self, split: str, params) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows, lengths = self.splits[split]
+        evaluator = self.evaluator
+        batches = data.eval_batches(
+            rows, evaluator.batch_format, global_batch_size=evaluator.batch_size,
+            process_index=jax.process_index(), process_count=jax.process_count(),
+            num_shards=evaluator.num_shards, lengths=lengths,
+        )
+        kept = {"logits": [], "labels": [], "loss": []}
+        for batch in batches:
+            out = host_values(evaluator.step(params, self.layout.put_batch(batch)))
+            real = out["example_mask"] != 0
+            for name, values in kept.items():
+                values.append(np.asarray(out[name])[real])
+        # Batches take the data shards side by side: put the rows back in dataset order.
+        order = data.eval_example_order(len(lengths), evaluator.num_shards, evaluator.batch_size)
+        in_order = {}
+        for name, values in kept.items():
+            gathered = np.concatenate(values)
+            in_order[name] = np.empty_like(gathered)
+            in_order[name][order] = gathered
+        return in_order["logits"], in_order["labels"], in_order["loss"]
+
+    def export(self, params, directory: Path) -> None:
+        """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0.
+        Sharded parameters are gathered first, a collective every process takes part in."""
+        params = host_copy(params, self.layout)
+        if jax.process_index() != 0:
+            return
+        save_pretrained(nnx.merge(self.graphdef, params), directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(directory))
+
+
+def describe_predictions(problem_type: str, logits: np.ndarray, label_names) -> list:
+    """Per example: its label name (single-label), the list of its label names (multi-label) or
+    its score (regression)."""
+    predicted = metrics_lib.predictions(problem_type, logits)
+    if problem_type == data.REGRESSION:
+        return [float(p) for p in np.reshape(predicted, -1)]
+    if problem_type == data.MULTI_LABEL:
+        return [[name for name, on in zip(label_names, row) if on] for row in predicted]
+    return [label_names[int(p)] for p in predicted]
+
+
+def format_predictions(predicted: list) -> str:
+    """run_glue's predict_results.txt: a header, then "index<TAB>prediction" per example
+    (multi-label: the names joined by commas; regression: the score to 3 decimals)."""
+    lines = ["index\tprediction"]
+    for index, value in enumerate(predicted):
+        if isinstance(value, float):
+            text = f"{value:.3f}"
+        elif isinstance(value, list):
+            text = ",".join(value)
+        else:
+            text = str(value)
+        lines.append(f"{index}\t{text}")
+    return "\n".join(lines) + "\n"
