@@ -13,7 +13,7 @@ from flax import nnx
 
 from flaxheads import data
 from flaxheads.inference import Evaluator
-from flaxheads.pretrained import save_pretrained
+from flaxheads.model import save_pretrained
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.parallel import host_copy, host_values
 from flaxheads.training.sharding import Layout
