@@ -12,6 +12,7 @@ import numpy as np
 
 from flaxheads import conversion
 from flaxheads.conversion import checkpoint_io, hf_flax
+from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.loading import FORMATS, flat_variables, open_checkpoint, weight_format
 from flaxheads.model import from_pretrained, save_pretrained
 
@@ -81,6 +82,7 @@ def convert(
     conversion would not replace (stale weights a loader could read instead of the new ones).
     """
     start = time.perf_counter()
+    src = resolve_checkpoint(src)  # a folder, or a hub id in the huggingface_hub cache
     to = to or default_direction(src)
     if to not in FORMATS:
         raise ValueError(f"to={to!r}; choose one of {FORMATS}")

@@ -22,6 +22,7 @@ from flax import nnx
 from flaxheads import data, problem
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, backbone_spec
 from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.data.tokenization import pad_token_ids, tokenize_texts
 from flaxheads.model import SequenceClassifier, from_pretrained
 from flaxheads.training import metrics as metrics_lib
@@ -55,7 +56,7 @@ def load_tokenizer(model_dir: str | os.PathLike, tokenizer_name: str | os.PathLi
     Raises ValueError naming `tokenizer_name=` for a folder without tokenizer files, and for a
     tokenizer whose ids do not fit the model's vocabulary (it is not the model's tokenizer).
     """
-    model_dir = Path(model_dir)
+    model_dir = resolve_checkpoint(model_dir)  # a folder, or a hub id in the huggingface_hub cache
     backbone = backbone_config_from_hf(checkpoint_io.read_config(model_dir))
     if tokenizer_name:
         tokenizer = read_tokenizer(tokenizer_name)
@@ -83,7 +84,8 @@ def read_tokenizer(folder: str | os.PathLike):
     """The transformers tokenizer saved in `folder`; ValueError if it holds none."""
     import transformers
 
-    if Path(folder).is_dir() and not _has_vocabulary(Path(folder)):
+    folder = resolve_checkpoint(folder)
+    if not _has_vocabulary(folder):
         raise ValueError(f"{folder} holds no tokenizer (none of {', '.join(VOCABULARY_FILES)}); pass the folder "
                          "of the tokenizer the model was trained with")
     try:
@@ -110,7 +112,7 @@ def check_tokenizer_fits(tokenizer, backbone: BackboneConfig, model: str) -> Non
 
 def model_pad_token_id(model_dir: str | os.PathLike, tokenizer) -> int | None:
     """The pad_token_id to load the model in `model_dir` with, to read `tokenizer`'s batches."""
-    backbone = backbone_config_from_hf(checkpoint_io.read_config(model_dir))
+    backbone = backbone_config_from_hf(checkpoint_io.read_config(resolve_checkpoint(model_dir)))
     return pad_token_ids(tokenizer, backbone.pad_token_id).model
 
 

