@@ -20,22 +20,29 @@ from flaxheads.conversion.table import ShapeMismatch
 from flaxheads.functional import ClassifierOutput, FunctionalClassifier
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, load_backbone, save_pretrained
-from flaxheads.pipeline import TextClassificationPipeline, pipeline
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
 from flaxheads.training.optim import decay_mask
-from flaxheads.training.config import TrainConfig
 
-_TRAINING_NAMES = ("EvalPrediction", "PredictionOutput", "Trainer", "TrainOutput")
+_LAZY = {
+    "EvalPrediction": "flaxheads.training.trainer",
+    "PredictionOutput": "flaxheads.training.trainer",
+    "Trainer": "flaxheads.training.trainer",
+    "TrainOutput": "flaxheads.training.trainer",
+    "TrainConfig": "flaxheads.training.config",
+    "TextClassificationPipeline": "flaxheads.pipeline",
+    "pipeline": "flaxheads.pipeline",
+}
+"""Names whose modules pull in datasets, Orbax and TensorBoard: imported on first use, so that
+`import flaxheads` for a model alone stays light."""
 
 
 def __getattr__(name: str):
-    # Training pulls in datasets, optax, Orbax and TensorBoard: imported on first use, so that
-    # `import flaxheads` for inference stays light.
-    if name in _TRAINING_NAMES:
-        from flaxheads.training import trainer
+    if name in _LAZY:
+        import importlib
 
-        return getattr(trainer, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'flaxheads' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

@@ -93,8 +93,12 @@ def _train(args) -> int:
     config = train_config(args)
     results = train(config)
     print(json.dumps({k: results[k] for k in ("validation", "test") if k in results}, indent=2))
-    if not results.get("already_complete"):
+    if results.get("already_complete"):
+        return 0
+    if config.do_train:
         print(f"exported to {config.output_dir} after {results['steps']} steps in {results['seconds']:.0f} s")
+    else:
+        print(f"scored without training (--no_do_train) in {results['seconds']:.0f} s")
     return 0
 
 
@@ -140,9 +144,9 @@ def _read_lines(input_file: str) -> list[str]:
                 f"--input_file -: standard input is not UTF-8 (byte 0x{data[error.start]:02x} at position "
                 f"{error.start}); pipe it through `iconv -f latin-1 -t utf-8` (or -f cp1252 for Windows text)"
             ) from None
-        from flaxheads.data.files import _not_utf8_message
+        from flaxheads.data.files import not_utf8_message
 
-        raise ValueError(_not_utf8_message(pathlib.Path(input_file), "--input_file", data, error, 0, 0)) from None
+        raise ValueError(not_utf8_message(pathlib.Path(input_file), "--input_file", data, error, 0, 0)) from None
     lines = text.split("\n")  # not splitlines(): it also splits at \x0b, \x1c, \u2028..., which are no line ends
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line starts no new one

@@ -288,7 +288,7 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def _open_sharded(index_file: Path, open_shard: Callable[[Path], TensorReader]) -> TensorReader:
+def open_sharded(index_file: Path, open_shard: Callable[[Path], TensorReader]) -> TensorReader:
     """Opens every shard the index names and checks, from the shards' own lists of tensors, that each
     tensor is where the index says, so that a mismatch is named before any tensor is loaded."""
     try:
@@ -367,9 +367,9 @@ def _open_bin(file: Path) -> TensorReader:
 
 _OPENERS: dict[str, Callable[[Path], TensorReader]] = {
     SAFETENSORS_NAME: _open_safetensors,
-    SAFETENSORS_INDEX_NAME: lambda f: _open_sharded(f, _open_safetensors),
+    SAFETENSORS_INDEX_NAME: lambda f: open_sharded(f, _open_safetensors),
     BIN_NAME: _open_bin,
-    BIN_INDEX_NAME: lambda f: _open_sharded(f, _open_bin),
+    BIN_INDEX_NAME: lambda f: open_sharded(f, _open_bin),
     FLAX_NAME: _open_safetensors,
 }
 

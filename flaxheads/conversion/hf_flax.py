@@ -68,7 +68,7 @@ def open_hf_flax(folder: str | os.PathLike) -> TensorReader:
     if file.name == MSGPACK_INDEX_NAME:
         # The sharded-index checks (valid weight_map, every shard present, each tensor where the
         # index says) are the safetensors ones: one home for them.
-        return checkpoint_io._open_sharded(file, _open_msgpack)
+        return checkpoint_io.open_sharded(file, _open_msgpack)
     return _open_msgpack(file)
 
 

@@ -69,7 +69,7 @@ def load_local_files(
     }
     columns = _column_map(text_column, text_pair_column, label_column)
     canonical = {
-        name: _canonical_columns(split, columns, f"{name} file {files[name]}")
+        name: canonical_columns(split, columns, f"{name} file {files[name]}")
         for name, split in splits.items()
     }
     return encode_labels(datasets.DatasetDict(canonical), problem_type=problem_type, num_labels=num_labels)
@@ -93,7 +93,7 @@ def load_named_dataset(
     loaded = datasets.load_dataset(name, config_name, cache_dir=cache_dir)
     columns = _column_map(text_column, text_pair_column, label_column)
     canonical = {
-        split: _canonical_columns(loaded[split], columns, f"{split} split of {name}")
+        split: canonical_columns(loaded[split], columns, f"{split} split of {name}")
         for split in ("train", "validation", "test")
         if split in loaded
     }
@@ -190,10 +190,10 @@ def _utf8_prefix_length(data: bytes, path, flag: str, position: int, lines: int,
     try:
         return codecs.utf_8_decode(data, "strict", final)[1]
     except UnicodeDecodeError as error:
-        raise ValueError(_not_utf8_message(path, flag, data, error, position, lines)) from None
+        raise ValueError(not_utf8_message(path, flag, data, error, position, lines)) from None
 
 
-def _not_utf8_message(path, flag, data: bytes, error: UnicodeDecodeError, position: int, lines: int) -> str:
+def not_utf8_message(path, flag, data: bytes, error: UnicodeDecodeError, position: int, lines: int) -> str:
     start = error.start
     line = lines + data.count(b"\n", 0, start) + 1
     context = data[max(data.rfind(b"\n", 0, start) + 1, start - 40) : start + 20].split(b"\n")[0]
@@ -302,7 +302,7 @@ def _short_repr(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _canonical_columns(
+def canonical_columns(
     split: datasets.Dataset, columns: dict[str, tuple[str, str]], where: str
 ) -> datasets.Dataset:
     for source, flag in columns.values():

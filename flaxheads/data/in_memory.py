@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Union
 
 import datasets
 
-from flaxheads.data.files import _canonical_columns
+from flaxheads.data.files import canonical_columns
 from flaxheads.data.labels import encode_labels
 from flaxheads.data.task import LABEL, TEXT, TEXT_PAIR, TaskData
 
@@ -83,10 +83,10 @@ def load_in_memory(splits: Mapping[str, SplitData | None], *, text_column: str =
                              label_column=label_column)
         if name == "test" and label_column not in dataset.column_names:
             unlabelled.add(name)
-            canonical[name] = _canonical_columns(dataset, {k: v for k, v in columns.items() if k != LABEL},
+            canonical[name] = canonical_columns(dataset, {k: v for k, v in columns.items() if k != LABEL},
                                                  f"{name} data")
         else:
-            canonical[name] = _canonical_columns(dataset, columns, f"{name} data")
+            canonical[name] = canonical_columns(dataset, columns, f"{name} data")
     labelled = [name for name in canonical if name not in unlabelled]
     if not labelled and beside is None:
         raise ValueError("the data holds no labels: give a train_dataset or eval_dataset with a label column "

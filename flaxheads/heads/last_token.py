@@ -40,8 +40,8 @@ def last_real_token_index(
         raise ValueError(
             f'head "last_token" cannot find the last real token of {batch} padded sequences: the model '
             "has no pad_token_id and no attention_mask was passed. Pass attention_mask, or set the pad "
-            "id when loading: from_pretrained(path, pad_token_id=tokenizer.pad_token_id or "
-            "tokenizer.eos_token_id) (transformers: model.config.pad_token_id = tokenizer.eos_token_id)"
+            "id when loading: from_pretrained(path, pad_token_id=tokenizer.pad_token_id), or "
+            "pad_token_id=tokenizer.eos_token_id for a tokenizer without a pad token (transformers: model.config.pad_token_id = tokenizer.eos_token_id)"
         )
     # argmax returns the first maximum: the rightmost real position, or 0 for an all-padding row.
     positions_BT = jnp.arange(seq, dtype=jnp.int32) * is_real_BT.astype(jnp.int32)
