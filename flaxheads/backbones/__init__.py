@@ -24,6 +24,7 @@ class BackboneSpec:
 BACKBONES: dict[str, BackboneSpec] = {
     "bert": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
     "roberta": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
+    "electra": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
     # The last_token head finds the last real token on either side; right is transformers' GPT-2 default.
     "gpt2": BackboneSpec(GPT2Config, GPT2, padding_side="right"),
     # XLNet was pretrained with left padding and its "summary" head reads the last token.

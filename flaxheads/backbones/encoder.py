@@ -1,4 +1,4 @@
-"""The BERT/RoBERTa encoder: one Flax NNX module, the two families told apart by config switches."""
+"""The BERT/RoBERTa/ELECTRA encoder: one Flax NNX module, the families told apart by config switches."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from flax import nnx
 from flaxheads.backbones import layers
 from flaxheads.backbones.interface import BackboneOutput
 
-_ENCODER_FAMILIES = ("bert", "roberta")
-# transformers' RobertaConfig defaults where they differ from BertConfig's (the dataclass
-# defaults below): a config.json that leaves them out means these, not BERT's.
-_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {"roberta": {"pad_token_id": 1, "vocab_size": 50265}}
+_ENCODER_FAMILIES = ("bert", "roberta", "electra")
+# transformers' RobertaConfig / ElectraConfig defaults where they differ from BertConfig's (the
+# dataclass defaults below): a config.json that leaves them out means these, not BERT's.
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "roberta": {"pad_token_id": 1, "vocab_size": 50265},
+    "electra": {"embedding_size": 128, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,9 @@ class EncoderConfig:
     position_ids_from_padding: bool = False
     """RoBERTa: position ids count non-pad tokens from `pad_token_id + 1` (fairseq's layout);
     BERT: positions are 0..T-1 whatever the padding."""
+    embedding_size: int | None = None
+    """ELECTRA: width of the embeddings (and their LayerNorm), projected to hidden_size by
+    `embeddings_project` when the two differ; None (BERT, RoBERTa): hidden_size."""
 
     def __post_init__(self):
         if self.model_type not in _ENCODER_FAMILIES:
@@ -51,10 +57,12 @@ class EncoderConfig:
             )
         if self.position_ids_from_padding and self.pad_token_id is None:
             raise ValueError("position_ids_from_padding needs pad_token_id")
+        if self.embedding_size is not None and self.model_type != "electra":
+            raise ValueError(f"embedding_size is ELECTRA's; model_type {self.model_type!r} embeds at hidden_size")
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any]) -> "EncoderConfig":
-        """Reads a Hugging Face `config.json` dict of model_type bert or roberta."""
+        """Reads a Hugging Face `config.json` dict of model_type bert, roberta or electra."""
         kind = hf.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise NotImplementedError(
@@ -65,12 +73,16 @@ class EncoderConfig:
             if hf.get(flag):
                 raise NotImplementedError(f"{flag}=True: flaxheads encoders are bidirectional only")
         fields = {f.name for f in dataclasses.fields(cls)} - {"position_ids_from_padding"}
+        if hf["model_type"] != "electra":
+            fields -= {"embedding_size"}
         known = {**_FAMILY_DEFAULTS.get(hf["model_type"], {}), **{k: v for k, v in hf.items() if k in fields}}
         return cls(**known, position_ids_from_padding=hf["model_type"] == "roberta")
 
     def to_hf_config(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         del out["position_ids_from_padding"]
+        if self.embedding_size is None:
+            del out["embedding_size"]
         out["position_embedding_type"] = "absolute"
         return out
 
@@ -86,6 +98,15 @@ class EncoderConfig:
         return self.max_position_embeddings - offset
 
     @property
+    def embedding_width(self) -> int:
+        return self.hidden_size if self.embedding_size is None else self.embedding_size
+
+    @property
+    def projects_embeddings(self) -> bool:
+        """ELECTRA with embedding_size != hidden_size: the model has `embeddings_project`."""
+        return self.embedding_width != self.hidden_size
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -94,11 +115,12 @@ class Embeddings(nnx.Module):
     def __init__(self, cfg: EncoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         kw = dict(init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.cfg = cfg
-        self.word_embeddings = layers.embed(cfg.vocab_size, cfg.hidden_size, **kw)
-        self.position_embeddings = layers.embed(cfg.max_position_embeddings, cfg.hidden_size, **kw)
-        self.token_type_embeddings = layers.embed(cfg.type_vocab_size, cfg.hidden_size, **kw)
+        width = cfg.embedding_width
+        self.word_embeddings = layers.embed(cfg.vocab_size, width, **kw)
+        self.position_embeddings = layers.embed(cfg.max_position_embeddings, width, **kw)
+        self.token_type_embeddings = layers.embed(cfg.type_vocab_size, width, **kw)
         self.layer_norm = layers.layer_norm(
-            cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+            width, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
         self.deterministic = False
         """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `layers`)."""
@@ -173,7 +195,10 @@ class EncoderLayer(nnx.Module):
 
 
 class Encoder(nnx.Module):
-    """BERT or RoBERTa (`transformers.BertModel` / `RobertaModel`) in Flax NNX.
+    """BERT, RoBERTa or ELECTRA (`transformers.BertModel` / `RobertaModel` / `ElectraModel`) in Flax NNX.
+
+    ELECTRA with embedding_size != hidden_size projects the embeddings (after their LayerNorm and
+    dropout, as transformers does) with `embeddings_project`; its hidden_states[0] is the projection.
 
     `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype.
     `add_pooling_layer` gives the standalone backbone BERT's pooler; classifiers built by
@@ -192,6 +217,14 @@ class Encoder(nnx.Module):
     ):
         self.cfg = cfg
         self.embeddings = Embeddings(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.embeddings_project = (
+            layers.dense(
+                cfg.embedding_width, cfg.hidden_size,
+                init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+            )
+            if cfg.projects_embeddings
+            else None
+        )
         self.layers = nnx.List(
             [EncoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)]
         )
@@ -215,6 +248,8 @@ class Encoder(nnx.Module):
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
         eval mode ignores it. ValueError in train mode without it (non-zero dropout rates)."""
         x_BTD = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
+        if self.embeddings_project is not None:
+            x_BTD = self.embeddings_project(x_BTD)  # (B, T, embedding_size) -> (B, T, hidden)
         hidden_states = [x_BTD]
         for layer in self.layers:
             x_BTD = layer(x_BTD, attention_mask, rngs)

@@ -4,15 +4,16 @@ them, checkpoint I/O, loading and saving (`loading.py`), loading info."""
 from __future__ import annotations
 
 import re
-from typing import Callable
+from typing import Callable, Iterable
 
 from flaxheads.conversion.bert import BERT, ROBERTA
+from flaxheads.conversion.electra import ELECTRA
 from flaxheads.conversion.gpt2 import GPT2
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
 from flaxheads.conversion.xlnet import XLNET
 
-TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET)}
+TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA)}
 
 
 def architecture_table(model_type: str | None) -> ArchitectureTable:
@@ -29,8 +30,17 @@ def under(prefix: str, rules) -> list[Rule]:
     return [Rule(r.hf, f"{prefix}.{r.flax}", r.transform) for r in rules]
 
 
-def backbone_rules(table: ArchitectureTable, num_layers: int, base: str) -> list[Rule]:
-    return under("backbone", expand(table.backbone, num_layers=num_layers, base=base))
+def backbone_rules(
+    table: ArchitectureTable, num_layers: int, base: str, param_paths: Iterable[str] | None = None
+) -> list[Rule]:
+    """With `param_paths` (the model's, from `backbone.`), only the rules for parameters the
+    model has: a table names every parameter its backbone may have, and one built without an
+    optional part (ELECTRA's embeddings_project when embedding_size == hidden_size) skips it."""
+    rules = under("backbone", expand(table.backbone, num_layers=num_layers, base=base))
+    if param_paths is None:
+        return rules
+    present = set(param_paths)
+    return [r for r in rules if r.flax in present]
 
 
 def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str], base: str) -> list[Rule]:

@@ -377,11 +377,12 @@ def from_pretrained(
         return cls(model_config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=nnx.Rngs(seed))
 
     abstract = nnx.eval_shape(make)
-    head_paths = [k[len("head."):] for k in flat_variables(abstract) if k.startswith("head.")]
+    param_paths = list(flat_variables(abstract))
+    head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = conversion.base_prefix(table, reader.names, rename)
     num_layers = model_config.backbone.num_hidden_layers
-    backbone = rename(conversion.backbone_rules(table, num_layers, base))
+    backbone = rename(conversion.backbone_rules(table, num_layers, base, param_paths))
     head_rules = rename(conversion.head_rules(table, model_config.head, head_paths, base))
     _raise_for_extra_layers(checkpoint, table, base, num_layers)
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
@@ -441,19 +442,21 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = conversion.base_prefix(table, reader.names, rename)
     _raise_for_extra_layers(checkpoint, table, base, config.num_hidden_layers)
-    rules = _relative(rename(conversion.backbone_rules(table, config.num_hidden_layers, base)))
     # The pooler: the base model's own, or, in flaxheads' format, the "pooler" head's.
     pooler = _relative(rename(conversion.under("head", conversion.expand(table.pooler, num_layers=0, base=base))))
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
-    rules += pooler if has_pooler else []
 
     def make():
         return build_backbone(
             config, dtype=_dtype(dtype), param_dtype=_dtype(param_dtype), rngs=nnx.Rngs(0), add_pooling_layer=has_pooler
         )
 
+    abstract = nnx.eval_shape(make)
+    param_paths = [f"backbone.{k}" for k in flat_variables(abstract)]
+    rules = _relative(rename(conversion.backbone_rules(table, config.num_hidden_layers, base, param_paths)))
+    rules += pooler if has_pooler else []
     return _load(make, reader, rules, [], param_dtype=_dtype(param_dtype), ignore_mismatched_sizes=False,
-                 describe="none (backbone only)")
+                 describe="none (backbone only)", abstract=abstract)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,6 +505,6 @@ def _exported(model, format: str) -> tuple[dict[str, Any], dict[str, np.ndarray]
         return hf_config, arrays, checkpoint_io.FLAX_NAME
     base = f"{table.base_prefix}."
     head_paths = [k[len("head."):] for k in arrays if k.startswith("head.")]
-    rules = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base)
+    rules = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base, arrays)
     rules += conversion.head_rules(table, config.head, head_paths, base)
     return hf_config, flax_to_hf(arrays, rules), checkpoint_io.SAFETENSORS_NAME

@@ -4,6 +4,7 @@
 |----------------|--------------------------------------------------------------------|--------------------------------|
 | `pooler`       | tanh(dense(first token)) -> dropout -> linear                      | `BertForSequenceClassification` |
 | `roberta`      | first token -> dropout -> dense -> tanh -> dropout -> out_proj     | `RobertaClassificationHead`    |
+| `electra`      | first token -> dropout -> dense -> GELU -> dropout -> out_proj     | `ElectraClassificationHead`    |
 | `cls`          | first token -> dropout -> linear                                   | BERT paper                     |
 | `mean`         | mean over real tokens (attention mask) -> dropout -> linear        |                                |
 | `concat_last4` | first token of the last 4 layers, concatenated -> dropout -> linear |                                |
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 from flax import nnx
 
+from flaxheads.backbones import layers
 from flaxheads.heads import pooling
 from flaxheads.heads.base import HeadConfig, HeadInputs
 from flaxheads.heads.classifiers import LinearHead, PoolerHead, RobertaHead
 from flaxheads.heads.last_token import LastTokenHead
 from flaxheads.heads.summary import SummaryHead
 
-HEAD_NAMES = ("pooler", "roberta", "cls", "mean", "concat_last4", "last_token", "summary")
+HEAD_NAMES = ("pooler", "roberta", "cls", "mean", "concat_last4", "last_token", "summary", "electra")
 
 
 def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
@@ -32,6 +34,9 @@ def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Mo
         return PoolerHead(cfg, **kw)
     if cfg.name == "roberta":
         return RobertaHead(cfg, **kw)
+    if cfg.name == "electra":
+        # GELU whatever the backbone's hidden_act: transformers' head hard-codes it.
+        return RobertaHead(cfg, activation=layers.activation("gelu"), **kw)
     if cfg.name == "cls":
         return LinearHead(cfg, pooling.first_token, d, **kw)
     if cfg.name == "mean":

@@ -30,10 +30,21 @@ class PoolerHead(nnx.Module):
 
 
 class RobertaHead(nnx.Module):
-    """`RobertaClassificationHead`: first token -> dropout -> dense -> tanh -> dropout -> out_proj."""
+    """`RobertaClassificationHead`: first token -> dropout -> dense -> tanh -> dropout -> out_proj.
 
-    def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    `activation` replaces the tanh: ELECTRA's `ElectraClassificationHead` is this head with GELU."""
+
+    def __init__(
+        self,
+        cfg: HeadConfig,
+        *,
+        activation: Callable[[jax.Array], jax.Array] = jnp.tanh,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
         self.cfg = cfg
+        self.activation = activation
         kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.dense = layers.dense(cfg.hidden_size, cfg.hidden_size, **kw)
         self.out_proj = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
@@ -43,7 +54,7 @@ class RobertaHead(nnx.Module):
         def drop(y):
             return layers.dropout(y, self.cfg.dropout_rate, rngs, deterministic=self.deterministic)
 
-        x = jnp.tanh(self.dense(drop(pooling.first_token(inputs))))
+        x = self.activation(self.dense(drop(pooling.first_token(inputs))))
         return self.out_proj(drop(x))
 
 

@@ -1,0 +1,20 @@
+"""Conversion table for ELECTRA (`ElectraModel`, `ElectraForPreTraining`, `ElectraForMaskedLM`,
+`ElectraForSequenceClassification`): BERT's encoder names under `electra.`, plus the projection
+from embedding_size to hidden_size, which only models with embedding_size != hidden_size have."""
+
+from __future__ import annotations
+
+from flaxheads.conversion.bert import ENCODER_BACKBONE
+from flaxheads.conversion.table import ArchitectureTable, linear
+
+ELECTRA = ArchitectureTable(
+    model_type="electra",
+    base_prefix="electra",
+    base_architecture="ElectraModel",
+    classification_architecture="ElectraForSequenceClassification",
+    canonical_head="electra",
+    # A model without `embeddings_project` (embedding_size == hidden_size) skips its rule.
+    backbone=(*ENCODER_BACKBONE, *linear("{base}embeddings_project", "embeddings_project")),
+    # No pooler in ELECTRA: the "pooler" head on it is new, stored in flaxheads' own layout.
+    heads={"electra": (*linear("classifier.dense", "dense"), *linear("classifier.out_proj", "out_proj"))},
+)
