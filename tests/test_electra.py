@@ -372,6 +372,7 @@ _SHARDED = textwrap.dedent(
     """
     import sys, json
     import numpy as np, jax.numpy as jnp
+    from flax import nnx
     import flaxheads
     from flaxheads.training.sharding import Layout
     layout = Layout.create("data=1,fsdp=4")
@@ -379,7 +380,7 @@ _SHARDED = textwrap.dedent(
     kernel = model.backbone.embeddings_project.kernel[...]
     ids = jnp.asarray(np.random.default_rng(0).integers(1, 99, (4, 9)))
     print(json.dumps({"spec": [str(a) for a in kernel.sharding.spec], "devices": len(kernel.sharding.device_set),
-                      "logits": np.asarray(model(ids)).tolist()}))
+                      "logits": np.asarray(nnx.jit(lambda m, x: m(x))(model, ids)).tolist()}))  # jit: one program
     """
 )
 
@@ -436,8 +437,7 @@ def test_cli_inspect_convert_train_evaluate_predict_on_electra(electra_with_toke
     assert "electra.embeddings_project.weight" in exported and "classifier.out_proj.weight" in exported
 
     run = tmp_path / "run"
-    common = ["--train_file", str(data["train"]), "--validation_file", str(data["validation"]),
-              "--text_column", "sentence", "--max_seq_length", "32"]
+    common = ["--train_file", str(data["train"]), "--text_column", "sentence", "--max_seq_length", "32"]
     assert main(["train", "--model_name_or_path", str(source), *common, "--output_dir", str(run),
                  "--per_device_train_batch_size", "8", "--max_steps", "2", "--logging_steps", "1",
                  "--save_steps", "2", "--disable_tqdm"]) == 0
@@ -445,7 +445,8 @@ def test_cli_inspect_convert_train_evaluate_predict_on_electra(electra_with_toke
     config = json.loads((run / "config.json").read_text())
     assert config["model_type"] == "electra" and config["architectures"] == ["ElectraForSequenceClassification"]
 
-    assert main(["evaluate", "--model_name_or_path", str(run), *common, "--split", "validation"]) == 0
+    assert main(["evaluate", "--model_name_or_path", str(run), *common, "--validation_file", str(data["validation"]),
+                 "--split", "validation"]) == 0
     assert "accuracy" in json.loads(capsys.readouterr().out)
 
     assert main(["predict", "--model_name_or_path", str(run), "a fine film", "dull"]) == 0
