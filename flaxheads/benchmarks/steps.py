@@ -35,7 +35,7 @@ SIZES = {
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
 }
-ARCHS = ("bert", "roberta", "gpt2", "xlnet")
+ARCHS = ("bert", "roberta", "gpt2", "xlnet", "electra")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +62,10 @@ class StepBench:
             return dict(common, **vocab, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
                         intermediate_size=ffn, hidden_act="gelu", layer_norm_eps=1e-12,
                         attention_probs_dropout_prob=self.attention_dropout)
+        if self.arch == "electra":  # ELECTRA-base's layout: BERT's sizes, embeddings as wide as the hidden states
+            return dict(common, vocab_size=30522, max_position_embeddings=512, type_vocab_size=2, embedding_size=d,
+                        hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn,
+                        hidden_act="gelu", layer_norm_eps=1e-12, attention_probs_dropout_prob=self.attention_dropout)
         if self.arch == "gpt2":
             # pad id 0 never occurs in the benchmark batch (ids from 1000), so every row is full length
             return dict(common, vocab_size=50257, n_positions=1024, n_embd=d, n_layer=layers, n_head=heads,
