@@ -125,6 +125,8 @@ def test_electra_config_reads_embedding_size_and_writes_it_back_while_bert_has_n
     assert (defaults.embedding_size, defaults.hidden_size, defaults.num_attention_heads) == (128, 256, 4)
     assert not EncoderConfig.from_hf_config({**hf, **SAME_WIDTH}).projects_embeddings
     assert "embedding_size" not in bert.to_hf_config() and not bert.projects_embeddings
+    # Left unset, ELECTRA embeds at hidden_size, and says so (transformers' default is 128).
+    assert EncoderConfig(model_type="electra", hidden_size=48).to_hf_config()["embedding_size"] == 48
     with pytest.raises(ValueError, match="embedding_size is ELECTRA's"):
         EncoderConfig(model_type="bert", embedding_size=20)
 

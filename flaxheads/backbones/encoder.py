@@ -81,7 +81,9 @@ class EncoderConfig:
     def to_hf_config(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         del out["position_ids_from_padding"]
-        if self.embedding_size is None:
+        if self.model_type == "electra":  # always written: transformers' default (128) may differ
+            out["embedding_size"] = self.embedding_width
+        else:
             del out["embedding_size"]
         out["position_embedding_type"] = "absolute"
         return out
