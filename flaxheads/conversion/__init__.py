@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from flaxheads.conversion.albert import ALBERT
 from flaxheads.conversion.bert import BERT, ROBERTA
 from flaxheads.conversion.gpt2 import GPT2
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
 from flaxheads.conversion.xlnet import XLNET
 
-TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET)}
+TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ALBERT)}
 
 
 def architecture_table(model_type: str | None) -> ArchitectureTable:
@@ -29,8 +30,16 @@ def under(prefix: str, rules) -> list[Rule]:
     return [Rule(r.hf, f"{prefix}.{r.flax}", r.transform) for r in rules]
 
 
-def backbone_rules(table: ArchitectureTable, num_layers: int, base: str) -> list[Rule]:
-    return under("backbone", expand(table.backbone, num_layers=num_layers, base=base))
+def backbone_rules(table: ArchitectureTable, backbone_config, base: str) -> list[Rule]:
+    """The rules for every backbone tensor of a model built from `backbone_config`."""
+    return under("backbone", expand(table.backbone, counts=table.index_counts(backbone_config), base=base))
+
+
+class _OneOfEach(dict):
+    """Index counts of 1 for whatever indices a table's rules name."""
+
+    def __missing__(self, name: str) -> int:
+        return 1
 
 
 def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str], base: str) -> list[Rule]:
@@ -66,7 +75,8 @@ def base_prefix(table: ArchitectureTable, names: list[str], rename: Rename = pyt
     model with a head, `BertForSequenceClassification`), `""` for a bare `BertModel`."""
     prefix = f"{table.base_prefix}."
     present = set(names)
-    return prefix if any(r.hf in present for r in rename(backbone_rules(table, 1, prefix))) else ""
+    first_layer = under("backbone", expand(table.backbone, counts=_OneOfEach(), base=prefix))
+    return prefix if any(r.hf in present for r in rename(first_layer)) else ""
 
 
 def nsp_rules(table: ArchitectureTable, base: str) -> list[Rule]:

@@ -381,7 +381,7 @@ def from_pretrained(
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = conversion.base_prefix(table, reader.names, rename)
     num_layers = model_config.backbone.num_hidden_layers
-    backbone = rename(conversion.backbone_rules(table, num_layers, base))
+    backbone = rename(conversion.backbone_rules(table, model_config.backbone, base))
     head_rules = rename(conversion.head_rules(table, model_config.head, head_paths, base))
     _raise_for_extra_layers(checkpoint, table, base, num_layers)
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
@@ -441,7 +441,7 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = conversion.base_prefix(table, reader.names, rename)
     _raise_for_extra_layers(checkpoint, table, base, config.num_hidden_layers)
-    rules = _relative(rename(conversion.backbone_rules(table, config.num_hidden_layers, base)))
+    rules = _relative(rename(conversion.backbone_rules(table, config, base)))
     # The pooler: the base model's own, or, in flaxheads' format, the "pooler" head's.
     pooler = _relative(rename(conversion.under("head", conversion.expand(table.pooler, num_layers=0, base=base))))
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
@@ -502,6 +502,6 @@ def _exported(model, format: str) -> tuple[dict[str, Any], dict[str, np.ndarray]
         return hf_config, arrays, checkpoint_io.FLAX_NAME
     base = f"{table.base_prefix}."
     head_paths = [k[len("head."):] for k in arrays if k.startswith("head.")]
-    rules = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base)
+    rules = conversion.backbone_rules(table, config.backbone, base)
     rules += conversion.head_rules(table, config.head, head_paths, base)
     return hf_config, flax_to_hf(arrays, rules), checkpoint_io.SAFETENSORS_NAME

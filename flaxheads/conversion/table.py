@@ -9,8 +9,10 @@ guessing: a tensor is converted only if a rule names it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from typing import Callable, Iterable, Mapping
+import string
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -79,15 +81,20 @@ def embedding(hf: str, flax: str) -> list[Rule]:
     return [Rule(f"{hf}.weight", f"{flax}.embedding")]
 
 
-def expand(rules: Iterable[Rule], *, num_layers: int, base: str) -> list[Rule]:
-    """Concrete rules: `{i}` repeated for every layer, `{base}` filled in."""
+def expand(
+    rules: Iterable[Rule], *, num_layers: int = 0, base: str, counts: Mapping[str, int] | None = None
+) -> list[Rule]:
+    """Concrete rules: `{i}` repeated for every layer, `{base}` filled in.
+
+    `counts`, when given, replaces `num_layers`: how many values each index takes (ALBERT's `{g}`
+    groups and `{j}` layers per group); a rule repeats over every combination of the indices it names."""
+    counts = {"i": num_layers} if counts is None else counts
     out = []
     for rule in rules:
-        indices = range(num_layers) if "{i}" in rule.hf else [None]
-        for i in indices:
-            out.append(
-                Rule(rule.hf.format(i=i, base=base), rule.flax.format(i=i), rule.transform)
-            )
+        named = [name for _, name, _, _ in string.Formatter().parse(rule.hf) if name and name != "base"]
+        for values in itertools.product(*(range(counts[name]) for name in named)):
+            index = dict(zip(named, values))
+            out.append(Rule(rule.hf.format(base=base, **index), rule.flax.format(**index), rule.transform))
     return out
 
 
@@ -174,6 +181,15 @@ class ArchitectureTable:
     """Rules that fill a 2-label "pooler" head's classifier from a pretraining checkpoint's NSP head."""
     loading_notes: tuple[str, ...] = ()
     """Said in every loading info of this architecture (e.g. parameters kept but never used)."""
+    layer_indices: Callable[[Any], Mapping[str, int]] | None = None
+    """The backbone config -> the counts of the indices `backbone` names; None: `{i}` over
+    num_hidden_layers. ALBERT's shared layers are named by group and layer within the group."""
+
+    def index_counts(self, backbone_config: Any) -> Mapping[str, int]:
+        """How many values each index of the backbone rules takes for a model of `backbone_config`."""
+        if self.layer_indices is None:
+            return {"i": backbone_config.num_hidden_layers}
+        return self.layer_indices(backbone_config)
 
 
 def head_layout(head_flax_paths: Iterable[str]) -> list[Rule]:
