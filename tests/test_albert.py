@@ -40,9 +40,6 @@ TINY_ALBERT = dict(
     max_position_embeddings=64,
     initializer_range=0.1,
 )
-# (num_hidden_groups, inner_group_num): no sharing beyond ALBERT's usual, uneven groups (3 layers
-# over 2 groups: layers 0, 1 use group 0), layers within a group, both at once.
-SHARING = [(1, 1), (2, 1), (1, 2), (2, 2)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,6 +113,8 @@ def flat_params(model) -> dict:
 # Parity
 
 
+# (num_hidden_groups, inner_group_num): one group as released ALBERTs, uneven groups (3 layers over
+# 2 groups: layers 0 and 1 use group 0), two layers per group, both at once.
 @pytest.mark.parametrize(("groups", "inner", "num_labels"), [(1, 1, 2), (2, 1, 3), (1, 2, 1), (2, 2, 5)])
 @pytest.mark.parametrize("padding", ["right", "left"])
 def test_pooler_head_logits_match_transformers_for_every_sharing_layout(albert, groups, inner, num_labels, padding):
@@ -155,7 +154,7 @@ def test_token_types_position_ids_and_missing_inputs_match_transformers(albert):
     assert np.max(np.abs(np.asarray(with_types) - np.asarray(model(**flax_inputs(no_types))))) > 1e-3
 
 
-@pytest.mark.parametrize(("groups", "inner"), SHARING)
+@pytest.mark.parametrize(("groups", "inner"), [(1, 1), (1, 2), (2, 2)])
 def test_every_hidden_state_and_the_pooler_match_albert_model(albert, groups, inner):
     """transformers 5 records every inner layer's output; flaxheads returns one state per layer
     (after its whole group), the interface's num_hidden_layers + 1: every inner_group_num-th of theirs."""
@@ -364,6 +363,16 @@ def test_unsupported_albert_configs_say_what_is_wrong(albert, tmp_path, change, 
     (tmp_path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
 
     with pytest.raises((ValueError, NotImplementedError), match=message):
+        flaxheads.from_pretrained(tmp_path)
+
+
+def test_weights_of_more_groups_than_config_json_says_are_refused_naming_num_hidden_groups(albert, tmp_path):
+    path, _ = albert("AlbertForSequenceClassification", num_labels=2, num_hidden_groups=2)
+    config = {**json.loads((path / "config.json").read_text()), "num_hidden_groups": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
+
+    with pytest.raises(flaxheads.CheckpointError, match=r"albert_layer_groups\.1\..*num_hidden_groups=1"):
         flaxheads.from_pretrained(tmp_path)
 
 

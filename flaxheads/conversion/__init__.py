@@ -90,11 +90,13 @@ _LAYER_SENTINEL = 987654321
 
 
 def layer_name_patterns(table: ArchitectureTable, base: str, rename: Rename = pytorch_names) -> list[re.Pattern]:
-    """Patterns matching the names of one backbone layer's tensors (group 1: the layer index), in
-    the format `rename` gives."""
+    """Patterns matching the names of one backbone layer's tensors (group 1: the layer index, or
+    the outermost index the table names: ALBERT's group), in the format `rename` gives."""
     sentinel = str(_LAYER_SENTINEL)
-    one_layer = [Rule(r.hf.format(i=sentinel, base=base), r.flax.format(i=sentinel), r.transform)
-                 for r in table.backbone if "{i}" in r.hf]
+    outer, *inner = table.layer_indices
+    index = {outer: sentinel, **{name: 0 for name in inner}}
+    one_layer = [Rule(r.hf.format(base=base, **index), r.flax.format(**index), r.transform)
+                 for r in table.backbone if f"{{{outer}}}" in r.hf]
     patterns = []
     for rule in rename(under("backbone", one_layer)):
         before, after = rule.hf.split(sentinel, 1)

@@ -41,5 +41,5 @@ ALBERT = ArchitectureTable(
     backbone=ALBERT_BACKBONE,
     heads={"pooler": (*_POOLER, *linear("classifier", "classifier"))},
     pooler=_POOLER,
-    layer_indices=lambda cfg: {"g": cfg.num_hidden_groups, "j": cfg.inner_group_num},
+    layer_indices={"g": "num_hidden_groups", "j": "inner_group_num"},
 )

@@ -181,15 +181,13 @@ class ArchitectureTable:
     """Rules that fill a 2-label "pooler" head's classifier from a pretraining checkpoint's NSP head."""
     loading_notes: tuple[str, ...] = ()
     """Said in every loading info of this architecture (e.g. parameters kept but never used)."""
-    layer_indices: Callable[[Any], Mapping[str, int]] | None = None
-    """The backbone config -> the counts of the indices `backbone` names; None: `{i}` over
-    num_hidden_layers. ALBERT's shared layers are named by group and layer within the group."""
+    layer_indices: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"i": "num_hidden_layers"})
+    """Each index the `backbone` rules name -> the backbone config field that counts its values,
+    outermost first (ALBERT names a shared layer by group `{g}`, then layer `{j}` in the group)."""
 
-    def index_counts(self, backbone_config: Any) -> Mapping[str, int]:
+    def index_counts(self, backbone_config: Any) -> dict[str, int]:
         """How many values each index of the backbone rules takes for a model of `backbone_config`."""
-        if self.layer_indices is None:
-            return {"i": backbone_config.num_hidden_layers}
-        return self.layer_indices(backbone_config)
+        return {index: getattr(backbone_config, field) for index, field in self.layer_indices.items()}
 
 
 def head_layout(head_flax_paths: Iterable[str]) -> list[Rule]:
