@@ -27,9 +27,9 @@ from flaxheads.convert import convert
 from flaxheads.heads import HeadInputs
 
 ATOL, RTOL = 1e-5, 1e-5
-BF16_ATOL = 5e-2
+BF16_ATOL = 2e-2
 """bfloat16 compute (float32 parameters) against transformers in float32: 8 bits of mantissa
-through 3 layers give differences of order 1e-2 on logits of order 1."""
+through 3 layers (2 x 2 shared) give differences of a few 1e-3 on logits of order 1 (measured 4.6e-3)."""
 TINY_ALBERT = dict(
     vocab_size=99,
     embedding_size=24,  # != hidden_size: the factorised embedding projection is exercised
@@ -455,8 +455,8 @@ def albert_with_tokenizer(tmp_path_factory):
 def test_cli_inspect_convert_train_evaluate_predict_on_albert(albert_with_tokenizer, snippets_csv, tmp_path, capsys):
     from flaxheads.cli import main
 
-    data = ["--train_file", str(snippets_csv["train"]), "--validation_file", str(snippets_csv["validation"]),
-            "--text_column", "sentence", "--max_seq_length", "32"]
+    data = ["--train_file", str(snippets_csv["train"]), "--text_column", "sentence", "--max_seq_length", "32"]
+    validation = ["--validation_file", str(snippets_csv["validation"]), "--split", "validation"]
     assert main(["inspect", str(albert_with_tokenizer), "--num_labels", "2"]) == 0
     assert "albert" in capsys.readouterr().out
     assert main(["convert", str(albert_with_tokenizer), str(tmp_path / "flax")]) == 0
@@ -471,7 +471,7 @@ def test_cli_inspect_convert_train_evaluate_predict_on_albert(albert_with_tokeni
                  "--save_steps", "2", "--disable_tqdm"]) == 0
     assert json.loads((run / "config.json").read_text())["architectures"] == ["AlbertForSequenceClassification"]
     capsys.readouterr()
-    assert main(["evaluate", "--model_name_or_path", str(run), *data, "--split", "validation"]) == 0
+    assert main(["evaluate", "--model_name_or_path", str(run), *data, *validation]) == 0
     assert 0.0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 1.0
     assert main(["predict", "--model_name_or_path", str(run), "a good film", "dull, so dull"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
