@@ -2,7 +2,7 @@
 
 | name           | computation                                                        | reference                      |
 |----------------|--------------------------------------------------------------------|--------------------------------|
-| `pooler`       | tanh(dense(first token)) -> dropout -> linear                      | `BertForSequenceClassification` |
+| `pooler`       | tanh(dense(first token)) -> dropout -> linear                      | `BertForSequenceClassification`, `AlbertForSequenceClassification` |
 | `roberta`      | first token -> dropout -> dense -> tanh -> dropout -> out_proj     | `RobertaClassificationHead`    |
 | `cls`          | first token -> dropout -> linear                                   | BERT paper                     |
 | `mean`         | mean over real tokens (attention mask) -> dropout -> linear        |                                |
