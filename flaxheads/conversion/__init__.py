@@ -35,13 +35,6 @@ def backbone_rules(table: ArchitectureTable, backbone_config, base: str) -> list
     return under("backbone", expand(table.backbone, counts=table.index_counts(backbone_config), base=base))
 
 
-class _OneOfEach(dict):
-    """Index counts of 1 for whatever indices a table's rules name."""
-
-    def __missing__(self, name: str) -> int:
-        return 1
-
-
 def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str], base: str) -> list[Rule]:
     """`head_param_paths` are relative to the head ('classifier.kernel'). A table names every
     parameter its head may have; one built without an optional part (XLNet's summary projection
@@ -75,7 +68,8 @@ def base_prefix(table: ArchitectureTable, names: list[str], rename: Rename = pyt
     model with a head, `BertForSequenceClassification`), `""` for a bare `BertModel`."""
     prefix = f"{table.base_prefix}."
     present = set(names)
-    first_layer = under("backbone", expand(table.backbone, counts=_OneOfEach(), base=prefix))
+    one_each = {index: 1 for index in table.layer_indices}
+    first_layer = under("backbone", expand(table.backbone, counts=one_each, base=prefix))
     return prefix if any(r.hf in present for r in rename(first_layer)) else ""
 
 

@@ -1,9 +1,10 @@
 """Declarative Hugging Face <-> flaxheads parameter mapping, applied with a shape check on every tensor.
 
 A table is a list of `Rule`s: a Hugging Face name pattern, a flaxheads parameter path and a
-`Transform`. `{i}` in both stands for a layer index and `{base}` in the Hugging Face name for the
-base-model prefix (`"bert."`, or `""` for a bare `BertModel` checkpoint). Nothing is renamed by
-guessing: a tensor is converted only if a rule names it.
+`Transform`. `{i}` in both stands for a layer index (ALBERT's table names a shared layer by group
+`{g}` and layer `{j}` instead) and `{base}` in the Hugging Face name for the base-model prefix
+(`"bert."`, or `""` for a bare `BertModel` checkpoint). Nothing is renamed by guessing: a tensor
+is converted only if a rule names it.
 """
 
 from __future__ import annotations
