@@ -483,3 +483,28 @@ def test_cli_inspect_convert_train_evaluate_predict_on_albert(albert_with_tokeni
     assert [r["text"] for r in rows] == ["a good film", "dull, so dull"]
     for row, p in zip(rows, expected):
         np.testing.assert_allclose(list(row["probabilities"].values()), p, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face Flax (transformers 4.x FlaxAlbert) checkpoints
+
+HF_FLAX_ALBERT = os.path.join(os.path.dirname(__file__), "fixtures", "hf_flax", "albert_seq_cls")
+"""Saved by transformers 4.57's FlaxAlbertForSequenceClassification (scripts/make_hf_flax_fixtures.py):
+embedding_size 24, hidden 32, 2 groups of 2 layers; expected.npz holds its inputs and logits."""
+
+
+def test_hf_flax_albert_classifier_matches_transformers_flax_and_converts_to_pytorch(tmp_path):
+    with np.load(os.path.join(HF_FLAX_ALBERT, "expected.npz")) as npz:
+        values = dict(npz)
+    batch = {k: values[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    model, info = flaxheads.from_pretrained(HF_FLAX_ALBERT, output_loading_info=True)
+
+    logits = model(**flax_inputs(batch))
+    model.save_pretrained(tmp_path)
+
+    assert info.fully_pretrained and info.unused == []
+    assert "albert/encoder/albert_layer_groups/1/albert_layers/1/ffn/kernel" in info.loaded
+    assert_close(logits, values["logits"], "HF Flax ALBERT vs transformers 4.57 Flax")
+    reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    batch64 = {k: v.astype(np.int64) for k, v in batch.items()}
+    assert_close(torch_forward(reloaded, batch64).logits, values["logits"], "converted to PyTorch, in transformers 5")
