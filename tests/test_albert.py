@@ -345,6 +345,23 @@ def test_masked_lm_checkpoint_has_no_pooler_so_the_pooler_head_starts_new(albert
     assert "albert.pooler.weight" in str(info)
 
 
+def test_masked_lm_file_carrying_a_pooler_loads_it_as_the_hub_albert_v2_files_do(albert, tmp_path):
+    # The hub's albert-*-v2 files (AlbertForMaskedLM, converted from TensorFlow) hold albert.pooler.*,
+    # which transformers' AlbertForMaskedLM ignores and AlbertForSequenceClassification loads.
+    from safetensors.numpy import load_file as load_numpy, save_file as save_numpy
+
+    path, _ = albert("AlbertForPreTraining")
+    tensors = {k: v for k, v in load_numpy(path / "model.safetensors").items() if not k.startswith("sop_classifier.")}
+    save_numpy(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    config = {**json.loads((path / "config.json").read_text()), "architectures": ["AlbertForMaskedLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    _, info = flaxheads.from_pretrained(tmp_path, output_loading_info=True)
+
+    assert info.newly_initialized == ["classifier.bias", "classifier.weight"]
+    assert "albert.pooler.weight" in info.loaded and all(n.startswith("predictions.") for n in info.unused)
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors
 
