@@ -12,6 +12,7 @@
 """
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
+from flaxheads.backbones.albert import Albert, AlbertConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 from flaxheads.conversion.checkpoint_io import CheckpointError
@@ -52,6 +53,8 @@ __all__ = [
     "PROBLEM_TYPES",
     "REGRESSION",
     "SINGLE_LABEL",
+    "Albert",
+    "AlbertConfig",
     "BackboneOutput",
     "CheckpointError",
     "ClassifierOutput",

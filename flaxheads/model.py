@@ -129,10 +129,11 @@ class ClassifierConfig:
             id2label={str(i): name for i, name in enumerate(self.label_names)},
             label2id={name: i for i, name in enumerate(self.label_names)},
             problem_type=self.problem_type,
-            # None means "the backbone's own"; writing None here would erase that value on export.
-            classifier_dropout=(
-                self.backbone.classifier_dropout if self.classifier_dropout is None else self.classifier_dropout
-            ),
+        )
+        # None means "the backbone's own"; writing None here would erase that value on export.
+        # ALBERT names the field classifier_dropout_prob (`classifier_dropout_key`).
+        hf[getattr(self.backbone, "classifier_dropout_key", "classifier_dropout")] = (
+            self.backbone.classifier_dropout if self.classifier_dropout is None else self.classifier_dropout
         )
         hf[FLAXHEADS_CONFIG_KEY] = {"head": self.head, "head_options": dict(self.head_options)}
         return hf

@@ -110,6 +110,10 @@ def main() -> int:
     # ~76 KB of float32 parameters in shards of at most 30 KB: three shards, some layers split across two.
     bare("gpt2_lm_sharded", transformers.FlaxGPT2LMHeadModel, gpt2, seed=6, token_types=1, pad_token_id=0,
          max_shard_size="30KB")
+    # ALBERT: embeddings narrower than the hidden size, 2 groups of 2 shared layers.
+    albert = transformers.AlbertConfig(**SIZES, **BERT_FAMILY, embedding_size=24, num_hidden_groups=2,
+                                       inner_group_num=2, num_labels=3)
+    classifier("albert_seq_cls", transformers.FlaxAlbertForSequenceClassification, albert, seed=7)
     return 0
 
 

@@ -182,6 +182,8 @@ TINY = {
         vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=0)),
     "xlnet": lambda: transformers.XLNetForSequenceClassification(transformers.XLNetConfig(
         vocab_size=99, d_model=32, n_layer=2, n_head=4, d_inner=37)),
+    "albert": lambda: transformers.AlbertForSequenceClassification(transformers.AlbertConfig(
+        vocab_size=99, embedding_size=24, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)),
 }
 
 
@@ -200,7 +202,7 @@ def _hf_flax_tree(torch_model) -> dict:
     return traverse_util.unflatten_dict(tree)
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "gpt2"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "gpt2", "albert"])
 def test_decay_mask_agrees_with_run_flax_glue_decay_mask_fn_on_hugging_face_flax_names(family):
     params = _hf_flax_tree(TINY[family]())
     ours = traverse_util.flatten_dict(flaxheads.decay_mask(params))
@@ -217,7 +219,7 @@ def _abstract_flaxheads_params(torch_model) -> nnx.State:
     return nnx.split(model, nnx.Param)[1]
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "gpt2", "xlnet"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "gpt2", "xlnet", "albert"])
 def test_decay_mask_decays_exactly_what_transformers_trainer_decays(family):
     """Counted in elements, so flaxheads' own layout (fused or split tensors) compares fairly."""
     torch_model = TINY[family]()

@@ -7,6 +7,7 @@ from typing import Any
 
 from flax import nnx
 
+from flaxheads.backbones.albert import Albert, AlbertConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.interface import BackboneConfig, BackboneOutput
@@ -29,6 +30,7 @@ BACKBONES: dict[str, BackboneSpec] = {
     "gpt2": BackboneSpec(GPT2Config, GPT2, padding_side="right"),
     # XLNet was pretrained with left padding and its "summary" head reads the last token.
     "xlnet": BackboneSpec(XLNetConfig, XLNet, padding_side="left"),
+    "albert": BackboneSpec(AlbertConfig, Albert, padding_side="right"),
 }
 
 
@@ -52,6 +54,8 @@ def build_backbone(cfg: BackboneConfig, *, dtype, param_dtype, rngs: nnx.Rngs, a
 
 
 __all__ = [
+    "Albert",
+    "AlbertConfig",
     "BACKBONES",
     "BackboneConfig",
     "BackboneOutput",

@@ -114,15 +114,18 @@ class EncoderConfig:
 
 
 class Embeddings(nnx.Module):
-    def __init__(self, cfg: EncoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    """Word + token type + position embeddings -> LayerNorm -> dropout, `features` wide
+    (`cfg.embedding_width` unless given: ALBERT and ELECTRA embed into a narrower `embedding_size`)."""
+
+    def __init__(self, cfg: EncoderConfig, *, features: int | None = None, dtype, param_dtype, rngs: nnx.Rngs):
         kw = dict(init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.cfg = cfg
-        width = cfg.embedding_width
-        self.word_embeddings = layers.embed(cfg.vocab_size, width, **kw)
-        self.position_embeddings = layers.embed(cfg.max_position_embeddings, width, **kw)
-        self.token_type_embeddings = layers.embed(cfg.type_vocab_size, width, **kw)
+        features = features or cfg.embedding_width
+        self.word_embeddings = layers.embed(cfg.vocab_size, features, **kw)
+        self.position_embeddings = layers.embed(cfg.max_position_embeddings, features, **kw)
+        self.token_type_embeddings = layers.embed(cfg.type_vocab_size, features, **kw)
         self.layer_norm = layers.layer_norm(
-            width, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+            features, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
         self.deterministic = False
         """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `layers`)."""
@@ -174,10 +177,14 @@ class SelfAttention(nnx.Module):
 
 
 class EncoderLayer(nnx.Module):
-    """Post-LayerNorm transformer block (BERT): x = LN(x + attn(x)); x = LN(x + mlp(x))."""
+    """Post-LayerNorm transformer block (BERT): x = LN(x + attn(x)); x = LN(x + mlp(x)).
 
-    def __init__(self, cfg: EncoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    `mlp_dropout=False` leaves out the dropout on the feed-forward output, as ALBERT's layer does
+    (transformers' `AlbertLayer` defines that dropout but never applies it)."""
+
+    def __init__(self, cfg: EncoderConfig, *, mlp_dropout: bool = True, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.mlp_dropout = mlp_dropout
         kw = dict(init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         norm = dict(eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.attention = SelfAttention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -193,7 +200,8 @@ class EncoderLayer(nnx.Module):
             return layers.dropout(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
         x_BTD = self.attention_norm(x_BTD + drop(self.attention(x_BTD, mask_BT, rngs)))
-        return self.output_norm(x_BTD + drop(self.output(self.act(self.intermediate(x_BTD)))))
+        mlp_BTD = self.output(self.act(self.intermediate(x_BTD)))
+        return self.output_norm(x_BTD + (drop(mlp_BTD) if self.mlp_dropout else mlp_BTD))
 
 
 class Encoder(nnx.Module):

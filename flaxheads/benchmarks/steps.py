@@ -35,7 +35,8 @@ SIZES = {
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
 }
-ARCHS = ("bert", "roberta", "gpt2", "xlnet", "electra")
+ARCHS = ("bert", "roberta", "gpt2", "xlnet", "electra", "albert")
+ALBERT_EMBEDDING = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,9 @@ class StepBench:
         if self.arch == "xlnet":
             return dict(common, vocab_size=32000, d_model=d, n_layer=layers, n_head=heads, d_head=d // heads,
                         d_inner=ffn, ff_activation="gelu", mem_len=None)
+        if self.arch == "albert":  # ALBERT's defaults: embeddings 128 wide, one group shared by every layer
+            return dict(common, vocab_size=30000, embedding_size=ALBERT_EMBEDDING, hidden_size=d, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=ffn, attention_probs_dropout_prob=self.attention_dropout)
         raise ValueError(f"arch {self.arch!r}: choose one of {ARCHS}")
 
 
@@ -88,6 +92,8 @@ def train_flops(bench: StepBench) -> float:
     if bench.arch == "xlnet":
         per_token += layers * 2 * d * d
         attention *= 2
+    if bench.arch == "albert":  # the factorised embeddings' projection to the hidden size
+        per_token += ALBERT_EMBEDDING * d
     tokens = bench.batch * bench.seq_len
     return 6 * tokens * per_token + 6 * layers * bench.batch * attention
 

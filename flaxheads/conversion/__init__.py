@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
+from flaxheads.conversion.albert import ALBERT
 from flaxheads.conversion.bert import BERT, ROBERTA
 from flaxheads.conversion.electra import ELECTRA
 from flaxheads.conversion.gpt2 import GPT2
@@ -13,7 +14,7 @@ from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
 from flaxheads.conversion.xlnet import XLNET
 
-TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA)}
+TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT)}
 
 
 def architecture_table(model_type: str | None) -> ArchitectureTable:
@@ -31,12 +32,13 @@ def under(prefix: str, rules) -> list[Rule]:
 
 
 def backbone_rules(
-    table: ArchitectureTable, num_layers: int, base: str, param_paths: Iterable[str] | None = None
+    table: ArchitectureTable, backbone_config, base: str, param_paths: Iterable[str] | None = None
 ) -> list[Rule]:
-    """With `param_paths` (the model's, from `backbone.`), only the rules for parameters the
-    model has: a table names every parameter its backbone may have, and one built without an
-    optional part (ELECTRA's embeddings_project when embedding_size == hidden_size) skips it."""
-    rules = under("backbone", expand(table.backbone, num_layers=num_layers, base=base))
+    """The rules for every backbone tensor of a model built from `backbone_config`. With
+    `param_paths` (the model's, from `backbone.`), only the rules for parameters the model has: a
+    table names every parameter its backbone may have, and one built without an optional part
+    (ELECTRA's embeddings_project when embedding_size == hidden_size) skips it."""
+    rules = under("backbone", expand(table.backbone, counts=table.index_counts(backbone_config), base=base))
     if param_paths is None:
         return rules
     present = set(param_paths)
@@ -76,7 +78,9 @@ def base_prefix(table: ArchitectureTable, names: list[str], rename: Rename = pyt
     model with a head, `BertForSequenceClassification`), `""` for a bare `BertModel`."""
     prefix = f"{table.base_prefix}."
     present = set(names)
-    return prefix if any(r.hf in present for r in rename(backbone_rules(table, 1, prefix))) else ""
+    one_each = {index: 1 for index in table.layer_indices}
+    first_layer = under("backbone", expand(table.backbone, counts=one_each, base=prefix))
+    return prefix if any(r.hf in present for r in rename(first_layer)) else ""
 
 
 def nsp_rules(table: ArchitectureTable, base: str) -> list[Rule]:
@@ -90,11 +94,13 @@ _LAYER_SENTINEL = 987654321
 
 
 def layer_name_patterns(table: ArchitectureTable, base: str, rename: Rename = pytorch_names) -> list[re.Pattern]:
-    """Patterns matching the names of one backbone layer's tensors (group 1: the layer index), in
-    the format `rename` gives."""
+    """Patterns matching the names of one backbone layer's tensors (group 1: the layer index, or
+    the outermost index the table names: ALBERT's group), in the format `rename` gives."""
     sentinel = str(_LAYER_SENTINEL)
-    one_layer = [Rule(r.hf.format(i=sentinel, base=base), r.flax.format(i=sentinel), r.transform)
-                 for r in table.backbone if "{i}" in r.hf]
+    outer, *inner = table.layer_indices
+    index = {outer: sentinel, **{name: 0 for name in inner}}
+    one_layer = [Rule(r.hf.format(base=base, **index), r.flax.format(**index), r.transform)
+                 for r in table.backbone if f"{{{outer}}}" in r.hf]
     patterns = []
     for rule in rename(under("backbone", one_layer)):
         before, after = rule.hf.split(sentinel, 1)

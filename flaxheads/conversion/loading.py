@@ -228,14 +228,16 @@ def _raise_for_backbone_problems(reader: TensorReader, absent: list[Rule], misma
         )
 
 
-def _raise_for_extra_layers(checkpoint: Checkpoint, table, base: str, num_layers: int) -> None:
-    """Weights of more layers than config.json declares would otherwise load as a shallower model,
-    the deeper layers merely listed as unused: a different network that still runs."""
+def _raise_for_extra_layers(checkpoint: Checkpoint, table, base: str, backbone_config) -> None:
+    """Weights of more layers (ALBERT: groups) than config.json declares would otherwise load as a
+    shallower model, the deeper layers merely listed as unused: a different network that still runs."""
     reader = checkpoint.reader
     patterns = conversion.layer_name_patterns(table, base, checkpoint.format.rename)
     deepest, example = conversion.deepest_layer(reader.names, patterns)
+    field = next(iter(table.layer_indices.values()))
+    num_layers = getattr(backbone_config, field)
     if deepest >= num_layers:
-        key = "n_layer" if "n_layer" in checkpoint.config else "num_hidden_layers"
+        key = "n_layer" if "n_layer" in checkpoint.config else field
         raise CheckpointError(
             f"{reader.source} holds {deepest + 1} layers (e.g. {example}) but config.json says {key}={num_layers}; "
             f"loading would silently drop the last {deepest + 1 - num_layers}. Set \"{key}\": {deepest + 1} in "
@@ -381,10 +383,9 @@ def from_pretrained(
     head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = conversion.base_prefix(table, reader.names, rename)
-    num_layers = model_config.backbone.num_hidden_layers
-    backbone = rename(conversion.backbone_rules(table, num_layers, base, param_paths))
+    backbone = rename(conversion.backbone_rules(table, model_config.backbone, base, param_paths))
     head_rules = rename(conversion.head_rules(table, model_config.head, head_paths, base))
-    _raise_for_extra_layers(checkpoint, table, base, num_layers)
+    _raise_for_extra_layers(checkpoint, table, base, model_config.backbone)
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
     notes = list(table.loading_notes)
     if init_classifier_from_nsp:
@@ -441,7 +442,7 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
     config = backbone_config_from_hf(checkpoint.config)
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = conversion.base_prefix(table, reader.names, rename)
-    _raise_for_extra_layers(checkpoint, table, base, config.num_hidden_layers)
+    _raise_for_extra_layers(checkpoint, table, base, config)
     # The pooler: the base model's own, or, in flaxheads' format, the "pooler" head's.
     pooler = _relative(rename(conversion.under("head", conversion.expand(table.pooler, num_layers=0, base=base))))
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
@@ -453,7 +454,7 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
 
     abstract = nnx.eval_shape(make)
     param_paths = [f"backbone.{k}" for k in flat_variables(abstract)]
-    rules = _relative(rename(conversion.backbone_rules(table, config.num_hidden_layers, base, param_paths)))
+    rules = _relative(rename(conversion.backbone_rules(table, config, base, param_paths)))
     rules += pooler if has_pooler else []
     return _load(make, reader, rules, [], param_dtype=_dtype(param_dtype), ignore_mismatched_sizes=False,
                  describe="none (backbone only)", abstract=abstract)
@@ -505,6 +506,6 @@ def _exported(model, format: str) -> tuple[dict[str, Any], dict[str, np.ndarray]
         return hf_config, arrays, checkpoint_io.FLAX_NAME
     base = f"{table.base_prefix}."
     head_paths = [k[len("head."):] for k in arrays if k.startswith("head.")]
-    rules = conversion.backbone_rules(table, config.backbone.num_hidden_layers, base, arrays)
+    rules = conversion.backbone_rules(table, config.backbone, base, arrays)
     rules += conversion.head_rules(table, config.head, head_paths, base)
     return hf_config, flax_to_hf(arrays, rules), checkpoint_io.SAFETENSORS_NAME

@@ -1,16 +1,19 @@
 """Declarative Hugging Face <-> flaxheads parameter mapping, applied with a shape check on every tensor.
 
 A table is a list of `Rule`s: a Hugging Face name pattern, a flaxheads parameter path and a
-`Transform`. `{i}` in both stands for a layer index and `{base}` in the Hugging Face name for the
-base-model prefix (`"bert."`, or `""` for a bare `BertModel` checkpoint). Nothing is renamed by
-guessing: a tensor is converted only if a rule names it.
+`Transform`. `{i}` in both stands for a layer index (ALBERT's table names a shared layer by group
+`{g}` and layer `{j}` instead) and `{base}` in the Hugging Face name for the base-model prefix
+(`"bert."`, or `""` for a bare `BertModel` checkpoint). Nothing is renamed by guessing: a tensor
+is converted only if a rule names it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from typing import Callable, Iterable, Mapping
+import string
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -79,15 +82,20 @@ def embedding(hf: str, flax: str) -> list[Rule]:
     return [Rule(f"{hf}.weight", f"{flax}.embedding")]
 
 
-def expand(rules: Iterable[Rule], *, num_layers: int, base: str) -> list[Rule]:
-    """Concrete rules: `{i}` repeated for every layer, `{base}` filled in."""
+def expand(
+    rules: Iterable[Rule], *, num_layers: int = 0, base: str, counts: Mapping[str, int] | None = None
+) -> list[Rule]:
+    """Concrete rules: `{i}` repeated for every layer, `{base}` filled in.
+
+    `counts`, when given, replaces `num_layers`: how many values each index takes (ALBERT's `{g}`
+    groups and `{j}` layers per group); a rule repeats over every combination of the indices it names."""
+    counts = {"i": num_layers} if counts is None else counts
     out = []
     for rule in rules:
-        indices = range(num_layers) if "{i}" in rule.hf else [None]
-        for i in indices:
-            out.append(
-                Rule(rule.hf.format(i=i, base=base), rule.flax.format(i=i), rule.transform)
-            )
+        named = [name for _, name, _, _ in string.Formatter().parse(rule.hf) if name and name != "base"]
+        for values in itertools.product(*(range(counts[name]) for name in named)):
+            index = dict(zip(named, values))
+            out.append(Rule(rule.hf.format(base=base, **index), rule.flax.format(**index), rule.transform))
     return out
 
 
@@ -174,6 +182,13 @@ class ArchitectureTable:
     """Rules that fill a 2-label "pooler" head's classifier from a pretraining checkpoint's NSP head."""
     loading_notes: tuple[str, ...] = ()
     """Said in every loading info of this architecture (e.g. parameters kept but never used)."""
+    layer_indices: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"i": "num_hidden_layers"})
+    """Each index the `backbone` rules name -> the backbone config field that counts its values,
+    outermost first (ALBERT names a shared layer by group `{g}`, then layer `{j}` in the group)."""
+
+    def index_counts(self, backbone_config: Any) -> dict[str, int]:
+        """How many values each index of the backbone rules takes for a model of `backbone_config`."""
+        return {index: getattr(backbone_config, field) for index, field in self.layer_indices.items()}
 
 
 def head_layout(head_flax_paths: Iterable[str]) -> list[Rule]:

@@ -2,7 +2,7 @@
 
 | name           | computation                                                        | reference                      |
 |----------------|--------------------------------------------------------------------|--------------------------------|
-| `pooler`       | tanh(dense(first token)) -> dropout -> linear                      | `BertForSequenceClassification` |
+| `pooler`       | tanh(dense(first token)) -> dropout -> linear                      | `BertForSequenceClassification`, `AlbertForSequenceClassification` |
 | `roberta`      | first token -> dropout -> dense -> tanh -> dropout -> out_proj     | `RobertaClassificationHead`    |
 | `electra`      | first token -> dropout -> dense -> GELU -> dropout -> out_proj     | `ElectraClassificationHead`    |
 | `cls`          | first token -> dropout -> linear                                   | BERT paper                     |
