@@ -7,6 +7,7 @@ from typing import Any
 
 from flax import nnx
 
+from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.interface import BackboneConfig, BackboneOutput
@@ -24,6 +25,8 @@ class BackboneSpec:
 BACKBONES: dict[str, BackboneSpec] = {
     "bert": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
     "roberta": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
+    "xlm-roberta": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
+    "distilbert": BackboneSpec(DistilBertConfig, DistilBert, padding_side="right"),
     # The last_token head finds the last real token on either side; right is transformers' GPT-2 default.
     "gpt2": BackboneSpec(GPT2Config, GPT2, padding_side="right"),
     # XLNet was pretrained with left padding and its "summary" head reads the last token.
@@ -54,6 +57,8 @@ __all__ = [
     "BACKBONES",
     "BackboneConfig",
     "BackboneOutput",
+    "DistilBert",
+    "DistilBertConfig",
     "Encoder",
     "EncoderConfig",
     "GPT2",

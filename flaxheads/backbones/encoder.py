@@ -1,4 +1,5 @@
-"""The BERT/RoBERTa encoder: one Flax NNX module, the two families told apart by config switches."""
+"""The BERT-style encoder: one Flax NNX module serving BERT, RoBERTa, XLM-RoBERTa and DistilBERT,
+the families told apart by config switches (DistilBERT's own config names live in distilbert.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from flaxheads.backbones import layers
 from flaxheads.backbones.interface import BackboneOutput
 
-_ENCODER_FAMILIES = ("bert", "roberta")
-# transformers' RobertaConfig defaults where they differ from BertConfig's (the dataclass
-# defaults below): a config.json that leaves them out means these, not BERT's.
-_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {"roberta": {"pad_token_id": 1, "vocab_size": 50265}}
+_ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert")
+# transformers' RobertaConfig / XLMRobertaConfig defaults where they differ from BertConfig's (the
+# dataclass defaults below): a config.json that leaves them out means these, not BERT's.
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "roberta": {"pad_token_id": 1, "vocab_size": 50265},
+    "xlm-roberta": {"pad_token_id": 1},
+}
+# Families with fairseq's position ids (counted from pad_token_id + 1).
+_FAIRSEQ_POSITIONS = ("roberta", "xlm-roberta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +40,7 @@ class EncoderConfig:
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
+    """0: no token-type embeddings; token_type_ids are then ignored (DistilBERT)."""
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
@@ -40,6 +48,11 @@ class EncoderConfig:
     position_ids_from_padding: bool = False
     """RoBERTa: position ids count non-pad tokens from `pad_token_id + 1` (fairseq's layout);
     BERT: positions are 0..T-1 whatever the padding."""
+    attention_output_dropout: bool = True
+    """BERT: dropout on the attention output before its residual; DistilBERT has none there."""
+    sinusoidal_position_embeddings: bool = False
+    """DistilBERT's `sinusoidal_pos_embds`: a fresh model's position table is sin/cos, not random
+    (loaded checkpoints carry the table; it stays a trainable parameter, as in transformers 5)."""
 
     def __post_init__(self):
         if self.model_type not in _ENCODER_FAMILIES:
@@ -54,7 +67,8 @@ class EncoderConfig:
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any]) -> "EncoderConfig":
-        """Reads a Hugging Face `config.json` dict of model_type bert or roberta."""
+        """Reads a Hugging Face `config.json` dict of model_type bert, roberta or xlm-roberta
+        (DistilBERT's names are read by `DistilBertConfig`)."""
         kind = hf.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise NotImplementedError(
@@ -64,13 +78,14 @@ class EncoderConfig:
         for flag in ("is_decoder", "add_cross_attention"):
             if hf.get(flag):
                 raise NotImplementedError(f"{flag}=True: flaxheads encoders are bidirectional only")
-        fields = {f.name for f in dataclasses.fields(cls)} - {"position_ids_from_padding"}
+        fields = {f.name for f in dataclasses.fields(cls)} - set(_SWITCHES)
         known = {**_FAMILY_DEFAULTS.get(hf["model_type"], {}), **{k: v for k, v in hf.items() if k in fields}}
-        return cls(**known, position_ids_from_padding=hf["model_type"] == "roberta")
+        return cls(**known, position_ids_from_padding=hf["model_type"] in _FAIRSEQ_POSITIONS)
 
     def to_hf_config(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        del out["position_ids_from_padding"]
+        for switch in _SWITCHES:
+            del out[switch]
         out["position_embedding_type"] = "absolute"
         return out
 
@@ -90,13 +105,30 @@ class EncoderConfig:
         return self.hidden_size // self.num_attention_heads
 
 
+_SWITCHES = ("position_ids_from_padding", "attention_output_dropout", "sinusoidal_position_embeddings")
+"""EncoderConfig fields that no Hugging Face config.json spells: set by the family."""
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> np.ndarray:
+    """transformers' `create_sinusoidal_embeddings`: sin on even columns, cos on odd ones."""
+    pos_P1 = np.arange(num_positions)[:, None]
+    j_D = np.arange(dim)
+    angles = pos_P1 / np.power(10000, 2 * (j_D // 2) / dim)
+    return np.where(j_D % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+
+
 class Embeddings(nnx.Module):
     def __init__(self, cfg: EncoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         kw = dict(init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.cfg = cfg
         self.word_embeddings = layers.embed(cfg.vocab_size, cfg.hidden_size, **kw)
         self.position_embeddings = layers.embed(cfg.max_position_embeddings, cfg.hidden_size, **kw)
-        self.token_type_embeddings = layers.embed(cfg.type_vocab_size, cfg.hidden_size, **kw)
+        if cfg.sinusoidal_position_embeddings:
+            table = sinusoidal_table(cfg.max_position_embeddings, cfg.hidden_size)
+            self.position_embeddings.embedding.value = jnp.asarray(table, param_dtype)
+        self.token_type_embeddings = (
+            layers.embed(cfg.type_vocab_size, cfg.hidden_size, **kw) if cfg.type_vocab_size else None
+        )
         self.layer_norm = layers.layer_norm(
             cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
@@ -113,13 +145,12 @@ class Embeddings(nnx.Module):
     def __call__(self, input_ids_BT, token_type_ids_BT, position_ids_BT, rngs) -> jax.Array:
         if position_ids_BT is None:
             position_ids_BT = self.default_position_ids(input_ids_BT)
-        if token_type_ids_BT is None:
-            token_type_ids_BT = jnp.zeros_like(input_ids_BT)
-        x = (
-            self.word_embeddings(input_ids_BT)
-            + self.token_type_embeddings(token_type_ids_BT)
-            + self.position_embeddings(position_ids_BT)
-        )
+        x = self.word_embeddings(input_ids_BT)
+        if self.token_type_embeddings is not None:  # summed in transformers' order: words, types, positions
+            if token_type_ids_BT is None:
+                token_type_ids_BT = jnp.zeros_like(input_ids_BT)
+            x = x + self.token_type_embeddings(token_type_ids_BT)
+        x = x + self.position_embeddings(position_ids_BT)
         return layers.dropout(self.layer_norm(x), self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
 
@@ -168,12 +199,16 @@ class EncoderLayer(nnx.Module):
         def drop(y):
             return layers.dropout(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
-        x_BTD = self.attention_norm(x_BTD + drop(self.attention(x_BTD, mask_BT, rngs)))
+        attended = self.attention(x_BTD, mask_BT, rngs)
+        if self.cfg.attention_output_dropout:
+            attended = drop(attended)
+        x_BTD = self.attention_norm(x_BTD + attended)
         return self.output_norm(x_BTD + drop(self.output(self.act(self.intermediate(x_BTD)))))
 
 
 class Encoder(nnx.Module):
-    """BERT or RoBERTa (`transformers.BertModel` / `RobertaModel`) in Flax NNX.
+    """BERT, RoBERTa, XLM-RoBERTa or DistilBERT (`transformers.BertModel`, `RobertaModel`,
+    `XLMRobertaModel`, `DistilBertModel`) in Flax NNX.
 
     `dtype` is the compute dtype (bfloat16 allowed), `param_dtype` the storage dtype.
     `add_pooling_layer` gives the standalone backbone BERT's pooler; classifiers built by
