@@ -125,7 +125,7 @@ class Embeddings(nnx.Module):
         self.position_embeddings = layers.embed(cfg.max_position_embeddings, cfg.hidden_size, **kw)
         if cfg.sinusoidal_position_embeddings:
             table = sinusoidal_table(cfg.max_position_embeddings, cfg.hidden_size)
-            self.position_embeddings.embedding.value = jnp.asarray(table, param_dtype)
+            self.position_embeddings.embedding[...] = jnp.asarray(table, param_dtype)
         self.token_type_embeddings = (
             layers.embed(cfg.type_vocab_size, cfg.hidden_size, **kw) if cfg.type_vocab_size else None
         )
