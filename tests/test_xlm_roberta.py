@@ -23,8 +23,8 @@ from flaxheads.backbones import backbone_config_from_hf
 from flaxheads.heads import HEAD_NAMES, HeadInputs
 
 ATOL, RTOL = 1e-5, 1e-5
-BF16_ATOL = 0.05
-"""bfloat16 compute vs float32 logits (measured max difference about 0.01 on these models)."""
+BF16_ATOL = 0.02
+"""bfloat16 compute vs float32 logits (measured at most 0.005 on these tiny models)."""
 CLASSIFIER = "XLMRobertaForSequenceClassification"
 PAD_ID = 1  # XLM-R's <pad>; position ids count from PAD_ID + 1
 
