@@ -300,7 +300,12 @@ _SHARDED_FORWARD = textwrap.dedent(
                    if not var[...].sharding.is_fully_replicated)
     graphdef, state = nnx.split(model)
     logits = jax.jit(lambda s, i: nnx.merge(graphdef, s)(i))(state, ids)
+    # The train step's shardings: the same rules over the NNX state tree.
+    tree = Layout.create("fsdp=4").tree_shardings(state)
+    split_in_tree = sorted(jax.tree_util.keystr(p, simple=True, separator=".") for p, s in
+                           jax.tree_util.tree_leaves_with_path(tree) if not s.is_fully_replicated)
     print("SPLIT", " ".join(split))
+    print("TREE", " ".join(name.removesuffix(".value") for name in split_in_tree))
     print("DIFF", float(jnp.abs(logits - expected).max()))
     """
 )
@@ -313,8 +318,9 @@ def test_fsdp_rules_split_distilbert_kernels_and_embeddings_and_keep_the_logits(
     proc = subprocess.run([sys.executable, "-c", _SHARDED_FORWARD, str(checkpoint.path)], env=env,
                           capture_output=True, text=True, check=True)
 
-    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("SPLIT", "DIFF")))
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("SPLIT", "TREE", "DIFF")))
     split = set(lines["SPLIT"].split())
+    assert set(lines["TREE"].split()) == split  # the train step's state shardings follow the same rules
     assert {"backbone.embeddings.position_embeddings.embedding", "backbone.layers.0.attention.query.kernel",
             "backbone.layers.1.intermediate.kernel", "head.pre_classifier.kernel", "head.classifier.kernel"} <= split
     assert not any(name.endswith(("bias", "scale")) for name in split)
