@@ -13,6 +13,7 @@
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
 from flaxheads.backbones.albert import Albert, AlbertConfig
+from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 from flaxheads.conversion.checkpoint_io import CheckpointError
@@ -61,6 +62,8 @@ __all__ = [
     "ClassifierConfig",
     "EvalPrediction",
     "Encoder",
+    "DistilBert",
+    "DistilBertConfig",
     "EncoderConfig",
     "FunctionalClassifier",
     "GPT2",

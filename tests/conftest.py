@@ -29,7 +29,12 @@ FAMILY_CONFIG = {
     "bert": dict(type_vocab_size=2, pad_token_id=0),
     # RoBERTa's real layout: one token type, <pad> = 1, so position ids start at 2.
     "roberta": dict(type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+    "xlm-roberta": dict(type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+    # DistilBERT's own names where TINY_CONFIG's BERT names have no alias in its config.
+    "distilbert": dict(hidden_dim=37, pad_token_id=0),
 }
+ARCHITECTURE_FAMILY = {"Roberta": "roberta", "XLMRoberta": "xlm-roberta", "DistilBert": "distilbert"}
+"""Architecture-name prefix -> FAMILY_CONFIG key; any other architecture is BERT."""
 
 
 class Checkpoint(NamedTuple):
@@ -69,7 +74,7 @@ def hf_checkpoint(tmp_path_factory):
         key = (architecture, torch_dtype, tuple(sorted(overrides.items())))
         if key not in cache:
             model_cls = getattr(transformers, architecture)
-            family = "roberta" if architecture.startswith("Roberta") else "bert"
+            family = next((f for p, f in ARCHITECTURE_FAMILY.items() if architecture.startswith(p)), "bert")
             config = model_cls.config_class(
                 **{**TINY_CONFIG, "num_hidden_layers": 2, **FAMILY_CONFIG[family], **overrides}
             )

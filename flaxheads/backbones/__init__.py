@@ -8,6 +8,7 @@ from typing import Any
 from flax import nnx
 
 from flaxheads.backbones.albert import Albert, AlbertConfig
+from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.interface import BackboneConfig, BackboneOutput
@@ -26,6 +27,8 @@ BACKBONES: dict[str, BackboneSpec] = {
     "bert": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
     "roberta": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
     "electra": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
+    "xlm-roberta": BackboneSpec(EncoderConfig, Encoder, padding_side="right"),
+    "distilbert": BackboneSpec(DistilBertConfig, DistilBert, padding_side="right"),
     # The last_token head finds the last real token on either side; right is transformers' GPT-2 default.
     "gpt2": BackboneSpec(GPT2Config, GPT2, padding_side="right"),
     # XLNet was pretrained with left padding and its "summary" head reads the last token.
@@ -59,6 +62,8 @@ __all__ = [
     "BACKBONES",
     "BackboneConfig",
     "BackboneOutput",
+    "DistilBert",
+    "DistilBertConfig",
     "Encoder",
     "EncoderConfig",
     "GPT2",

@@ -65,6 +65,9 @@ class AlbertConfig:
     """The config.json field transformers reads the classifier's dropout from."""
     position_ids_from_padding: ClassVar[bool] = False
     """Positions are 0..T-1 whatever the padding, as BERT's (read by the shared `Embeddings`)."""
+    sinusoidal_position_embeddings: ClassVar[bool] = False
+    attention_output_dropout: ClassVar[bool] = True
+    """The shared `Embeddings` and `EncoderLayer` read these switches; ALBERT has BERT's."""
 
     def __post_init__(self):
         if self.model_type != "albert":

@@ -1,4 +1,6 @@
-"""The BERT/RoBERTa/ELECTRA encoder: one Flax NNX module, the families told apart by config switches."""
+"""The BERT-style encoder: one Flax NNX module serving BERT, RoBERTa, XLM-RoBERTa, ELECTRA and
+DistilBERT, the families told apart by config switches (DistilBERT's own config names live in
+distilbert.py)."""
 
 from __future__ import annotations
 
@@ -7,18 +9,22 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from flaxheads.backbones import layers
 from flaxheads.backbones.interface import BackboneOutput
 
-_ENCODER_FAMILIES = ("bert", "roberta", "electra")
-# transformers' RobertaConfig / ElectraConfig defaults where they differ from BertConfig's (the
-# dataclass defaults below): a config.json that leaves them out means these, not BERT's.
+_ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+# transformers' RobertaConfig / XLMRobertaConfig / ElectraConfig defaults where they differ from
+# BertConfig's (the dataclass defaults below): a config.json that leaves them out means these.
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "roberta": {"pad_token_id": 1, "vocab_size": 50265},
+    "xlm-roberta": {"pad_token_id": 1},
     "electra": {"embedding_size": 128, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
 }
+# Families with fairseq's position ids (counted from pad_token_id + 1).
+_FAIRSEQ_POSITIONS = ("roberta", "xlm-roberta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +42,7 @@ class EncoderConfig:
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
+    """0: no token-type embeddings; token_type_ids are then ignored (DistilBERT)."""
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
@@ -45,7 +52,12 @@ class EncoderConfig:
     BERT: positions are 0..T-1 whatever the padding."""
     embedding_size: int | None = None
     """ELECTRA: width of the embeddings (and their LayerNorm), projected to hidden_size by
-    `embeddings_project` when the two differ; None (BERT, RoBERTa): hidden_size."""
+    `embeddings_project` when the two differ; None (the other families): hidden_size."""
+    attention_output_dropout: bool = True
+    """BERT: dropout on the attention output before its residual; DistilBERT has none there."""
+    sinusoidal_position_embeddings: bool = False
+    """DistilBERT's `sinusoidal_pos_embds`: a fresh model's position table is sin/cos, not random
+    (loaded checkpoints carry the table; it stays a trainable parameter, as in transformers 5)."""
 
     def __post_init__(self):
         if self.model_type not in _ENCODER_FAMILIES:
@@ -62,7 +74,8 @@ class EncoderConfig:
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any]) -> "EncoderConfig":
-        """Reads a Hugging Face `config.json` dict of model_type bert, roberta or electra."""
+        """Reads a Hugging Face `config.json` dict of model_type bert, roberta, xlm-roberta or
+        electra (DistilBERT's names are read by `DistilBertConfig`)."""
         kind = hf.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise NotImplementedError(
@@ -72,15 +85,16 @@ class EncoderConfig:
         for flag in ("is_decoder", "add_cross_attention"):
             if hf.get(flag):
                 raise NotImplementedError(f"{flag}=True: flaxheads encoders are bidirectional only")
-        fields = {f.name for f in dataclasses.fields(cls)} - {"position_ids_from_padding"}
+        fields = {f.name for f in dataclasses.fields(cls)} - set(_SWITCHES)
         if hf["model_type"] != "electra":
             fields -= {"embedding_size"}
         known = {**_FAMILY_DEFAULTS.get(hf["model_type"], {}), **{k: v for k, v in hf.items() if k in fields}}
-        return cls(**known, position_ids_from_padding=hf["model_type"] == "roberta")
+        return cls(**known, position_ids_from_padding=hf["model_type"] in _FAIRSEQ_POSITIONS)
 
     def to_hf_config(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        del out["position_ids_from_padding"]
+        for switch in _SWITCHES:
+            del out[switch]
         if self.model_type == "electra":  # always written: transformers' default (128) may differ
             out["embedding_size"] = self.embedding_width
         else:
@@ -113,6 +127,18 @@ class EncoderConfig:
         return self.hidden_size // self.num_attention_heads
 
 
+_SWITCHES = ("position_ids_from_padding", "attention_output_dropout", "sinusoidal_position_embeddings")
+"""EncoderConfig fields that no Hugging Face config.json spells: set by the family."""
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> np.ndarray:
+    """transformers' `create_sinusoidal_embeddings`: sin on even columns, cos on odd ones."""
+    pos_P1 = np.arange(num_positions)[:, None]
+    j_D = np.arange(dim)
+    angles = pos_P1 / np.power(10000, 2 * (j_D // 2) / dim)
+    return np.where(j_D % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+
+
 class Embeddings(nnx.Module):
     """Word + token type + position embeddings -> LayerNorm -> dropout, `features` wide
     (`cfg.embedding_width` unless given: ALBERT and ELECTRA embed into a narrower `embedding_size`)."""
@@ -123,7 +149,12 @@ class Embeddings(nnx.Module):
         features = features or cfg.embedding_width
         self.word_embeddings = layers.embed(cfg.vocab_size, features, **kw)
         self.position_embeddings = layers.embed(cfg.max_position_embeddings, features, **kw)
-        self.token_type_embeddings = layers.embed(cfg.type_vocab_size, features, **kw)
+        if cfg.sinusoidal_position_embeddings:
+            table = sinusoidal_table(cfg.max_position_embeddings, features)
+            self.position_embeddings.embedding[...] = jnp.asarray(table, param_dtype)
+        self.token_type_embeddings = (
+            layers.embed(cfg.type_vocab_size, features, **kw) if cfg.type_vocab_size else None
+        )
         self.layer_norm = layers.layer_norm(
             features, eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
@@ -140,13 +171,12 @@ class Embeddings(nnx.Module):
     def __call__(self, input_ids_BT, token_type_ids_BT, position_ids_BT, rngs) -> jax.Array:
         if position_ids_BT is None:
             position_ids_BT = self.default_position_ids(input_ids_BT)
-        if token_type_ids_BT is None:
-            token_type_ids_BT = jnp.zeros_like(input_ids_BT)
-        x = (
-            self.word_embeddings(input_ids_BT)
-            + self.token_type_embeddings(token_type_ids_BT)
-            + self.position_embeddings(position_ids_BT)
-        )
+        x = self.word_embeddings(input_ids_BT)
+        if self.token_type_embeddings is not None:  # summed in transformers' order: words, types, positions
+            if token_type_ids_BT is None:
+                token_type_ids_BT = jnp.zeros_like(input_ids_BT)
+            x = x + self.token_type_embeddings(token_type_ids_BT)
+        x = x + self.position_embeddings(position_ids_BT)
         return layers.dropout(self.layer_norm(x), self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
 
@@ -199,13 +229,17 @@ class EncoderLayer(nnx.Module):
         def drop(y):
             return layers.dropout(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
-        x_BTD = self.attention_norm(x_BTD + drop(self.attention(x_BTD, mask_BT, rngs)))
+        attended = self.attention(x_BTD, mask_BT, rngs)
+        if self.cfg.attention_output_dropout:
+            attended = drop(attended)
+        x_BTD = self.attention_norm(x_BTD + attended)
         mlp_BTD = self.output(self.act(self.intermediate(x_BTD)))
         return self.output_norm(x_BTD + (drop(mlp_BTD) if self.mlp_dropout else mlp_BTD))
 
 
 class Encoder(nnx.Module):
-    """BERT, RoBERTa or ELECTRA (`transformers.BertModel` / `RobertaModel` / `ElectraModel`) in Flax NNX.
+    """BERT, RoBERTa, XLM-RoBERTa, ELECTRA or DistilBERT (`transformers.BertModel`, `RobertaModel`,
+    `XLMRobertaModel`, `ElectraModel`, `DistilBertModel`) in Flax NNX.
 
     ELECTRA with embedding_size != hidden_size projects the embeddings (after their LayerNorm and
     dropout, as transformers does) with `embeddings_project`; its hidden_states[0] is the projection.

@@ -7,14 +7,17 @@ import re
 from typing import Callable, Iterable
 
 from flaxheads.conversion.albert import ALBERT
-from flaxheads.conversion.bert import BERT, ROBERTA
+from flaxheads.conversion.bert import BERT, ROBERTA, XLM_ROBERTA
+from flaxheads.conversion.distilbert import DISTILBERT
 from flaxheads.conversion.electra import ELECTRA
 from flaxheads.conversion.gpt2 import GPT2
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
 from flaxheads.conversion.xlnet import XLNET
 
-TABLES: dict[str, ArchitectureTable] = {t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT)}
+TABLES: dict[str, ArchitectureTable] = {
+    t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT)
+}
 
 
 def architecture_table(model_type: str | None) -> ArchitectureTable:

@@ -1,6 +1,9 @@
-"""Conversion tables for BERT and RoBERTa (one encoder, two naming schemes for the heads)."""
+"""Conversion tables for BERT, RoBERTa and XLM-RoBERTa (one encoder, two naming schemes for the
+heads; XLM-RoBERTa is RoBERTa's table under another model_type)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from flaxheads.conversion.table import ArchitectureTable, embedding, layer_norm, linear
 
@@ -48,4 +51,11 @@ ROBERTA = ArchitectureTable(
         "pooler": (*_POOLER, *linear("head.classifier", "classifier")),
     },
     pooler=_POOLER,
+)
+
+XLM_ROBERTA = dataclasses.replace(
+    ROBERTA,
+    model_type="xlm-roberta",
+    base_architecture="XLMRobertaModel",
+    classification_architecture="XLMRobertaForSequenceClassification",
 )

@@ -10,6 +10,7 @@
 | `concat_last4` | first token of the last 4 layers, concatenated -> dropout -> linear |                                |
 | `last_token`   | last real token (pad id, else mask; see `last_token.py`) -> score, no bias | `GPT2ForSequenceClassification` |
 | `summary`      | last/first/mean/cls_index -> [dense] -> [tanh] -> logits_proj (see `summary.py`) | `XLNetForSequenceClassification` |
+| `distilbert`   | first token -> pre_classifier -> ReLU -> dropout -> classifier      | `DistilBertForSequenceClassification` |
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from flax import nnx
 from flaxheads.backbones import layers
 from flaxheads.heads import pooling
 from flaxheads.heads.base import HeadConfig, HeadInputs
-from flaxheads.heads.classifiers import LinearHead, PoolerHead, RobertaHead
+from flaxheads.heads.classifiers import DistilBertHead, LinearHead, PoolerHead, RobertaHead
 from flaxheads.heads.last_token import LastTokenHead
 from flaxheads.heads.summary import SummaryHead
 
-HEAD_NAMES = ("pooler", "roberta", "cls", "mean", "concat_last4", "last_token", "summary", "electra")
+HEAD_NAMES = (
+    "pooler", "roberta", "cls", "mean", "concat_last4", "last_token", "summary", "electra", "distilbert",
+)
 
 
 def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
@@ -52,6 +55,8 @@ def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Mo
         return LastTokenHead(cfg, **kw)
     if cfg.name == "summary":
         return SummaryHead(cfg, **kw)
+    if cfg.name == "distilbert":
+        return DistilBertHead(cfg, **kw)
     raise ValueError(f"unknown head {cfg.name!r}; choose one of {HEAD_NAMES}")
 
 

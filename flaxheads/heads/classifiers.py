@@ -1,4 +1,5 @@
-"""The encoder-family heads: BERT's pooler head, RoBERTa's head, and pooled-feature linear heads."""
+"""The encoder-family heads: BERT's pooler head, RoBERTa's head, DistilBERT's head, and
+pooled-feature linear heads."""
 
 from __future__ import annotations
 
@@ -56,6 +57,21 @@ class RobertaHead(nnx.Module):
 
         x = self.activation(self.dense(drop(pooling.first_token(inputs))))
         return self.out_proj(drop(x))
+
+
+class DistilBertHead(nnx.Module):
+    """`DistilBertForSequenceClassification`: first token -> pre_classifier -> ReLU -> dropout -> classifier."""
+
+    def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.pre_classifier = layers.dense(cfg.hidden_size, cfg.hidden_size, **kw)
+        self.classifier = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
+        self.deterministic = False
+
+    def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
+        x = jax.nn.relu(self.pre_classifier(pooling.first_token(inputs)))
+        return self.classifier(layers.dropout(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
 
 class LinearHead(nnx.Module):

@@ -104,6 +104,8 @@ class Layout:
         """A sharding for every array leaf of `tree` (params, optimizer state, train state)."""
 
         def leaf(path, x):
-            return self.param_sharding(jax.tree_util.keystr(path, simple=True, separator="."), tuple(x.shape))
+            name = jax.tree_util.keystr(path, simple=True, separator=".")
+            # An NNX State's leaves sit under each Variable's `value`: the rules match the parameter path.
+            return self.param_sharding(name.removesuffix(".value"), tuple(x.shape))
 
         return jax.tree_util.tree_map_with_path(leaf, tree)
