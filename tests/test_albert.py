@@ -21,12 +21,14 @@ from flax import nnx
 from safetensors.torch import load_file
 
 import flaxheads
+from family_parity import (
+    assert_close, assert_state_dicts_identical, flat_params, flax_inputs, padded_batch, torch_forward,
+)
 from conftest import _randomize_
 from flaxheads.backbones import backbone_spec
 from flaxheads.convert import convert
 from flaxheads.heads import HeadInputs
 
-ATOL, RTOL = 1e-5, 1e-5
 BF16_ATOL = 2e-2
 """bfloat16 compute (float32 parameters) against transformers in float32: 8 bits of mantissa
 through 3 layers (2 x 2 shared) give differences of a few 1e-3 on logits of order 1 (measured 4.6e-3)."""
@@ -68,45 +70,21 @@ def albert(tmp_path_factory):
     return build
 
 
+
+
+
+
+
+
+
+
+
+
+
+
 def albert_batch(padding: str = "right", *, seq_len: int = 9, seed: int = 0, token_types: bool = True):
-    """Three sequences of lengths (9, 6, 2) padded with <pad> = 0 on `padding` ("right", "left"),
-    the second half of each in segment 1."""
-    rng = np.random.default_rng(seed)
-    lengths = np.array([seq_len, seq_len - 3, 2])
-    positions = np.arange(seq_len)[None, :]
-    start = seq_len - lengths[:, None] if padding == "left" else np.zeros_like(lengths[:, None])
-    real = (positions >= start) & (positions < start + lengths[:, None])
-    offset = positions - start
-    batch = {"input_ids": np.where(real, rng.integers(5, 99, (3, seq_len)), 0), "attention_mask": real.astype(np.int64)}
-    if token_types:
-        batch["token_type_ids"] = np.where(real & (offset >= lengths[:, None] // 2), 1, 0)
-    return batch
-
-
-def torch_forward(model, batch, **kwargs):
-    with torch.no_grad():
-        return model(**{k: torch.from_numpy(v) for k, v in batch.items()}, **kwargs)
-
-
-def flax_inputs(batch):
-    return {k: jnp.asarray(v) for k, v in batch.items()}
-
-
-def assert_close(actual, expected, what: str, atol: float = ATOL, rtol: float = RTOL) -> None:
-    actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
-    print(f"{what}: max abs difference {np.max(np.abs(actual - expected)):.3g}")
-    np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, err_msg=what)
-
-
-def assert_state_dicts_identical(actual: dict, expected: dict) -> None:
-    assert sorted(actual) == sorted(expected)
-    for name, tensor in expected.items():
-        assert actual[name].dtype == tensor.dtype, name
-        assert torch.equal(actual[name], tensor), name
-
-
-def flat_params(model) -> dict:
-    return {path: np.asarray(v[...]) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    """Three sequences of lengths (9, 6, 2) padded with <pad> = 0, the second half of each in segment 1."""
+    return padded_batch(padding, seq_len=seq_len, seed=seed, lowest_id=5, token_types=token_types)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,48 +17,27 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
 
 import flaxheads
+from family_parity import assert_close, flax_logits, state_dict, torch_logits
+from family_parity import two_padded_rows as token_batch
 from flaxheads.backbones import DistilBertConfig, backbone_config_from_hf
 from flaxheads.backbones.encoder import sinusoidal_table
 from flaxheads.heads import HEAD_NAMES, HeadInputs
 
-ATOL, RTOL = 1e-5, 1e-5
 BF16_ATOL = 0.02
 """bfloat16 compute vs float32 logits (measured at most 0.005 on these tiny models)."""
 CLASSIFIER = "DistilBertForSequenceClassification"
 
 
-def token_batch(padding: str, *, seq_len: int = 11, seed: int = 0, pad_id: int = 0) -> dict[str, np.ndarray]:
-    """Three rows of random ids; rows 1 and 2 padded on `padding`'s side ("none": no padding)."""
-    rng = np.random.RandomState(seed)
-    ids = rng.randint(3, 99, size=(3, seq_len)).astype(np.int64)
-    mask = np.ones_like(ids)
-    if padding != "none":
-        for row, length in ((1, 7), (2, 4)):
-            pads = slice(length, None) if padding == "right" else slice(0, seq_len - length)
-            ids[row, pads], mask[row, pads] = pad_id, 0
-    return {"input_ids": ids, "attention_mask": mask}
 
 
-def torch_logits(model, batch) -> np.ndarray:
-    with torch.no_grad():
-        return model(**{k: torch.as_tensor(v) for k, v in batch.items()}).logits.float().numpy()
 
 
-def flax_logits(model, batch) -> np.ndarray:
-    return np.asarray(model(**{k: jnp.asarray(v) for k, v in batch.items()}))
 
 
-def assert_close(actual, expected, what: str, atol: float = ATOL) -> None:
-    actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    np.testing.assert_allclose(actual, expected, atol=atol, rtol=RTOL, err_msg=what)
 
 
-def state_dict(path) -> dict[str, torch.Tensor]:
-    return load_file(path / "model.safetensors")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,16 +20,18 @@ import pytest
 import torch
 import transformers
 from conftest import TOKENIZER_FILES, _randomize_
-from flax import nnx
 from safetensors.torch import load_file
 
 import flaxheads
+from family_parity import (
+    assert_close, assert_same_params, assert_state_dicts_identical, flat_params, flax_inputs, padded_batch,
+    torch_forward,
+)
 from flaxheads.backbones import EncoderConfig, backbone_spec
 from flaxheads.cli import main
 from flaxheads.convert import convert
 from flaxheads.heads import HEAD_NAMES, HeadInputs
 
-ATOL, RTOL = 1e-5, 1e-5
 BF16_ATOL = BF16_RTOL = 5e-2
 """bfloat16 compute against transformers' float32 logits (measured max difference ~1e-2)."""
 # Odd widths: 20-wide embeddings projected to 36 (head_dim 9), a 37-wide MLP.
@@ -63,49 +65,23 @@ def electra(tmp_path_factory):
     return build
 
 
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 def token_batch(padding: str = "right", *, seq_len: int = 10, seed: int = 0, token_types: bool = True):
     """Three sequences of lengths (10, 7, 2) padded on `padding`; token type 1 on each second half."""
-    rng = np.random.default_rng(seed)
-    lengths = np.array([seq_len, seq_len - 3, 2])
-    positions = np.arange(seq_len)[None, :]
-    start = seq_len - lengths[:, None] if padding == "left" else np.zeros_like(lengths[:, None])
-    real = (positions >= start) & (positions < start + lengths[:, None])
-    offset = positions - start
-    batch = {"input_ids": np.where(real, rng.integers(1, 99, (3, seq_len)), PAD_ID), "attention_mask": real.astype(np.int64)}
-    if token_types:
-        batch["token_type_ids"] = np.where(real & (offset >= lengths[:, None] // 2), 1, 0)
-    return batch
-
-
-def torch_forward(model, batch, **kwargs):
-    with torch.no_grad():
-        return model(**{k: torch.from_numpy(v) for k, v in batch.items()}, **kwargs)
-
-
-def flax_inputs(batch):
-    return {k: jnp.asarray(v) for k, v in batch.items()}
-
-
-def assert_close(actual, expected, what: str, atol: float = ATOL, rtol: float = RTOL) -> None:
-    actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
-    print(f"{what}: max abs difference {np.max(np.abs(actual - expected)):.3g}")
-    np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, err_msg=what)
-
-
-def assert_state_dicts_identical(actual: dict, expected: dict) -> None:
-    assert sorted(actual) == sorted(expected)
-    for name, tensor in expected.items():
-        assert actual[name].dtype == tensor.dtype, name
-        assert torch.equal(actual[name], tensor), name
-
-
-def flat_params(model) -> dict:
-    return {path: np.asarray(v[...]) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-
-
-def assert_same_params(a, b) -> None:
-    pa, pb = flat_params(a), flat_params(b)
-    assert pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
+    return padded_batch(padding, seq_len=seq_len, seed=seed, pad_id=PAD_ID, token_types=token_types)
 
 
 # ---------------------------------------------------------------------------------------------
