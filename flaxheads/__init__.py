@@ -22,6 +22,9 @@ from flaxheads.conversion.table import ShapeMismatch
 from flaxheads.functional import ClassifierOutput, FunctionalClassifier
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, load_backbone, save_pretrained
+# Imported here, not lazily: the submodule flaxheads.pipeline, once imported anywhere, would
+# otherwise shadow the function of the same name.
+from flaxheads.pipeline import TextClassificationPipeline, pipeline
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
 from flaxheads.training.optim import decay_mask
 
@@ -31,11 +34,8 @@ _LAZY = {
     "Trainer": "flaxheads.training.trainer",
     "TrainOutput": "flaxheads.training.trainer",
     "TrainConfig": "flaxheads.training.config",
-    "TextClassificationPipeline": "flaxheads.pipeline",
-    "pipeline": "flaxheads.pipeline",
 }
-"""Names whose modules pull in datasets, Orbax and TensorBoard: imported on first use, so that
-`import flaxheads` for a model alone stays light."""
+"""Names whose modules pull in Orbax and TensorBoard: imported on first use."""
 
 
 def __getattr__(name: str):
