@@ -19,7 +19,7 @@ import torch
 import transformers
 
 import flaxheads
-from family_parity import assert_close, flax_logits, state_dict, torch_logits
+from family_parity import assert_close, check_cli_lifecycle, flax_logits, state_dict, torch_logits
 from family_parity import two_padded_rows as token_batch
 from flaxheads.backbones import DistilBertConfig, backbone_config_from_hf
 from flaxheads.backbones.encoder import sinusoidal_table
@@ -328,50 +328,9 @@ def tiny_distilbert(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def review_csv(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("reviews")
-    rows = [("a great moving film", "positive"), ("the worst plot, so dull", "negative"),
-            ("very good story !", "positive"), ("boring and bad .", "negative")] * 4
-    for split in ("train", "validation"):
-        (folder / f"{split}.csv").write_text("sentence,label\n" + "\n".join(f'"{t}",{label}' for t, label in rows))
-    return folder
-
-
-def test_train_evaluate_predict_inspect_and_convert_commands_work_on_distilbert(
-    tiny_distilbert, review_csv, tmp_path, capsys
+def test_inspect_train_evaluate_predict_and_convert_commands_work_on_distilbert(
+    tiny_distilbert, snippets_csv, tmp_path, capsys
 ):
-    from flaxheads.cli import main
-
-    run = tmp_path / "run"
-    data = ["--train_file", str(review_csv / "train.csv"), "--validation_file", str(review_csv / "validation.csv"),
-            "--text_column", "sentence", "--max_seq_length", "16"]
-    assert main(["train", "--model_name_or_path", str(tiny_distilbert), "--output_dir", str(run), *data,
-                 "--per_device_train_batch_size", "4", "--max_steps", "2", "--logging_steps", "1",
-                 "--save_steps", "2", "--disable_tqdm"]) == 0
-    exported = json.loads((run / "config.json").read_text())
-    assert exported["model_type"] == "distilbert" and exported["architectures"] == [CLASSIFIER]
-    capsys.readouterr()
-
-    assert main(["evaluate", "--model_name_or_path", str(run), *data, "--split", "validation"]) == 0
-    assert "accuracy" in json.loads(capsys.readouterr().out)
-
-    assert main(["predict", "--model_name_or_path", str(run), "a great film", "so dull"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["text"] for r in rows] == ["a great film", "so dull"]
-    reference = transformers.AutoModelForSequenceClassification.from_pretrained(run).eval()
-    enc = transformers.AutoTokenizer.from_pretrained(run)(["a great film", "so dull"], padding=True, return_tensors="np")
-    expected = torch.softmax(torch.as_tensor(torch_logits(reference, dict(enc))), -1).numpy()
-    for row, p in zip(rows, expected):
-        np.testing.assert_allclose(list(row["probabilities"].values()), p, atol=1e-5)
-
-    assert main(["inspect", str(tiny_distilbert), "--num_labels", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "model_type: distilbert" in out and "head shown: 'distilbert'" in out
-    assert "pre_classifier.weight" in out
-
-    assert main(["convert", str(run), str(tmp_path / "flax"), "--to", "flax"]) == 0
-    assert main(["convert", str(tmp_path / "flax"), str(tmp_path / "back"), "--to", "pytorch"]) == 0
-    original, back = state_dict(run), state_dict(tmp_path / "back")
-    assert sorted(back) == sorted(original) and all(torch.equal(back[k], original[k]) for k in original)
-    assert (tmp_path / "back" / "tokenizer.json").exists()
+    inspected = check_cli_lifecycle(tiny_distilbert, snippets_csv, tmp_path, capsys,
+                                    model_type="distilbert", head="distilbert")
+    assert "pre_classifier.weight" in inspected
