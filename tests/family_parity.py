@@ -132,3 +132,53 @@ def check_cli_lifecycle(source, data: dict, tmp_path, capsys, *, model_type: str
     assert {p.name for p in run.glob("tokenizer*")} <= {p.name for p in (tmp_path / "back").iterdir()}
     capsys.readouterr()
     return inspected
+
+
+_FSDP_FORWARD = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+import flaxheads
+from flaxheads.conversion.loading import flat_variables
+from flaxheads.training.sharding import Layout
+
+path, layout_spec, batch = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+layout = Layout.create(layout_spec)
+# As the trainer loads a model: each parameter placed by the layout's rules.
+model = flaxheads.from_pretrained(path, placement=layout.param_sharding)
+variables = {name: var[...] for name, (_, var) in flat_variables(model).items()}
+graphdef, state = nnx.split(model)
+logits = jax.jit(lambda s, b: nnx.merge(graphdef, s)(**b))(state, {k: jnp.asarray(v) for k, v in batch.items()})
+# The train step's shardings: the same rules over the NNX state tree.
+tree = layout.tree_shardings(state)
+print(json.dumps({
+    "specs": {name: [str(a) for a in v.sharding.spec] for name, v in variables.items()
+              if not v.sharding.is_fully_replicated},
+    "devices": len(jax.devices()),
+    "tree": sorted(jax.tree_util.keystr(p, simple=True, separator=".").removesuffix(".value")
+                   for p, s in jax.tree_util.tree_leaves_with_path(tree) if not s.is_fully_replicated),
+    "logits": np.asarray(logits).tolist(),
+}))
+"""
+
+
+def fsdp_on_fake_devices(path, batch: dict[str, np.ndarray], layout: str = "fsdp=4", devices: int = 4) -> dict:
+    """Loads the checkpoint at `path` onto `devices` fake CPU devices with `layout`'s rules (in a
+    subprocess: the device count is fixed when jax starts) and runs `batch` through it under jit.
+    Returns {"specs": {parameter path: partition spec} of the split parameters, "split": their
+    paths, "tree": the paths the train step's state shardings split, "logits": ...}."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    arguments = json.dumps({k: np.asarray(v).tolist() for k, v in batch.items()})
+    proc = subprocess.run([sys.executable, "-c", _FSDP_FORWARD, str(path), layout, arguments], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["devices"] == devices
+    result["split"], result["tree"] = set(result["specs"]), set(result["tree"])
+    result["logits"] = np.asarray(result["logits"], np.float32)
+    return result

@@ -7,11 +7,7 @@ devices; the command line on a tiny checkpoint with a BERT-style tokenizer."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 import zlib
 
 import jax.numpy as jnp
@@ -24,7 +20,8 @@ from safetensors.torch import load_file
 
 import flaxheads
 from family_parity import (
-    assert_close, assert_same_params, assert_state_dicts_identical, check_cli_lifecycle, flat_params, flax_inputs, padded_batch,
+    assert_close, assert_same_params, assert_state_dicts_identical, check_cli_lifecycle, flat_params, flax_inputs,
+    fsdp_on_fake_devices, padded_batch,
     torch_forward,
 )
 from flaxheads.backbones import EncoderConfig, backbone_spec
@@ -345,34 +342,16 @@ def test_missing_projection_is_refused_naming_the_tensor(electra, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Sharding on fake devices
 
-_SHARDED = textwrap.dedent(
-    """
-    import sys, json
-    import numpy as np, jax.numpy as jnp
-    from flax import nnx
-    import flaxheads
-    from flaxheads.training.sharding import Layout
-    layout = Layout.create("data=1,fsdp=4")
-    model = flaxheads.from_pretrained(sys.argv[1], placement=layout.param_sharding)
-    kernel = model.backbone.embeddings_project.kernel[...]
-    ids = jnp.asarray(np.random.default_rng(0).integers(1, 99, (4, 9)))
-    print(json.dumps({"spec": [str(a) for a in kernel.sharding.spec], "devices": len(kernel.sharding.device_set),
-                      "logits": np.asarray(nnx.jit(lambda m, x: m(x))(model, ids)).tolist()}))  # jit: one program
-    """
-)
-
-
 def test_fsdp_splits_the_embedding_projection_and_keeps_the_logits(electra):
-    path, _ = electra("ElectraForSequenceClassification", num_labels=3)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    path, reference = electra("ElectraForSequenceClassification", num_labels=3)
+    batch = padded_batch("right", seq_len=9)
 
-    proc = subprocess.run([sys.executable, "-c", _SHARDED, str(path)], env=env, capture_output=True, text=True, timeout=300)
+    result = fsdp_on_fake_devices(path, batch, layout="data=1,fsdp=4")
 
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.splitlines()[-1])
-    assert result["spec"] == ["fsdp", "None"] and result["devices"] == 4  # (embedding_size 20, hidden 36): rows split
-    ids = jnp.asarray(np.random.default_rng(0).integers(1, 99, (4, 9)))
-    assert_close(result["logits"], flaxheads.from_pretrained(path)(ids), "fsdp=4 vs one device")
+    # (embedding_size 20, hidden 36): the projection's rows split over the fsdp axis.
+    assert result["specs"]["backbone.embeddings_project.kernel"] == ["fsdp", "None"]
+    assert result["tree"] == result["split"]
+    assert_close(result["logits"], torch_forward(reference, batch).logits, "fsdp=4 vs torch")
 
 
 # ---------------------------------------------------------------------------------------------
