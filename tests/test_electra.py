@@ -21,8 +21,7 @@ from safetensors.torch import load_file
 import flaxheads
 from family_parity import (
     assert_close, assert_same_params, assert_state_dicts_identical, check_cli_lifecycle, flat_params, flax_inputs,
-    fsdp_on_fake_devices, padded_batch,
-    torch_forward,
+    fsdp_on_fake_devices, padded_batch, torch_forward,
 )
 from flaxheads.backbones import EncoderConfig, backbone_spec
 from flaxheads.convert import convert
