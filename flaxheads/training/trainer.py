@@ -71,6 +71,8 @@ def load_task(cfg: TrainConfig) -> data.TaskData:
         label_column=cfg.label_column,
         problem_type=cfg.problem_type,
         num_labels=cfg.num_labels,
+        chosen_column=cfg.chosen_column,
+        rejected_column=cfg.rejected_column,
     )
     if cfg.train_file:
         return data.load_local_files(
@@ -217,7 +219,8 @@ class Trainer:
         args = self.args
         return dict(text_column=args.text_column, text_pair_column=args.text_pair_column,
                     label_column=args.label_column, problem_type=args.problem_type or config.problem_type,
-                    num_labels=args.num_labels)
+                    num_labels=args.num_labels, chosen_column=args.chosen_column,
+                    rejected_column=args.rejected_column)
 
     def _fingerprints(self) -> dict[str, Any]:
         """The in-memory data's identity: `datasets`' fingerprint of each given split's content."""
