@@ -81,3 +81,14 @@ def test_loading_holds_one_checkpoint_tensor_at_a_time_not_the_state(hf_checkpoi
 
     assert counter.reads > 20 and model.config.num_labels == 3
     assert counter.most_alive <= 1, f"{counter.most_alive} of {counter.reads} read tensors were alive at once"
+
+
+def test_benchmark_checkpoint_is_sharded_and_loads_every_tensor(tmp_path):
+    from flaxheads.benchmarks.loading import write_random_checkpoint
+
+    shape = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 37, "vocab_size": 99, "max_position_embeddings": 64}
+    folder = write_random_checkpoint(tmp_path / "ckpt", shape, shard_bytes=20_000)
+    model, info = flaxheads.from_pretrained(folder, param_dtype="bfloat16", output_loading_info=True)
+    assert len(list(folder.glob("model-*-of-*.safetensors"))) > 2
+    assert info.newly_initialized == [] and info.unused == [] and model.config.num_labels == 1
