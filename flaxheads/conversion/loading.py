@@ -344,7 +344,12 @@ def from_pretrained(
     the model. On RoBERTa it also moves the position ids, as in transformers.
 
     `placement(path, shape)` puts each parameter where it belongs (a mesh sharding) straight
-    from the checkpoint, so a model too large for one device loads sharded.
+    from the checkpoint, so a model too large for one device loads sharded: e.g.
+    `placement=Layout.create("fsdp=8").param_sharding` (`flaxheads.training.sharding`). The model
+    is built abstractly (`nnx.eval_shape`) and each tensor is read, converted, cast to
+    `param_dtype` and sent to its devices before the next is read, so the host holds one tensor
+    at a time, never the state (`flaxheads bench load` measures it); with
+    `param_dtype=jnp.bfloat16` a bf16 checkpoint stays bf16 all the way.
 
     `head_options` set head-specific options (the "summary" head's `summary_type`, ...; see
     `flaxheads/heads/summary.py`) over those config.json gives; they are saved with the model.

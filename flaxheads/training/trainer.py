@@ -133,7 +133,10 @@ class Trainer:
     `args.text_pair_column`), or, for the test split only, a list of texts without labels.
     Columns are found by `args.text_column`, `text_pair_column` and `label_column`; labels are
     read as by `flaxheads train` (class names, problem type, their errors). `task`: a `TaskData`
-    (e.g. `flaxheads.data.load_builtin(...)`) instead of the three.
+    (e.g. `flaxheads.data.load_builtin(...)`) instead of the three. Preference pairs for a reward
+    model (`num_labels=1`): rows with `args.chosen_column` and `args.rejected_column` texts (and
+    no text column, or `problem_type="pairwise_reward"`), or `(chosen_texts, rejected_texts)`
+    tuples with that problem type; the metrics are pair accuracy and mean reward margin.
 
     The model's num_labels and problem_type must fit the data (ValueError naming what to change);
     the trained model carries the data's class names. `args.do_train` False only scores and
