@@ -139,3 +139,13 @@ def test_cli_trains_evaluates_and_scores_a_reward_model_from_pairs_jsonl(tiny_be
     assert main(["predict", "--model_name_or_path", str(out), "the plot excellent", "the plot"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [set(row) for row in rows] == [{"text", "score"}] * 2 and rows[0]["score"] > rows[1]["score"]
+
+
+def test_margin_column_becomes_the_pair_labels_and_is_zero_without_one(tmp_path):
+    rows = [{"chosen": "good", "rejected": "bad", "margin": 1.5}, {"chosen": "fine", "rejected": "poor", "margin": 0}]
+    train = _write_jsonl(tmp_path / "train.jsonl", rows)
+    plain = _write_jsonl(tmp_path / "dev.jsonl", [{"chosen": "good", "rejected": "bad"}])
+    task = data.load_local_files(train_file=train, validation_file=plain)
+    assert task.splits["train"]["label"] == [1.5, 0.0] and task.splits["validation"]["label"] == [0.0]
+    with pytest.raises(ValueError, match=r"'margin' column of the train split holds 'big' in row 0"):
+        data.load_in_memory({"train": [{"chosen": "a", "rejected": "b", "margin": "big"}]})

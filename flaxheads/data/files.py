@@ -76,10 +76,9 @@ def load_local_files(
     }
     pairs = reads_as_pairs(splits["train"].column_names, problem_type=problem_type, text_column=text_column,
                            chosen_column=chosen_column, rejected_column=rejected_column)
-    columns = (pair_column_map(chosen_column, rejected_column, flags=True) if pairs
-               else _column_map(text_column, text_pair_column, label_column))
     canonical = datasets.DatasetDict({
-        name: canonical_columns(split, columns, f"{name} file {files[name]}")
+        name: canonical_columns(split, _columns(pairs, split, text_column, text_pair_column, label_column,
+                                                chosen_column, rejected_column), f"{name} file {files[name]}")
         for name, split in splits.items()
     })
     if pairs:
@@ -109,16 +108,24 @@ def load_named_dataset(
         raise ValueError(f"data set {name} has no 'train' split; its splits are {sorted(loaded)}")
     pairs = reads_as_pairs(loaded["train"].column_names, problem_type=problem_type, text_column=text_column,
                            chosen_column=chosen_column, rejected_column=rejected_column)
-    columns = (pair_column_map(chosen_column, rejected_column, flags=True) if pairs
-               else _column_map(text_column, text_pair_column, label_column))
     canonical = datasets.DatasetDict({
-        split: canonical_columns(loaded[split], columns, f"{split} split of {name}")
+        split: canonical_columns(loaded[split], _columns(pairs, loaded[split], text_column, text_pair_column,
+                                                         label_column, chosen_column, rejected_column),
+                                 f"{split} split of {name}")
         for split in ("train", "validation", "test")
         if split in loaded
     })
     if pairs:
         return pair_task(canonical, num_labels=num_labels, given=problem_type is not None)
     return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels)
+
+
+def _columns(pairs: bool, split: datasets.Dataset, text_column: str, text_pair_column: str | None,
+             label_column: str, chosen_column: str, rejected_column: str) -> dict[str, tuple[str, str]]:
+    """The columns to read from `split`: preference pairs' (and their margins), or texts and labels."""
+    if pairs:
+        return pair_column_map(chosen_column, rejected_column, flags=True, column_names=split.column_names)
+    return _column_map(text_column, text_pair_column, label_column)
 
 
 def _column_map(

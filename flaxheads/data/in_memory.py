@@ -17,7 +17,7 @@ import datasets
 
 from flaxheads.data.files import canonical_columns
 from flaxheads.data.labels import encode_labels
-from flaxheads.data.pairs import pair_column_map, pair_task, reads_as_pairs
+from flaxheads.data.pairs import MARGIN_COLUMN, pair_column_map, pair_task, reads_as_pairs
 from flaxheads.data.task import LABEL, TEXT, TEXT_PAIR, TaskData
 
 SplitData = Union[datasets.Dataset, Mapping[str, Sequence], Sequence[Mapping[str, Any]], tuple, Sequence[str]]
@@ -118,15 +118,15 @@ def load_in_memory(splits: Mapping[str, SplitData | None], *, text_column: str =
 def _pairs_in_memory(given: dict, chosen_column: str, rejected_column: str, problem_type: str | None,
                      num_labels: int | None, beside: datasets.Dataset | None) -> InMemoryTask:
     """Preference pairs: every given split needs both pair columns (no split goes unlabelled)."""
-    columns = pair_column_map(chosen_column, rejected_column, flags=False)
     canonical = {}
     for name, split in given.items():
-        # A tuple is (chosen, rejected): the pair columns stand where a tuple's text and second text go.
+        # A tuple is (chosen, rejected[, margins]): the pair columns stand where a tuple's texts go.
         dataset = as_dataset(split, text_column=chosen_column, text_pair_column=rejected_column,
-                             label_column="margin")
+                             label_column=MARGIN_COLUMN)
+        columns = pair_column_map(chosen_column, rejected_column, flags=False, column_names=dataset.column_names)
         canonical[name] = canonical_columns(dataset, columns, f"{name} data")
     if beside is not None:
-        canonical = {"train": beside.remove_columns(LABEL), **canonical}
+        canonical = {"train": beside, **canonical}
     elif "train" not in canonical:
         canonical = {"train": next(iter(canonical.values())), **canonical}
     task = pair_task(datasets.DatasetDict(canonical), num_labels=num_labels, given=problem_type is not None)
