@@ -24,14 +24,15 @@ class EvalPrediction(NamedTuple):
     split, in dataset order."""
 
     predictions: np.ndarray
-    """(N, num_labels) float32 logits."""
+    """(N, num_labels) float32 logits; (N, 2) rewards (chosen, rejected) of preference pairs."""
     label_ids: np.ndarray | None
-    """(N,) class ids, (N,) scores or (N, num_labels) multi-hot rows; None for unlabelled data."""
+    """(N,) class ids, (N,) scores, (N, num_labels) multi-hot rows or (N,) pair margins; None for
+    unlabelled data."""
 
 
 class PredictionOutput(NamedTuple):
     predictions: np.ndarray
-    """(N, num_labels) float32 logits, in dataset order."""
+    """(N, num_labels) float32 logits ((N, 2) rewards of preference pairs), in dataset order."""
     label_ids: np.ndarray | None
     """The split's encoded labels; None for data given without labels."""
     metrics: dict[str, float]
