@@ -8,6 +8,7 @@ from typing import Any
 from flax import nnx
 
 from flaxheads.backbones.albert import Albert, AlbertConfig
+from flaxheads.backbones.deberta import DebertaV2, DebertaV2Config
 from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
@@ -34,6 +35,7 @@ BACKBONES: dict[str, BackboneSpec] = {
     # XLNet was pretrained with left padding and its "summary" head reads the last token.
     "xlnet": BackboneSpec(XLNetConfig, XLNet, padding_side="left"),
     "albert": BackboneSpec(AlbertConfig, Albert, padding_side="right"),
+    "deberta-v2": BackboneSpec(DebertaV2Config, DebertaV2, padding_side="right"),
 }
 
 
@@ -62,6 +64,8 @@ __all__ = [
     "BACKBONES",
     "BackboneConfig",
     "BackboneOutput",
+    "DebertaV2",
+    "DebertaV2Config",
     "DistilBert",
     "DistilBertConfig",
     "Encoder",

@@ -210,14 +210,22 @@ class EncoderLayer(nnx.Module):
     """Post-LayerNorm transformer block (BERT): x = LN(x + attn(x)); x = LN(x + mlp(x)).
 
     `mlp_dropout=False` leaves out the dropout on the feed-forward output, as ALBERT's layer does
-    (transformers' `AlbertLayer` defines that dropout but never applies it)."""
+    (transformers' `AlbertLayer` defines that dropout but never applies it). `attention` replaces
+    BERT's `SelfAttention` (DeBERTa's disentangled attention); keyword arguments of the call are
+    passed on to it."""
 
-    def __init__(self, cfg: EncoderConfig, *, mlp_dropout: bool = True, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(
+        self, cfg: EncoderConfig, *, mlp_dropout: bool = True, attention: nnx.Module | None = None,
+        dtype, param_dtype, rngs: nnx.Rngs,
+    ):
         self.cfg = cfg
         self.mlp_dropout = mlp_dropout
         kw = dict(init_std=cfg.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         norm = dict(eps=cfg.layer_norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.attention = SelfAttention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.attention = (
+            attention if attention is not None
+            else SelfAttention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        )
         self.attention_norm = layers.layer_norm(cfg.hidden_size, **norm)
         self.intermediate = layers.dense(cfg.hidden_size, cfg.intermediate_size, **kw)
         self.output = layers.dense(cfg.intermediate_size, cfg.hidden_size, **kw)
@@ -225,11 +233,11 @@ class EncoderLayer(nnx.Module):
         self.act = layers.activation(cfg.hidden_act)
         self.deterministic = False
 
-    def __call__(self, x_BTD, mask_BT, rngs) -> jax.Array:
+    def __call__(self, x_BTD, mask_BT, rngs, **attention_inputs) -> jax.Array:
         def drop(y):
             return layers.dropout(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
-        attended = self.attention(x_BTD, mask_BT, rngs)
+        attended = self.attention(x_BTD, mask_BT, rngs, **attention_inputs)
         if self.cfg.attention_output_dropout:
             attended = drop(attended)
         x_BTD = self.attention_norm(x_BTD + attended)

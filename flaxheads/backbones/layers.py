@@ -198,6 +198,7 @@ def attend(
     value_BSNH: jax.Array,
     mask_BS: jax.Array | None,
     *,
+    bias_BNTS: jax.Array | None = None,
     is_causal: bool = False,
     scale: float | None = None,
     dropout_rate: float = 0.0,
@@ -211,19 +212,29 @@ def attend(
     XLA's kernel; kernels differ there, so a backbone that needs a defined value sets it itself
     (GPT-2 zeroes those rows, as torch does). Real queries never see such rows: they are padding.
 
+    `mask_BS` may also be (batch, 1, query, key): a mask per query and key (DeBERTa masks padded
+    queries too; such a row gets the average of all values, as torch's masked softmax gives).
+    `bias_BNTS`, broadcastable to (batch, heads, query, key), is added to the scaled logits before
+    masking (DeBERTa's relative-position scores); XLA then runs the attention, not cuDNN.
+
     Eval mode (`deterministic`) and dropout-free training go through
     `jax.nn.dot_product_attention`, which GPUs run as a fused kernel. Attention-probability
     dropout (as BERT trains with) has no fused form there, so in train mode at a non-zero rate
     the probabilities are materialised; that needs `rngs` (ValueError without, as `dropout`).
     """
-    mask_B11S = None if mask_BS is None else mask_BS[:, None, None, :].astype(bool)
+    if mask_BS is None:
+        mask_B11S = None
+    else:
+        mask_B11S = (mask_BS if mask_BS.ndim == 4 else mask_BS[:, None, None, :]).astype(bool)
     if not dropout_active(dropout_rate, deterministic=deterministic, rngs=rngs):
         return jax.nn.dot_product_attention(
-            query_BTNH, key_BSNH, value_BSNH, mask=mask_B11S, is_causal=is_causal, scale=scale,
-            implementation=_fused_implementation(query_BTNH),
+            query_BTNH, key_BSNH, value_BSNH, bias=bias_BNTS, mask=mask_B11S, is_causal=is_causal, scale=scale,
+            implementation=_fused_implementation(query_BTNH) if bias_BNTS is None else None,
         )
     scale = 1.0 / math.sqrt(query_BTNH.shape[-1]) if scale is None else scale
     logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", query_BTNH, key_BSNH) * scale
+    if bias_BNTS is not None:
+        logits_BNTS = logits_BNTS + bias_BNTS
     if is_causal:
         t, s = logits_BNTS.shape[-2:]
         causal_TS = jnp.tril(jnp.ones((t, s), bool))
