@@ -75,9 +75,10 @@ class ClassifierConfig:
         )
 
     def head_options_in_effect(self) -> dict[str, Any]:
-        """`head_options` over the defaults the backbone's config.json sets for this head
-        (XLNet's summary_* fields for "summary"; a backbone config may expose `summary_options`)."""
-        defaults = getattr(self.backbone, "summary_options", {}) if self.head == "summary" else {}
+        """`head_options` over the defaults the backbone's config.json sets for this head (a
+        backbone config may expose them as `<head>_options`: XLNet's `summary_options`, DeBERTa's
+        `deberta_options`)."""
+        defaults = getattr(self.backbone, f"{self.head}_options", {})
         return {**defaults, **dict(self.head_options)}
 
     @classmethod
@@ -119,11 +120,12 @@ class ClassifierConfig:
 
     def to_hf_config(self, architecture: str) -> dict[str, Any]:
         backbone = self.backbone
-        if self.head == "summary" and hasattr(backbone, "summary_options"):
-            # transformers reads the summary options from the top level of config.json (XLNet's
-            # summary_*): the backbone's config writes them, with the values in effect.
+        own_options = getattr(backbone, f"{self.head}_options", None)
+        if own_options is not None:
+            # transformers reads the head's options from the top level of config.json (XLNet's
+            # summary_*, DeBERTa's pooler_*): the backbone's config writes them, with the values in effect.
             in_effect = self.head_options_in_effect()
-            backbone = dataclasses.replace(backbone, **{k: in_effect[k] for k in backbone.summary_options})
+            backbone = dataclasses.replace(backbone, **{k: in_effect[k] for k in own_options})
         hf = backbone.to_hf_config()
         hf.update(
             architectures=[architecture],

@@ -1,5 +1,5 @@
-"""The encoder-family heads: BERT's pooler head, RoBERTa's head, DistilBERT's head, and
-pooled-feature linear heads."""
+"""The encoder-family heads: BERT's pooler head, RoBERTa's head, DistilBERT's head, DeBERTa's
+head, and pooled-feature linear heads."""
 
 from __future__ import annotations
 
@@ -72,6 +72,30 @@ class DistilBertHead(nnx.Module):
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         x = jax.nn.relu(self.pre_classifier(pooling.first_token(inputs)))
         return self.classifier(layers.dropout(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
+
+
+class DebertaHead(nnx.Module):
+    """`DebertaV2ForSequenceClassification`: `ContextPooler` (first token -> dropout at the
+    `pooler_dropout` option -> dense -> the `pooler_hidden_act` option) -> dropout -> classifier.
+
+    The options default to `DebertaV2Config`'s (0.0, "gelu"); on a DeBERTa backbone they come
+    from its config.json (`DebertaV2Config.deberta_options`)."""
+
+    def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.pooler_dropout = cfg.option("pooler_dropout", 0.0)
+        self.activation = layers.activation(cfg.option("pooler_hidden_act", "gelu"))
+        kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.dense = layers.dense(cfg.hidden_size, cfg.hidden_size, **kw)
+        self.classifier = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
+        self.deterministic = False
+
+    def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
+        def drop(y, rate):
+            return layers.dropout(y, rate, rngs, deterministic=self.deterministic)
+
+        pooled = self.activation(self.dense(drop(pooling.first_token(inputs), self.pooler_dropout)))
+        return self.classifier(drop(pooled, self.cfg.dropout_rate))
 
 
 class LinearHead(nnx.Module):
