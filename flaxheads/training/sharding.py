@@ -24,6 +24,7 @@ BATCH_AXES = ("data", "fsdp")
 # parameter's rule: their paths end with the same names.
 PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"embedding$", P("fsdp", None)),  # (vocab or positions, hidden): split the rows
+    (r"conv\.kernel$", P(None, "fsdp", None)),  # DeBERTa's Conv1d (width, in, out): split the input dimension
     (r"kernel$", P("fsdp", None)),  # (in, out): split the input dimension
     (r".*", P()),  # biases, LayerNorm scales, step counters: small, replicated
 )
