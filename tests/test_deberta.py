@@ -457,7 +457,7 @@ def test_fsdp_rules_split_the_deberta_parameters_on_four_fake_devices(deberta):
     for name in ("backbone.embeddings.embed_proj.kernel", "backbone.layers.1.attention.pos_key.kernel",
                  "backbone.layers.0.attention.pos_query.kernel", "head.dense.kernel"):
         assert specs[name][0] == "fsdp", name
-    assert specs["backbone.embeddings.word_embeddings.embedding"] == []  # 99 rows: whole
+    assert "fsdp" not in specs["backbone.embeddings.word_embeddings.embedding"]  # 99 rows: whole
 
 
 # ---------------------------------------------------------------------------------------------
