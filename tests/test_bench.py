@@ -33,7 +33,7 @@ def test_flaxheads_bench_takes_comma_lists_and_defaults_to_everything():
 def test_both_sides_of_the_step_benchmark_build_the_same_model(arch):
     """Equal work: flaxheads and transformers get models with the same number of parameters."""
     hf = StepBench(arch=arch).hf_config()
-    head = conversion.architecture_table(arch).canonical_head
+    head = conversion.architecture_table(hf["model_type"]).canonical_head  # "deberta-v3" is deberta-v2
     config = ClassifierConfig(backbone=backbone_config_from_hf(hf), head=head, num_labels=2)
     abstract = nnx.eval_shape(lambda: SequenceClassifier(config, param_dtype=jnp.float32, rngs=nnx.Rngs(0)))
     ours = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(abstract, nnx.Param)))

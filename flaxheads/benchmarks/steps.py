@@ -35,8 +35,10 @@ SIZES = {
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
 }
-ARCHS = ("bert", "roberta", "xlm-roberta", "gpt2", "xlnet", "electra", "albert", "distilbert")
+ARCHS = ("bert", "roberta", "xlm-roberta", "gpt2", "xlnet", "electra", "albert", "distilbert", "deberta-v3")
 ALBERT_EMBEDDING = 128
+DEBERTA_BUCKETS = 256
+"""DeBERTa-v3's position_buckets: its attention also scores 2 * 256 relative positions."""
 # GPT-2 would add token_type_ids through its token embedding; DistilBERT has no segments at all.
 NO_TOKEN_TYPES = ("gpt2", "distilbert")
 
@@ -50,7 +52,7 @@ class StepBench:
     steps: int = 5
     repeats: int = 5
     warmup: int = 2
-    arch: str = "bert"  # the Hugging Face model_type; each gets its canonical head
+    arch: str = "bert"  # the Hugging Face model_type ("deberta-v3": deberta-v2 as v3 sets it); its canonical head
     attention_dropout: float = 0.1
     """BERT trains with 0.1; with 0 the flaxheads train step keeps cuDNN's fused attention."""
 
@@ -83,6 +85,12 @@ class StepBench:
         if self.arch == "distilbert":  # no token types; its head's pre_classifier stands where BERT's pooler is
             return dict(common, vocab_size=30522, max_position_embeddings=512, dim=d, n_layers=layers, n_heads=heads,
                         hidden_dim=ffn, activation="gelu", attention_dropout=self.attention_dropout)
+        if self.arch == "deberta-v3":  # DeBERTa-v3's switches: shared keys, log buckets, no absolute positions
+            return dict(common, model_type="deberta-v2", vocab_size=128100, hidden_size=d, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=512,
+                        type_vocab_size=0, relative_attention=True, position_buckets=DEBERTA_BUCKETS,
+                        norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type="p2c|c2p",
+                        position_biased_input=False, attention_probs_dropout_prob=self.attention_dropout)
         raise ValueError(f"arch {self.arch!r}: choose one of {ARCHS}")
 
 
@@ -91,7 +99,9 @@ def train_flops(bench: StepBench) -> float:
     6 * tokens * (dense parameters used per token) + 6 * layers * batch * (attention multiply-adds).
     Attention per sequence and layer: scores and values, 2 * seq^2 * hidden multiply-adds; XLNet's
     relative attention adds scores against 2 * seq positions (2 * seq^2 * hidden more) and the
-    projection of those positions (2 * seq * hidden^2, counted as 2 * hidden^2 per token)."""
+    projection of those positions (2 * seq * hidden^2, counted as 2 * hidden^2 per token). DeBERTa's
+    c2p and p2c score every token against 2 * 256 positions (2 * seq * 512 * hidden more), and
+    project the table twice per layer (2 * 512 * hidden^2 per batch)."""
     d, layers, _, f = SIZES[bench.size]
     per_token = layers * (4 * d * d + 2 * d * f) + d * d + 2 * d
     attention = 2 * bench.seq_len**2 * d
@@ -100,8 +110,12 @@ def train_flops(bench: StepBench) -> float:
         attention *= 2
     if bench.arch == "albert":  # the factorised embeddings' projection to the hidden size
         per_token += ALBERT_EMBEDDING * d
+    positions = 0
+    if bench.arch == "deberta-v3":
+        attention += 2 * bench.seq_len * 2 * DEBERTA_BUCKETS * d
+        positions = layers * 2 * 2 * DEBERTA_BUCKETS * d * d
     tokens = bench.batch * bench.seq_len
-    return 6 * tokens * per_token + 6 * layers * bench.batch * attention
+    return 6 * tokens * per_token + 6 * layers * bench.batch * attention + 6 * positions
 
 
 @dataclasses.dataclass
@@ -164,7 +178,7 @@ def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None) ->
     if checkpoint:
         model = from_pretrained(checkpoint, num_labels=2, dtype=bench.dtype)
     else:
-        head = conversion.architecture_table(bench.arch).canonical_head
+        head = conversion.architecture_table(hf["model_type"]).canonical_head
         config = ClassifierConfig(backbone=backbone_config_from_hf(hf), head=head, num_labels=2)
         model = SequenceClassifier(config, dtype=jnp.dtype(bench.dtype), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
@@ -201,8 +215,8 @@ def torch_runners(bench: StepBench, checkpoint: str | Path | None = None) -> lis
     device = torch.device("cuda" if cuda else "cpu")
     if not cuda:
         torch.set_num_threads(os.cpu_count())
-    # XLNet has one attention implementation of its own in transformers.
-    attn = None if bench.arch == "xlnet" else "sdpa" if cuda else "eager"
+    # XLNet and DeBERTa have one attention implementation of their own in transformers.
+    attn = None if bench.arch in ("xlnet", "deberta-v3") else "sdpa" if cuda else "eager"
     kwargs = {"attn_implementation": attn} if attn else {}
     if checkpoint:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2, **kwargs)
