@@ -9,11 +9,7 @@ checkpoint type; sharding on fake devices; the command line on a tiny checkpoint
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 import zlib
 
 import jax.numpy as jnp
@@ -29,8 +25,8 @@ from transformers.models.deberta_v2 import modeling_deberta_v2
 
 import flaxheads
 from family_parity import (
-    assert_close, assert_same_params, assert_state_dicts_identical, flat_params, flax_inputs, padded_batch,
-    torch_forward,
+    assert_close, assert_same_params, assert_state_dicts_identical, check_cli_lifecycle, flat_params, flax_inputs,
+    fsdp_on_fake_devices, padded_batch, torch_forward,
 )
 from flaxheads.backbones import backbone_spec
 from flaxheads.backbones.deberta import DebertaV2Config, relative_positions
@@ -422,42 +418,23 @@ def test_position_table_of_another_size_is_refused_naming_the_tensor(deberta, tm
 # ---------------------------------------------------------------------------------------------
 # Sharding on fake devices
 
-_SHARDED = textwrap.dedent("""
-    import json, sys
-    import jax, numpy as np
-    import flaxheads
-    from flaxheads.conversion.loading import flat_variables
-    from flaxheads.training.sharding import Layout
-
-    layout = Layout.create("fsdp=4")
-    batch = {k: jax.numpy.asarray(v) for k, v in json.loads(sys.argv[2]).items()}
-    model = flaxheads.from_pretrained(sys.argv[1], placement=layout.param_sharding)
-    variables = flat_variables(model)
-    specs = {k: [str(a) for a in v[...].sharding.spec] for k, (_, v) in variables.items()}
-    print(json.dumps({"logits": np.asarray(model(**batch)).tolist(), "specs": specs}))
-""")
-
 
 def test_fsdp_rules_split_the_deberta_parameters_on_four_fake_devices(deberta):
     path, reference = deberta("DebertaV2ForSequenceClassification", "v2", num_labels=3, conv_groups=1)
     batch = batch_for("v2", "right")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    arguments = json.dumps({k: v.tolist() for k, v in batch.items()})
 
-    result = subprocess.run([sys.executable, "-c", _SHARDED, str(path), arguments],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = fsdp_on_fake_devices(path, batch)
 
-    assert result.returncode == 0, result.stderr[-2000:]
-    out = json.loads(result.stdout.splitlines()[-1])
-    assert_close(np.array(out["logits"]), torch_forward(reference, batch).logits, "fsdp=4 on fake devices")
-    specs = out["specs"]
+    specs = result["specs"]
     # Position tables split by rows, kernels (the conv's too) by input features, wherever 4 divides the dimension.
     assert specs["backbone.rel_embeddings.embedding"] == ["fsdp", "None"]  # 2 * 16 rows
     assert specs["backbone.conv.conv.kernel"] == ["None", "fsdp", "None"]  # (width 3, in 36, out 36)
     for name in ("backbone.embeddings.embed_proj.kernel", "backbone.layers.1.attention.pos_key.kernel",
                  "backbone.layers.0.attention.pos_query.kernel", "head.dense.kernel"):
         assert specs[name][0] == "fsdp", name
-    assert "fsdp" not in specs["backbone.embeddings.word_embeddings.embedding"]  # 99 rows: whole
+    assert "backbone.embeddings.word_embeddings.embedding" not in result["split"]  # 99 rows: whole
+    assert result["tree"] == result["split"]
+    assert_close(result["logits"], torch_forward(reference, batch).logits, "fsdp=4 on fake devices vs torch")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,36 +456,10 @@ def deberta_with_tokenizer(tmp_path_factory):
     return path
 
 
-def test_cli_inspect_convert_train_evaluate_predict_on_deberta(deberta_with_tokenizer, snippets_csv, tmp_path, capsys):
-    from flaxheads.cli import main
+def test_cli_inspect_train_evaluate_predict_convert_on_deberta(deberta_with_tokenizer, snippets_csv, tmp_path, capsys):
+    inspected = check_cli_lifecycle(deberta_with_tokenizer, snippets_csv, tmp_path, capsys,
+                                    model_type="deberta-v2", head="deberta")
 
-    source, data = deberta_with_tokenizer, snippets_csv
-    assert main(["inspect", str(source), "--num_labels", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "model_type: deberta-v2" in out and "head shown: 'deberta'" in out
-    assert "pooler.dense.weight" in out and "lm_predictions.lm_head.dense.weight" in out
-
-    assert main(["convert", str(source), str(tmp_path / "flax")]) == 0
-    assert main(["convert", str(tmp_path / "flax"), str(tmp_path / "pytorch"), "--to", "pytorch"]) == 0
-    capsys.readouterr()
-    assert (tmp_path / "pytorch" / "vocab.txt").is_file()
-    exported = load_file(tmp_path / "pytorch" / "model.safetensors")
+    assert "pooler.dense.weight" in inspected and "lm_predictions.lm_head.dense.weight" in inspected
+    exported = load_file(tmp_path / "run" / "model.safetensors")
     assert "deberta.encoder.rel_embeddings.weight" in exported and "pooler.dense.weight" in exported
-
-    run = tmp_path / "run"
-    common = ["--train_file", str(data["train"]), "--text_column", "sentence", "--max_seq_length", "32"]
-    assert main(["train", "--model_name_or_path", str(source), *common, "--output_dir", str(run),
-                 "--per_device_train_batch_size", "8", "--max_steps", "2", "--logging_steps", "1",
-                 "--save_steps", "2", "--disable_tqdm"]) == 0
-    capsys.readouterr()
-    config = json.loads((run / "config.json").read_text())
-    assert config["model_type"] == "deberta-v2" and config["architectures"] == ["DebertaV2ForSequenceClassification"]
-
-    assert main(["evaluate", "--model_name_or_path", str(run), *common, "--validation_file", str(data["validation"]),
-                 "--split", "validation"]) == 0
-    assert "accuracy" in json.loads(capsys.readouterr().out)
-
-    assert main(["predict", "--model_name_or_path", str(run), "a fine film", "dull"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["text"] for r in rows] == ["a fine film", "dull"]
-    assert all(r["label"] in ("negative", "positive") for r in rows)
