@@ -19,9 +19,10 @@ class BackboneOutput(NamedTuple):
 class BackboneConfig(Protocol):
     """The fields a head may read from any backbone's config.
 
-    Optional: a dataclass config whose config.json carries the "summary" head's options (XLNet's
-    summary_* fields) exposes them as a `summary_options` dict; `ClassifierConfig` uses them as
-    that head's defaults and writes the options in effect back into those fields on export.
+    Optional: a dataclass config whose config.json carries a head's options (XLNet's summary_*
+    fields for "summary", DeBERTa's pooler_* for "deberta") exposes them as a `<head>_options`
+    dict; `ClassifierConfig` uses them as that head's defaults and writes the options in effect
+    back into those fields on export.
     """
 
     model_type: str
