@@ -33,9 +33,9 @@ from flaxheads.backbones.deberta import DebertaV2Config, relative_positions
 from flaxheads.convert import convert
 from flaxheads.heads import HEAD_NAMES, HeadInputs
 
-BF16_ATOL = BF16_RTOL = 3e-2
-"""bfloat16 compute (float32 parameters) against transformers in float32 (measured max ~1e-2 on
-logits of order 1)."""
+BF16_ATOL = BF16_RTOL = 1e-2
+"""bfloat16 compute (float32 parameters) against transformers in float32: measured max 3.3e-3 (v3)
+and 3.1e-3 (v2) on logits of order 1."""
 SEQ_LEN = 40
 """Longer than max_relative_positions (16) and the 8 buckets: clipping and log buckets both act."""
 _TINY = dict(
