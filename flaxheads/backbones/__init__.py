@@ -12,6 +12,7 @@ from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.interface import BackboneConfig, BackboneOutput
+from flaxheads.backbones.modernbert import ModernBert, ModernBertConfig
 from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 
 
@@ -34,6 +35,7 @@ BACKBONES: dict[str, BackboneSpec] = {
     # XLNet was pretrained with left padding and its "summary" head reads the last token.
     "xlnet": BackboneSpec(XLNetConfig, XLNet, padding_side="left"),
     "albert": BackboneSpec(AlbertConfig, Albert, padding_side="right"),
+    "modernbert": BackboneSpec(ModernBertConfig, ModernBert, padding_side="right"),
 }
 
 
@@ -68,6 +70,8 @@ __all__ = [
     "EncoderConfig",
     "GPT2",
     "GPT2Config",
+    "ModernBert",
+    "ModernBertConfig",
     "XLNet",
     "XLNetConfig",
     "backbone_config_from_hf",
