@@ -17,6 +17,9 @@ from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs, build_head
 
 FLAXHEADS_CONFIG_KEY = "flaxheads"
 """config.json section recording what transformers' config cannot: the head."""
+BACKBONE_HEAD_OPTIONS = {"summary": "summary_options", "modernbert": "modernbert_head_options"}
+"""Head -> the backbone config attribute (a dict) holding that head's options as the backbone's
+config.json sets them, when it does: they are the head's defaults and are written back on export."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +78,13 @@ class ClassifierConfig:
 
     def head_options_in_effect(self) -> dict[str, Any]:
         """`head_options` over the defaults the backbone's config.json sets for this head
-        (XLNet's summary_* fields for "summary"; a backbone config may expose `summary_options`)."""
-        defaults = getattr(self.backbone, "summary_options", {}) if self.head == "summary" else {}
-        return {**defaults, **dict(self.head_options)}
+        (XLNet's summary_* fields for "summary", ModernBERT's classifier_* for "modernbert"; see
+        `BACKBONE_HEAD_OPTIONS`)."""
+        return {**self._backbone_head_options(), **dict(self.head_options)}
+
+    def _backbone_head_options(self) -> dict[str, Any]:
+        attribute = BACKBONE_HEAD_OPTIONS.get(self.head)
+        return getattr(self.backbone, attribute, {}) if attribute else {}
 
     @classmethod
     def from_hf_config(
@@ -117,11 +124,11 @@ class ClassifierConfig:
 
     def to_hf_config(self, architecture: str) -> dict[str, Any]:
         backbone = self.backbone
-        if self.head == "summary" and hasattr(backbone, "summary_options"):
-            # transformers reads the summary options from the top level of config.json (XLNet's
-            # summary_*): the backbone's config writes them, with the values in effect.
+        if self._backbone_head_options():
+            # transformers reads these head options from the top level of config.json (XLNet's
+            # summary_*, ModernBERT's classifier_*): the backbone's config writes them, with the values in effect.
             in_effect = self.head_options_in_effect()
-            backbone = dataclasses.replace(backbone, **{k: in_effect[k] for k in backbone.summary_options})
+            backbone = dataclasses.replace(backbone, **{k: in_effect[k] for k in self._backbone_head_options()})
         hf = backbone.to_hf_config()
         hf.update(
             architectures=[architecture],

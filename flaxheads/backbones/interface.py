@@ -19,9 +19,10 @@ class BackboneOutput(NamedTuple):
 class BackboneConfig(Protocol):
     """The fields a head may read from any backbone's config.
 
-    Optional: a dataclass config whose config.json carries the "summary" head's options (XLNet's
-    summary_* fields) exposes them as a `summary_options` dict; `ClassifierConfig` uses them as
-    that head's defaults and writes the options in effect back into those fields on export.
+    Optional: a dataclass config whose config.json carries a head's options (XLNet's summary_*
+    for "summary", ModernBERT's classifier_* for "modernbert") exposes them as a dict attribute
+    (`summary_options`, `modernbert_head_options`; `model.BACKBONE_HEAD_OPTIONS`); `ClassifierConfig`
+    uses them as that head's defaults and writes the options in effect back into those fields on export.
     """
 
     model_type: str

@@ -11,6 +11,7 @@
 | `last_token`   | last real token (pad id, else mask; see `last_token.py`) -> score, no bias | `GPT2ForSequenceClassification` |
 | `summary`      | last/first/mean/cls_index -> [dense] -> [tanh] -> logits_proj (see `summary.py`) | `XLNetForSequenceClassification` |
 | `distilbert`   | first token -> pre_classifier -> ReLU -> dropout -> classifier      | `DistilBertForSequenceClassification` |
+| `modernbert`   | first token or masked mean (classifier_pooling) -> dense -> act -> LayerNorm -> dropout -> classifier | `ModernBertForSequenceClassification` |
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from flax import nnx
 from flaxheads.backbones import layers
 from flaxheads.heads import pooling
 from flaxheads.heads.base import HeadConfig, HeadInputs
-from flaxheads.heads.classifiers import DistilBertHead, LinearHead, PoolerHead, RobertaHead
+from flaxheads.heads.classifiers import DistilBertHead, LinearHead, ModernBertHead, PoolerHead, RobertaHead
 from flaxheads.heads.last_token import LastTokenHead
 from flaxheads.heads.summary import SummaryHead
 
 HEAD_NAMES = (
     "pooler", "roberta", "cls", "mean", "concat_last4", "last_token", "summary", "electra", "distilbert",
+    "modernbert",
 )
 
 
@@ -57,6 +59,8 @@ def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Mo
         return SummaryHead(cfg, **kw)
     if cfg.name == "distilbert":
         return DistilBertHead(cfg, **kw)
+    if cfg.name == "modernbert":
+        return ModernBertHead(cfg, **kw)
     raise ValueError(f"unknown head {cfg.name!r}; choose one of {HEAD_NAMES}")
 
 
