@@ -12,11 +12,12 @@ from flaxheads.conversion.distilbert import DISTILBERT
 from flaxheads.conversion.electra import ELECTRA
 from flaxheads.conversion.gpt2 import GPT2
 from flaxheads.conversion.loading_info import LoadingInfo
+from flaxheads.conversion.modernbert import MODERNBERT
 from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
 from flaxheads.conversion.xlnet import XLNET
 
 TABLES: dict[str, ArchitectureTable] = {
-    t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT)
+    t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT, MODERNBERT)
 }
 
 
