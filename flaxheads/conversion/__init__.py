@@ -57,7 +57,7 @@ def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str],
     if table_rules:
         rules = [r for r in table_rules if r.flax in set(head_param_paths)]
     else:
-        rules = head_layout(head_param_paths)
+        rules = head_layout(head_param_paths, table.own_head_prefix)
     return under("head", expand(rules, num_layers=0, base=base))
 
 

@@ -6,7 +6,9 @@ Every bias and the LayerNorm biases are optional (`attention_bias`, `mlp_bias`, 
 have and a model built without one skips its rule. `ModernBertForMaskedLM` and
 `ModernBertForSequenceClassification` share the prediction head's names (`head.dense`,
 `head.norm`): loading a masked-LM checkpoint with the "modernbert" head takes them as pretrained,
-as transformers does; only `decoder.*` (the vocabulary projection) is then unused.
+as transformers does; only `decoder.*` (the vocabulary projection) is then unused. Heads
+transformers has no class for are stored under `flaxheads_head.` instead of `head.`, so that a
+"roberta" head's `dense` is never filled from the prediction head's `head.dense`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ MODERNBERT = ArchitectureTable(
     classification_architecture="ModernBertForSequenceClassification",
     canonical_head="modernbert",
     backbone=MODERNBERT_BACKBONE,
+    own_head_prefix="flaxheads_head.",
     heads={
         "modernbert": (
             *linear("head.dense", "dense"), *layer_norm("head.norm", "norm"), *linear("classifier", "classifier"),
