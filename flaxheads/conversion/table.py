@@ -197,7 +197,8 @@ class ArchitectureTable:
 def head_layout(head_flax_paths: Iterable[str], prefix: str = "head.") -> list[Rule]:
     """flaxheads' own layout for heads transformers has no class for.
 
-    Every Linear at head path `P` is stored as `head.P.weight` (out, in) and `head.P.bias`,
+    Every Linear at head path `P` is stored as `head.P.weight` (out, in) and `head.P.bias`, a
+    LayerNorm as `head.P.weight` (its scale) and `head.P.bias`,
     i.e. in torch's layout under a `head.` prefix (`prefix`), so the file stays a valid PyTorch
     state dict and a transformers `*Model` loads the backbone from it, ignoring the head.
     """
@@ -208,6 +209,8 @@ def head_layout(head_flax_paths: Iterable[str], prefix: str = "head.") -> list[R
             rules.append(Rule(f"{prefix}{module}.weight", path, LINEAR))
         elif leaf == "bias":
             rules.append(Rule(f"{prefix}{module}.bias", path))
+        elif leaf == "scale":  # a LayerNorm (the "modernbert" head's): torch calls it weight
+            rules.append(Rule(f"{prefix}{module}.weight", path))
         else:
             raise ValueError(f"flaxheads head layout has no rule for parameter {path!r}")
     return rules
