@@ -35,8 +35,13 @@ SIZES = {
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
 }
-ARCHS = ("bert", "roberta", "gpt2", "xlnet", "electra", "albert")
+ARCHS = ("bert", "roberta", "gpt2", "xlnet", "electra", "albert", "modernbert")
 ALBERT_EMBEDDING = 128
+
+
+def modernbert_intermediate(hidden: int) -> int:
+    """ModernBERT-base's GeGLU width for a hidden size (1152 for 768): its Wi outputs twice this."""
+    return hidden * 3 // 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +82,9 @@ class StepBench:
         if self.arch == "albert":  # ALBERT's defaults: embeddings 128 wide, one group shared by every layer
             return dict(common, vocab_size=30000, embedding_size=ALBERT_EMBEDDING, hidden_size=d, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=ffn, attention_probs_dropout_prob=self.attention_dropout)
+        if self.arch == "modernbert":  # ModernBERT-base's layout at these sizes: its GeGLU width, global every 3rd layer
+            return dict(common, vocab_size=50368, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=modernbert_intermediate(d), attention_dropout=self.attention_dropout)
         raise ValueError(f"arch {self.arch!r}: choose one of {ARCHS}")
 
 
@@ -94,6 +102,8 @@ def train_flops(bench: StepBench) -> float:
         attention *= 2
     if bench.arch == "albert":  # the factorised embeddings' projection to the hidden size
         per_token += ALBERT_EMBEDDING * d
+    if bench.arch == "modernbert":  # GeGLU: Wi (d -> 2i) and Wo (i -> d) instead of BERT's 2 * d * f
+        per_token += layers * (3 * d * modernbert_intermediate(d) - 2 * d * f)
     tokens = bench.batch * bench.seq_len
     return 6 * tokens * per_token + 6 * layers * bench.batch * attention
 
@@ -136,7 +146,7 @@ def _batch(bench: StepBench, vocab: int) -> dict[str, np.ndarray]:
         "token_type_ids": np.zeros((bench.batch, bench.seq_len), np.int32),
         "labels": rs.randint(0, 2, (bench.batch,)).astype(np.int32),
     }
-    if bench.arch == "gpt2":  # GPT-2 has no segments (transformers would add a token embedding)
+    if bench.arch in ("gpt2", "modernbert"):  # no segments (transformers' GPT-2 would add a token embedding)
         del batch["token_type_ids"]
     return batch
 
