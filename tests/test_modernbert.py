@@ -22,6 +22,7 @@ import pytest
 import torch
 import transformers
 from conftest import TOKENIZER_FILES, _randomize_
+from flax import nnx
 from safetensors.torch import load_file
 
 import flaxheads
@@ -29,7 +30,7 @@ from family_parity import (
     assert_close, assert_same_params, assert_state_dicts_identical, flat_params, flax_inputs, padded_batch,
     torch_forward,
 )
-from flaxheads.backbones import ModernBertConfig, backbone_spec
+from flaxheads.backbones import ModernBertConfig, backbone_spec, layers
 from flaxheads.cli import main
 from flaxheads.convert import convert
 from flaxheads.conversion.loading import flat_variables
@@ -166,6 +167,19 @@ def test_a_window_shorter_than_the_sequence_changes_the_output(modernbert, tmp_p
 
     # Row 0 (13 real tokens) sees farther than 2 positions without the window; row 2 (2 tokens) never does.
     assert difference[0].max() > 1e-3 and difference[2, :2].max() < 1e-5
+
+
+def test_attention_dropout_in_training_keeps_the_sliding_window():
+    rng = np.random.default_rng(0)
+    query, key, value = (jnp.asarray(rng.normal(size=(1, 9, 2, 4)), jnp.float32) for _ in range(3))
+    far_changed = value.at[:, 8].set(100.0)
+
+    outputs = [layers.attend(query, key, v, None, local_window_size=2, dropout_rate=0.5, deterministic=False,
+                             rngs=nnx.Rngs(dropout=0)) for v in (value, far_changed)]
+
+    # Queries 0..5 are more than 2 positions from key 8: the materialised (dropout) path masks it too.
+    np.testing.assert_array_equal(np.asarray(outputs[0][:, :6]), np.asarray(outputs[1][:, :6]))
+    assert np.max(np.abs(np.asarray(outputs[0][:, 6:] - outputs[1][:, 6:]))) > 1.0
 
 
 def test_bfloat16_compute_stays_within_tolerance_of_transformers_float32(modernbert):
