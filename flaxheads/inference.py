@@ -201,7 +201,8 @@ def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_
 def predict(model_dir: str | Path, texts: Iterable[str], *, max_seq_length: int = 128, batch_size: int = 64,
             tokenizer_name: str | None = None) -> list[dict[str, Any]]:
     """For each text, in order: {"text", "label", "probabilities": {label name: p}} (single-label),
-    {"text", "labels", "probabilities"} (multi-label) or {"text", "score"} (regression).
+    {"text", "labels", "probabilities"} (multi-label) or {"text", "score"} (regression, and the
+    reward of a pairwise reward model).
 
     Raises UntrainedModel for a classifier that was never trained, FloatingPointError naming the
     texts whose scores are not finite.
@@ -290,7 +291,7 @@ def _describe_predictions(texts, logits, problem_type, label_names) -> list[dict
     preds = metrics_lib.predictions(problem_type, logits)
     rows = []
     for text, p, pred in zip(texts, probs, preds):
-        if problem_type == problem.REGRESSION:
+        if problem_type in (problem.REGRESSION, problem.PAIRWISE_REWARD):  # a reward model scores single texts
             rows.append({"text": text, "score": float(pred)})
         elif problem_type == problem.MULTI_LABEL:
             rows.append({"text": text, "labels": [n for n, on in zip(label_names, pred) if on],

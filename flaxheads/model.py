@@ -16,7 +16,8 @@ from flaxheads.conversion.loading import load_backbone, save_pretrained
 from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs, build_head
 
 FLAXHEADS_CONFIG_KEY = "flaxheads"
-"""config.json section recording what transformers' config cannot: the head."""
+"""config.json section recording what transformers' config cannot: the head, its options, and a
+problem type transformers does not know (`pairwise_reward`: config.json's own is left unset)."""
 BACKBONE_HEAD_OPTIONS = {"summary": "summary_options", "modernbert": "modernbert_head_options"}
 """Head -> the backbone config attribute (a dict) holding that head's options as the backbone's
 config.json sets them, when it does: they are the head's defaults and are written back on export."""
@@ -116,7 +117,8 @@ class ClassifierConfig:
             backbone=backbone_config_from_hf(hf),
             head=head or saved.get("head") or default_head,
             num_labels=num_labels,
-            problem_type=problem_type if problem_type is not None else hf.get("problem_type"),
+            problem_type=next((p for p in (problem_type, hf.get("problem_type"), saved.get("problem_type"))
+                               if p is not None), None),
             labels=tuple(names) if names else None,
             classifier_dropout=classifier_dropout,
             head_options=tuple(sorted({**saved.get("head_options", {}), **(head_options or {})}.items())),
@@ -135,7 +137,7 @@ class ClassifierConfig:
             num_labels=self.num_labels,
             id2label={str(i): name for i, name in enumerate(self.label_names)},
             label2id={name: i for i, name in enumerate(self.label_names)},
-            problem_type=self.problem_type,
+            problem_type=self.problem_type if self.problem_type in problem.HF_PROBLEM_TYPES else None,
         )
         # None means "the backbone's own"; writing None here would erase that value on export.
         # ALBERT names the field classifier_dropout_prob (`classifier_dropout_key`).
@@ -143,6 +145,8 @@ class ClassifierConfig:
             self.backbone.classifier_dropout if self.classifier_dropout is None else self.classifier_dropout
         )
         hf[FLAXHEADS_CONFIG_KEY] = {"head": self.head, "head_options": dict(self.head_options)}
+        if self.problem_type not in (None, *problem.HF_PROBLEM_TYPES):
+            hf[FLAXHEADS_CONFIG_KEY]["problem_type"] = self.problem_type
         return hf
 
 

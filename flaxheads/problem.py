@@ -5,6 +5,16 @@
 | `regression`                   | (B, L)        | float (B,) if L == 1, (B, L)    | MSE                  |
 | `single_label_classification`  | (B, L)        | integer class ids (B,)         | cross-entropy        |
 | `multi_label_classification`   | (B, L)        | multi-hot floats (B, L)        | binary cross-entropy |
+| `pairwise_reward`              | (B, 2)        | margins, float (B,)            | Bradley-Terry        |
+
+`pairwise_reward` trains a reward model (`num_labels=1`) on preference pairs, the format of TRL's
+`RewardTrainer`: each example is a `chosen` and a `rejected` text, scored in one forward pass, and
+its logits are the two rewards `(r_chosen, r_rejected)`. The loss is
+`-log sigmoid(r_chosen - r_rejected - margin)` in float32 (the margin is 0 unless given, as in
+TRL). It is flaxheads' own name: transformers' config.json has no such problem type, so an export
+leaves config.json's `problem_type` unset (transformers then reads one label as regression, which
+is how it scores single texts) and records it in the `flaxheads` section (`model.py`). On single
+texts a reward model's output is its score, read like a regression's.
 
 When `problem_type` is None it is inferred the way transformers does: `num_labels == 1` means
 regression, integer labels mean single-label, anything else multi-label. Without labels to look
@@ -28,7 +38,10 @@ import optax
 REGRESSION = "regression"
 SINGLE_LABEL = "single_label_classification"
 MULTI_LABEL = "multi_label_classification"
-PROBLEM_TYPES = (REGRESSION, SINGLE_LABEL, MULTI_LABEL)
+PAIRWISE_REWARD = "pairwise_reward"
+HF_PROBLEM_TYPES = (REGRESSION, SINGLE_LABEL, MULTI_LABEL)
+"""The problem types transformers' `PretrainedConfig.problem_type` accepts."""
+PROBLEM_TYPES = (*HF_PROBLEM_TYPES, PAIRWISE_REWARD)
 
 T = TypeVar("T")
 
@@ -41,11 +54,21 @@ def require_known(problem_type: str) -> str:
     return problem_type
 
 
-def by_problem_type(problem_type: str, *, single_label: T, multi_label: T, regression: T) -> T:
+_UNDEFINED = object()
+
+
+def by_problem_type(problem_type: str, *, single_label: T, multi_label: T, regression: T,
+                    pairwise_reward: T = _UNDEFINED) -> T:
     """The argument named after `problem_type` (a value, or a function to call); ValueError as
-    `require_known` for an unknown one. Dispatch on the problem type goes through here."""
-    choices = {SINGLE_LABEL: single_label, MULTI_LABEL: multi_label, REGRESSION: regression}
-    return choices[require_known(problem_type)]
+    `require_known` for an unknown one, and for `pairwise_reward` where the caller gives none
+    (that use has no meaning for preference pairs). Dispatch on the problem type goes through here."""
+    choices = {SINGLE_LABEL: single_label, MULTI_LABEL: multi_label, REGRESSION: regression,
+               PAIRWISE_REWARD: pairwise_reward}
+    chosen = choices[require_known(problem_type)]
+    if chosen is _UNDEFINED:
+        raise ValueError(f"problem_type={PAIRWISE_REWARD!r} is not supported here; use it with chosen/rejected "
+                         "pairs to train a reward model")
+    return chosen
 
 
 def default_problem_type(num_labels: int) -> str:
@@ -73,10 +96,17 @@ def infer_problem_type(num_labels: int, labels) -> str:
 
 def check_problem_type(problem_type: str | None, num_labels: int | None = None) -> None:
     """ValueError unless `problem_type` is None (inferred later) or known (`require_known`) and,
-    when `num_labels` is given, fits it: single-label classification needs two labels or more."""
+    when `num_labels` is given, fits it: single-label classification needs two labels or more, a
+    pairwise reward model exactly one."""
     if problem_type is None:
         return
     require_known(problem_type)
+    if problem_type == PAIRWISE_REWARD and num_labels is not None and num_labels != 1:
+        raise ValueError(
+            f"problem_type={PAIRWISE_REWARD!r} trains a reward model, which scores each text with one number, "
+            f"but got num_labels={num_labels}; load the model with from_pretrained(..., num_labels=1) "
+            "(and ignore_mismatched_sizes=True when its checkpoint has a trained head of another size)"
+        )
     if problem_type == SINGLE_LABEL and num_labels is not None and num_labels < 2:
         raise ValueError(
             f"problem_type={SINGLE_LABEL!r} needs num_labels >= 2, got num_labels={num_labels}; "
@@ -104,6 +134,12 @@ def check_labels(labels, *, num_labels: int, problem_type: str | None, batch_siz
             )
         if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
             raise ValueError(f"regression expects numeric labels, got {got}")
+    elif resolved == PAIRWISE_REWARD:
+        if shape not in [(batch_size,), (batch_size, 1)]:
+            raise ValueError(
+                f"{PAIRWISE_REWARD} expects one margin per pair, float labels of shape ({batch_size},) "
+                f"(zeros for none), got {got}"
+            )
     elif resolved == SINGLE_LABEL:
         if not jnp.issubdtype(dtype, jnp.integer):
             raise ValueError(
@@ -147,13 +183,27 @@ def _check_class_ids(labels, num_labels: int) -> None:
 def per_example_loss(logits, labels, problem_type: str) -> jax.Array:
     """(batch,) losses; their mean equals the Hugging Face loss for the same batch."""
     per_example = by_problem_type(
-        problem_type, single_label=_cross_entropy, multi_label=_binary_cross_entropy, regression=_squared_error
+        problem_type, single_label=_cross_entropy, multi_label=_binary_cross_entropy, regression=_squared_error,
+        pairwise_reward=bradley_terry,
     )
     return per_example(logits.astype(jnp.float32), labels)
 
 
 def _squared_error(logits, labels) -> jax.Array:
     return jnp.mean(jnp.square(logits - labels.astype(jnp.float32).reshape(logits.shape)), axis=-1)
+
+
+def bradley_terry(rewards, margins) -> jax.Array:
+    """(B,) `-log sigmoid(r_chosen - r_rejected - margin)` of (B, 2) rewards `(r_chosen,
+    r_rejected)`: TRL's `RewardTrainer` loss. `log_sigmoid` keeps it finite for any difference
+    (log(sigmoid(x)) underflows to -inf below x = -104 in float32)."""
+    if rewards.ndim != 2 or rewards.shape[-1] != 2:
+        raise ValueError(
+            f"{PAIRWISE_REWARD} expects (pairs, 2) rewards (chosen, rejected) from num_labels=1 models, got logits "
+            f"of shape {tuple(rewards.shape)}; batch pairs with flaxheads.data (input_ids of shape (B, 2, T))"
+        )
+    difference = rewards[:, 0] - rewards[:, 1] - margins.astype(jnp.float32).reshape(-1)
+    return -jax.nn.log_sigmoid(difference)
 
 
 def _cross_entropy(logits, labels) -> jax.Array:

@@ -84,3 +84,101 @@ def flat_params(model) -> dict:
 def assert_same_params(a, b) -> None:
     pa, pb = flat_params(a), flat_params(b)
     assert pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
+
+
+def check_cli_lifecycle(source, data: dict, tmp_path, capsys, *, model_type: str, head: str,
+                        texts: tuple[str, ...] = ("a great film", "so dull, the worst plot")) -> str:
+    """Runs `flaxheads inspect`, `train` (2 steps), `evaluate`, `predict` and `convert` (to a
+    flaxheads checkpoint and back) on the family checkpoint `source`, which has its tokenizer next
+    to it, with the `snippets_csv` files `data`. Asserts that the run exports `model_type`'s
+    *ForSequenceClassification, evaluation reports accuracy, predicted probabilities equal
+    transformers' on the exported run, and the round trip is bit-identical with the tokenizer
+    carried along. Returns what `inspect` printed, for the family's own checks."""
+    import json
+
+    import transformers
+
+    from flaxheads.cli import main
+
+    assert main(["inspect", str(source), "--num_labels", "3"]) == 0
+    inspected = capsys.readouterr().out
+    assert f"model_type: {model_type}" in inspected and f"head shown: {head!r}" in inspected
+
+    run = tmp_path / "run"
+    common = ["--train_file", str(data["train"]), "--text_column", "sentence", "--max_seq_length", "32"]
+    assert main(["train", "--model_name_or_path", str(source), *common, "--output_dir", str(run),
+                 "--per_device_train_batch_size", "8", "--max_steps", "2", "--logging_steps", "1",
+                 "--save_steps", "2", "--disable_tqdm"]) == 0
+    capsys.readouterr()
+    exported = json.loads((run / "config.json").read_text())
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(run).eval()
+    assert exported["model_type"] == model_type and exported["architectures"] == [type(reference).__name__]
+
+    assert main(["evaluate", "--model_name_or_path", str(run), *common, "--validation_file", str(data["validation"]),
+                 "--split", "validation"]) == 0
+    assert 0.0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 1.0
+
+    assert main(["predict", "--model_name_or_path", str(run), *texts]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in rows] == list(texts)
+    enc = transformers.AutoTokenizer.from_pretrained(run)(list(texts), padding=True, return_tensors="np")
+    expected = torch.softmax(torch.as_tensor(torch_logits(reference, dict(enc))), -1).numpy()
+    for row, p in zip(rows, expected):
+        np.testing.assert_allclose(list(row["probabilities"].values()), p, atol=1e-5)
+
+    assert main(["convert", str(run), str(tmp_path / "flax"), "--to", "flax"]) == 0
+    assert main(["convert", str(tmp_path / "flax"), str(tmp_path / "back"), "--to", "pytorch"]) == 0
+    assert_state_dicts_identical(state_dict(tmp_path / "back"), state_dict(run))
+    assert {p.name for p in run.glob("tokenizer*")} <= {p.name for p in (tmp_path / "back").iterdir()}
+    capsys.readouterr()
+    return inspected
+
+
+_FSDP_FORWARD = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+import flaxheads
+from flaxheads.conversion.loading import flat_variables
+from flaxheads.training.sharding import Layout
+
+path, layout_spec, batch = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+layout = Layout.create(layout_spec)
+# As the trainer loads a model: each parameter placed by the layout's rules.
+model = flaxheads.from_pretrained(path, placement=layout.param_sharding)
+variables = {name: var[...] for name, (_, var) in flat_variables(model).items()}
+graphdef, state = nnx.split(model)
+logits = jax.jit(lambda s, b: nnx.merge(graphdef, s)(**b))(state, {k: jnp.asarray(v) for k, v in batch.items()})
+# The train step's shardings: the same rules over the NNX state tree.
+tree = layout.tree_shardings(state)
+print(json.dumps({
+    "specs": {name: [str(a) for a in v.sharding.spec] for name, v in variables.items()
+              if not v.sharding.is_fully_replicated},
+    "devices": len(jax.devices()),
+    "tree": sorted(jax.tree_util.keystr(p, simple=True, separator=".").removesuffix(".value")
+                   for p, s in jax.tree_util.tree_leaves_with_path(tree) if not s.is_fully_replicated),
+    "logits": np.asarray(logits).tolist(),
+}))
+"""
+
+
+def fsdp_on_fake_devices(path, batch: dict[str, np.ndarray], layout: str = "fsdp=4", devices: int = 4) -> dict:
+    """Loads the checkpoint at `path` onto `devices` fake CPU devices with `layout`'s rules (in a
+    subprocess: the device count is fixed when jax starts) and runs `batch` through it under jit.
+    Returns {"specs": {parameter path: partition spec} of the split parameters, "split": their
+    paths, "tree": the paths the train step's state shardings split, "logits": ...}."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    arguments = json.dumps({k: np.asarray(v).tolist() for k, v in batch.items()})
+    proc = subprocess.run([sys.executable, "-c", _FSDP_FORWARD, str(path), layout, arguments], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["devices"] == devices
+    result["split"], result["tree"] = set(result["specs"]), set(result["tree"])
+    result["logits"] = np.asarray(result["logits"], np.float32)
+    return result

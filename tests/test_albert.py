@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import zlib
 
 import jax.numpy as jnp
@@ -22,7 +19,8 @@ from safetensors.torch import load_file
 
 import flaxheads
 from family_parity import (
-    assert_close, assert_state_dicts_identical, flat_params, flax_inputs, padded_batch, torch_forward,
+    assert_close, assert_state_dicts_identical, check_cli_lifecycle, flat_params, flax_inputs, fsdp_on_fake_devices,
+    padded_batch, torch_forward,
 )
 from conftest import _randomize_
 from flaxheads.backbones import backbone_spec
@@ -388,33 +386,14 @@ def test_wrong_shape_shared_layer_tensor_names_key_and_both_shapes(albert, tmp_p
 # ---------------------------------------------------------------------------------------------
 # Sharding on fake devices
 
-_SHARDED = textwrap.dedent("""
-    import json, sys
-    import jax, numpy as np
-    import flaxheads
-    from flaxheads.conversion.loading import flat_variables
-    from flaxheads.training.sharding import Layout
-
-    layout = Layout.create("fsdp=4")
-    batch = {k: jax.numpy.asarray(v) for k, v in json.loads(sys.argv[2]).items()}
-    model = flaxheads.from_pretrained(sys.argv[1], placement=layout.param_sharding)
-    split = sorted(k for k, (_, v) in flat_variables(model).items() if not v[...].sharding.is_fully_replicated)
-    print(json.dumps({"logits": np.asarray(model(**batch)).tolist(), "split": split}))
-""")
-
-
 def test_fsdp_rules_split_the_shared_albert_parameters_on_four_fake_devices(albert):
     path, reference = albert("AlbertForSequenceClassification", num_labels=3, num_hidden_groups=2, inner_group_num=2)
     batch = albert_batch("right")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    arguments = json.dumps({k: v.tolist() for k, v in batch.items()})
 
-    result = subprocess.run([sys.executable, "-c", _SHARDED, str(path), arguments],
-                            capture_output=True, text=True, env=env, timeout=300)
+    out = fsdp_on_fake_devices(path, batch)
 
-    assert result.returncode == 0, result.stderr[-2000:]
-    out = json.loads(result.stdout.splitlines()[-1])
-    assert_close(np.array(out["logits"]), torch_forward(reference, batch).logits, "fsdp=4 on fake devices")
+    assert_close(out["logits"], torch_forward(reference, batch).logits, "fsdp=4 on fake devices")
+    assert out["tree"] == out["split"]
     # Embeddings split by rows, kernels by input features, wherever 4 divides the dimension.
     assert "backbone.embeddings.word_embeddings.embedding" not in out["split"]  # 99 rows: whole
     for name in ("backbone.embeddings.position_embeddings.embedding", "backbone.embedding_projection.kernel",
@@ -447,37 +426,13 @@ def albert_with_tokenizer(tmp_path_factory):
     return path
 
 
-def test_cli_inspect_convert_train_evaluate_predict_on_albert(albert_with_tokenizer, snippets_csv, tmp_path, capsys):
-    from flaxheads.cli import main
-
-    data = ["--train_file", str(snippets_csv["train"]), "--text_column", "sentence", "--max_seq_length", "32"]
-    validation = ["--validation_file", str(snippets_csv["validation"]), "--split", "validation"]
-    assert main(["inspect", str(albert_with_tokenizer), "--num_labels", "2"]) == 0
-    assert "albert" in capsys.readouterr().out
-    assert main(["convert", str(albert_with_tokenizer), str(tmp_path / "flax")]) == 0
-    assert main(["convert", str(tmp_path / "flax"), str(tmp_path / "pytorch")]) == 0
-    assert_state_dicts_identical(
-        {k: v for k, v in load_file(tmp_path / "pytorch" / "model.safetensors").items() if not k.startswith("classifier")},
-        {f"albert.{k}": v for k, v in load_file(albert_with_tokenizer / "model.safetensors").items()},
-    )
-    run = tmp_path / "run"
-    assert main(["train", "--model_name_or_path", str(albert_with_tokenizer), *data, "--output_dir", str(run),
-                 "--max_steps", "2", "--per_device_train_batch_size", "8", "--logging_steps", "1",
-                 "--save_steps", "2", "--disable_tqdm"]) == 0
-    assert json.loads((run / "config.json").read_text())["architectures"] == ["AlbertForSequenceClassification"]
-    capsys.readouterr()
-    assert main(["evaluate", "--model_name_or_path", str(run), *data, *validation]) == 0
-    assert 0.0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 1.0
-    assert main(["predict", "--model_name_or_path", str(run), "a good film", "dull, so dull"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(run)
-    enc = tokenizer(["a good film", "dull, so dull"], padding="longest", return_tensors="np")
-    reference = transformers.AutoModelForSequenceClassification.from_pretrained(run).eval()
-    expected = torch.softmax(torch_forward(reference, dict(enc)).logits, -1).numpy()
-    assert [r["text"] for r in rows] == ["a good film", "dull, so dull"]
-    for row, p in zip(rows, expected):
-        np.testing.assert_allclose(list(row["probabilities"].values()), p, atol=1e-5)
+def test_inspect_train_evaluate_predict_and_convert_commands_work_on_albert(
+    albert_with_tokenizer, snippets_csv, tmp_path, capsys
+):
+    check_cli_lifecycle(albert_with_tokenizer, snippets_csv, tmp_path, capsys, model_type="albert", head="pooler")
+    pretrained = load_file(albert_with_tokenizer / "model.safetensors")
+    exported = load_file(tmp_path / "run" / "model.safetensors")
+    assert {f"albert.{k}" for k in pretrained} | {"classifier.weight", "classifier.bias"} == set(exported)
 
 
 # ---------------------------------------------------------------------------------------------

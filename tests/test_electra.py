@@ -7,11 +7,7 @@ devices; the command line on a tiny checkpoint with a BERT-style tokenizer."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 import zlib
 
 import jax.numpy as jnp
@@ -24,11 +20,10 @@ from safetensors.torch import load_file
 
 import flaxheads
 from family_parity import (
-    assert_close, assert_same_params, assert_state_dicts_identical, flat_params, flax_inputs, padded_batch,
-    torch_forward,
+    assert_close, assert_same_params, assert_state_dicts_identical, check_cli_lifecycle, flat_params, flax_inputs,
+    fsdp_on_fake_devices, padded_batch, torch_forward,
 )
 from flaxheads.backbones import EncoderConfig, backbone_spec
-from flaxheads.cli import main
 from flaxheads.convert import convert
 from flaxheads.heads import HEAD_NAMES, HeadInputs
 
@@ -346,34 +341,16 @@ def test_missing_projection_is_refused_naming_the_tensor(electra, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Sharding on fake devices
 
-_SHARDED = textwrap.dedent(
-    """
-    import sys, json
-    import numpy as np, jax.numpy as jnp
-    from flax import nnx
-    import flaxheads
-    from flaxheads.training.sharding import Layout
-    layout = Layout.create("data=1,fsdp=4")
-    model = flaxheads.from_pretrained(sys.argv[1], placement=layout.param_sharding)
-    kernel = model.backbone.embeddings_project.kernel[...]
-    ids = jnp.asarray(np.random.default_rng(0).integers(1, 99, (4, 9)))
-    print(json.dumps({"spec": [str(a) for a in kernel.sharding.spec], "devices": len(kernel.sharding.device_set),
-                      "logits": np.asarray(nnx.jit(lambda m, x: m(x))(model, ids)).tolist()}))  # jit: one program
-    """
-)
-
-
 def test_fsdp_splits_the_embedding_projection_and_keeps_the_logits(electra):
-    path, _ = electra("ElectraForSequenceClassification", num_labels=3)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    path, reference = electra("ElectraForSequenceClassification", num_labels=3)
+    batch = padded_batch("right", seq_len=9)
 
-    proc = subprocess.run([sys.executable, "-c", _SHARDED, str(path)], env=env, capture_output=True, text=True, timeout=300)
+    result = fsdp_on_fake_devices(path, batch, layout="data=1,fsdp=4")
 
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.splitlines()[-1])
-    assert result["spec"] == ["fsdp", "None"] and result["devices"] == 4  # (embedding_size 20, hidden 36): rows split
-    ids = jnp.asarray(np.random.default_rng(0).integers(1, 99, (4, 9)))
-    assert_close(result["logits"], flaxheads.from_pretrained(path)(ids), "fsdp=4 vs one device")
+    # (embedding_size 20, hidden 36): the projection's rows split over the fsdp axis.
+    assert result["specs"]["backbone.embeddings_project.kernel"] == ["fsdp", "None"]
+    assert result["tree"] == result["split"]
+    assert_close(result["logits"], torch_forward(reference, batch).logits, "fsdp=4 vs torch")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,35 +376,11 @@ def test_padding_side_is_right():
     assert backbone_spec("electra").padding_side == "right"
 
 
-def test_cli_inspect_convert_train_evaluate_predict_on_electra(electra_with_tokenizer, snippets_csv, tmp_path, capsys):
-    source, data = electra_with_tokenizer, snippets_csv
-
-    assert main(["inspect", str(source), "--num_labels", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "model_type: electra" in out and "head shown: 'electra'" in out
-    assert "classifier.out_proj.weight" in out and "discriminator_predictions.dense.weight" in out
-
-    assert main(["convert", str(source), str(tmp_path / "flax")]) == 0
-    assert main(["convert", str(tmp_path / "flax"), str(tmp_path / "pytorch"), "--to", "pytorch"]) == 0
-    capsys.readouterr()
-    assert (tmp_path / "pytorch" / "vocab.txt").is_file()
-    exported = load_file(tmp_path / "pytorch" / "model.safetensors")
+def test_inspect_train_evaluate_predict_and_convert_commands_work_on_electra(
+    electra_with_tokenizer, snippets_csv, tmp_path, capsys
+):
+    inspected = check_cli_lifecycle(electra_with_tokenizer, snippets_csv, tmp_path, capsys,
+                                    model_type="electra", head="electra")
+    assert "classifier.out_proj.weight" in inspected and "discriminator_predictions.dense.weight" in inspected
+    exported = load_file(tmp_path / "run" / "model.safetensors")
     assert "electra.embeddings_project.weight" in exported and "classifier.out_proj.weight" in exported
-
-    run = tmp_path / "run"
-    common = ["--train_file", str(data["train"]), "--text_column", "sentence", "--max_seq_length", "32"]
-    assert main(["train", "--model_name_or_path", str(source), *common, "--output_dir", str(run),
-                 "--per_device_train_batch_size", "8", "--max_steps", "2", "--logging_steps", "1",
-                 "--save_steps", "2", "--disable_tqdm"]) == 0
-    capsys.readouterr()
-    config = json.loads((run / "config.json").read_text())
-    assert config["model_type"] == "electra" and config["architectures"] == ["ElectraForSequenceClassification"]
-
-    assert main(["evaluate", "--model_name_or_path", str(run), *common, "--validation_file", str(data["validation"]),
-                 "--split", "validation"]) == 0
-    assert "accuracy" in json.loads(capsys.readouterr().out)
-
-    assert main(["predict", "--model_name_or_path", str(run), "a fine film", "dull"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["text"] for r in rows] == ["a fine film", "dull"]
-    assert all(r["label"] in ("negative", "positive") for r in rows)

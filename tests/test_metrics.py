@@ -261,11 +261,12 @@ def test_compute_metrics_rejects_mask_of_wrong_length():
 @pytest.mark.parametrize("problem_type", metrics.PROBLEM_TYPES)
 def test_compute_metrics_returns_the_documented_metric_names(problem_type):
     rng = np.random.default_rng(0)
-    logits = rng.normal(size=(8, 3 if problem_type != "regression" else 1))
+    logits = rng.normal(size=(8, {"regression": 1, "pairwise_reward": 2}.get(problem_type, 3)))
     labels = {
         "single_label_classification": rng.integers(0, 3, size=8),
         "multi_label_classification": rng.integers(0, 2, size=(8, 3)),
         "regression": rng.normal(size=8),
+        "pairwise_reward": np.zeros(8),
     }[problem_type]
     result = metrics.compute_metrics(problem_type, logits, labels)
     assert tuple(result) == metrics.METRIC_NAMES[problem_type]
@@ -321,6 +322,8 @@ def test_accumulator_equals_one_shot_computation(problem_type, seed):
         logits, labels = _single_label_batch(seed, num_examples)
     elif problem_type == "multi_label_classification":
         logits, labels = _multi_label_batch(seed, num_examples)
+    elif problem_type == "pairwise_reward":
+        logits, labels = rng.integers(0, 3, size=(num_examples, 2)) / 2.0, np.zeros(num_examples)  # ties
     else:
         labels = rng.integers(0, 6, size=num_examples) / 2.0  # ties
         logits = labels[:, None] + rng.normal(size=(num_examples, 1))

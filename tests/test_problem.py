@@ -274,8 +274,10 @@ def test_resolved_problem_type_checks_the_set_one():
 
 
 def test_by_problem_type_picks_the_argument_named_after_the_problem_type():
-    picks = {p: problem.by_problem_type(p, single_label="s", multi_label="m", regression="r")
+    picks = {p: problem.by_problem_type(p, single_label="s", multi_label="m", regression="r", pairwise_reward="p")
              for p in problem.PROBLEM_TYPES}
-    assert picks == {SINGLE_LABEL: "s", MULTI_LABEL: "m", REGRESSION: "r"}
+    assert picks == {SINGLE_LABEL: "s", MULTI_LABEL: "m", REGRESSION: "r", problem.PAIRWISE_REWARD: "p"}
+    with pytest.raises(ValueError, match="pairwise_reward.*not supported here"):
+        problem.by_problem_type(problem.PAIRWISE_REWARD, single_label="s", multi_label="m", regression="r")
     with pytest.raises(ValueError, match="unknown problem_type=None"):
         problem.by_problem_type(None, single_label="s", multi_label="m", regression="r")

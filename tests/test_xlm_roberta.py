@@ -6,10 +6,6 @@ Unigram (sentencepiece-style) tokenizer built here."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +14,9 @@ import torch
 import transformers
 
 import flaxheads
-from family_parity import assert_close, flax_logits, state_dict, torch_logits, two_padded_rows
+from family_parity import (
+    assert_close, check_cli_lifecycle, flax_logits, fsdp_on_fake_devices, state_dict, torch_logits, two_padded_rows,
+)
 from flaxheads.backbones import backbone_config_from_hf
 from flaxheads.heads import HEAD_NAMES, HeadInputs
 
@@ -176,42 +174,20 @@ def test_masked_lm_checkpoint_reports_its_lm_head_unused(hf_checkpoint):
 # ---------------------------------------------------------------------------------------------
 # Sharding on fake devices
 
-_SHARDED_FORWARD = textwrap.dedent(
-    """
-    import sys, jax, jax.numpy as jnp, numpy as np
-    from flax import nnx
-    import flaxheads
-    from flaxheads.conversion.loading import flat_variables
-    from flaxheads.training.sharding import Layout
-    ids = jnp.asarray(np.random.RandomState(0).randint(3, 99, size=(4, 9)))
-    expected = flaxheads.from_pretrained(sys.argv[1])(ids)
-    # As the trainer loads a model: each parameter placed by the layout's rules.
-    model = flaxheads.from_pretrained(sys.argv[1], placement=Layout.create("fsdp=4").param_sharding)
-    split = sorted(name for name, (_, var) in flat_variables(model).items()
-                   if not var[...].sharding.is_fully_replicated)
-    graphdef, state = nnx.split(model)
-    logits = jax.jit(lambda s, i: nnx.merge(graphdef, s)(i))(state, ids)
-    print("SPLIT", " ".join(split))
-    print("DIFF", float(jnp.abs(logits - expected).max()))
-    """
-)
-
-
 def test_fsdp_rules_split_xlm_roberta_kernels_and_embeddings_and_keep_the_logits(hf_checkpoint):
     checkpoint = hf_checkpoint(CLASSIFIER, num_labels=3)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    batch = two_padded_rows("right", seq_len=9, pad_id=1)
 
-    proc = subprocess.run([sys.executable, "-c", _SHARDED_FORWARD, str(checkpoint.path)], env=env,
-                          capture_output=True, text=True, check=True)
+    result = fsdp_on_fake_devices(checkpoint.path, batch)
 
-    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("SPLIT", "DIFF")))
-    split = set(lines["SPLIT"].split())
+    split = result["split"]
+    assert result["tree"] == split  # the train step's state shardings follow the same rules
     assert {"backbone.embeddings.position_embeddings.embedding", "backbone.layers.1.attention.value.kernel",
             "backbone.layers.0.intermediate.kernel", "head.dense.kernel", "head.out_proj.kernel"} <= split
     # 99 vocabulary rows and 37 feed-forward inputs do not divide by 4: those stay whole.
     assert not {"backbone.embeddings.word_embeddings.embedding", "backbone.layers.0.output.kernel"} & split
     assert not any(name.endswith(("bias", "scale")) for name in split)
-    assert float(lines["DIFF"]) < 1e-5
+    assert_close(result["logits"], torch_logits(checkpoint.model, batch), "fsdp=4 on fake devices")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,51 +214,9 @@ def tiny_xlm_roberta(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def review_csv(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("reviews")
-    rows = [("a great moving film", "positive"), ("the worst plot, so dull", "negative"),
-            ("very good story !", "positive"), ("boring and bad .", "negative")] * 4
-    for split in ("train", "validation"):
-        (folder / f"{split}.csv").write_text("sentence,label\n" + "\n".join(f'"{t}",{label}' for t, label in rows))
-    return folder
-
-
-def test_train_evaluate_predict_inspect_and_convert_commands_work_on_xlm_roberta(
-    tiny_xlm_roberta, review_csv, tmp_path, capsys
+def test_inspect_train_evaluate_predict_and_convert_commands_work_on_xlm_roberta(
+    tiny_xlm_roberta, snippets_csv, tmp_path, capsys
 ):
-    from flaxheads.cli import main
-
-    run = tmp_path / "run"
-    data = ["--train_file", str(review_csv / "train.csv"), "--validation_file", str(review_csv / "validation.csv"),
-            "--text_column", "sentence", "--max_seq_length", "16"]
-    assert main(["train", "--model_name_or_path", str(tiny_xlm_roberta), "--output_dir", str(run), *data,
-                 "--per_device_train_batch_size", "4", "--max_steps", "2", "--logging_steps", "1",
-                 "--save_steps", "2", "--disable_tqdm"]) == 0
-    exported = json.loads((run / "config.json").read_text())
-    assert exported["model_type"] == "xlm-roberta" and exported["architectures"] == [CLASSIFIER]
-    capsys.readouterr()
-
-    assert main(["evaluate", "--model_name_or_path", str(run), *data, "--split", "validation"]) == 0
-    assert "accuracy" in json.loads(capsys.readouterr().out)
-
-    texts = ["a great film", "so dull, the worst plot"]
-    assert main(["predict", "--model_name_or_path", str(run), *texts]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["text"] for r in rows] == texts
-    reference = transformers.AutoModelForSequenceClassification.from_pretrained(run).eval()
-    enc = transformers.AutoTokenizer.from_pretrained(run)(texts, padding=True, return_tensors="np")
-    expected = torch.softmax(torch.as_tensor(torch_logits(reference, dict(enc))), -1).numpy()
-    for row, p in zip(rows, expected):
-        np.testing.assert_allclose(list(row["probabilities"].values()), p, atol=1e-5)
-
-    assert main(["inspect", str(tiny_xlm_roberta), "--num_labels", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "model_type: xlm-roberta" in out and "head shown: 'roberta'" in out
-    assert "classifier.out_proj.weight" in out
-
-    assert main(["convert", str(run), str(tmp_path / "flax"), "--to", "flax"]) == 0
-    assert main(["convert", str(tmp_path / "flax"), str(tmp_path / "back"), "--to", "pytorch"]) == 0
-    original, back = state_dict(run), state_dict(tmp_path / "back")
-    assert sorted(back) == sorted(original) and all(torch.equal(back[k], original[k]) for k in original)
-    assert (tmp_path / "back" / "tokenizer.json").exists()
+    inspected = check_cli_lifecycle(tiny_xlm_roberta, snippets_csv, tmp_path, capsys,
+                                    model_type="xlm-roberta", head="roberta")
+    assert "classifier.out_proj.weight" in inspected

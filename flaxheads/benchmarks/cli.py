@@ -5,6 +5,7 @@
     flaxheads bench steps --hf-flax-python /path/to/env/bin/python   # + Hugging Face Flax 4.57
     flaxheads bench conversion               # MiniLM and BERT-base-size safetensors -> flaxheads
     flaxheads bench scaling                  # 1 vs 4 (fake CPU) devices, compile time per bucket
+    flaxheads bench load                     # a random 1.3B bf16 sharded checkpoint: load s, peak RSS
 
 `python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
 PyTorch (eager on CPU, bf16 autocast + SDPA on GPU) on the same config, batch and data, taking
@@ -55,6 +56,13 @@ def scaling(args) -> list[dict]:
     return measure(1, "data=1") + measure(4, "data=4") + measure(4, "data=2,fsdp=2")
 
 
+def load(args) -> list[dict]:
+    from flaxheads.benchmarks import loading
+
+    shape = json.loads(args.load_shape) if args.load_shape else loading.BERT_1B
+    return [loading.measure(shape, mesh=args.mesh)]
+
+
 STEP_COLUMNS = {
     "arch": "arch", "size": "size", "seq_len": "seq", "batch": "batch", "dtype": "dtype", "impl": "implementation",
     "step": "step", "step_s": "s/step median (min-max)", "examples_per_s": "examples/s", "tokens_per_s": "tokens/s",
@@ -87,9 +95,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(
         prog="flaxheads bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", nargs="?", default="all", choices=["all", "steps", "conversion", "scaling"],
+    parser.add_argument("what", nargs="?", default="all", choices=["all", "steps", "conversion", "scaling", "load"],
                         help="all (default): steps, then conversion")
-    parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, gpt2, xlnet, electra, albert, modernbert")
+    parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, xlm-roberta, gpt2, xlnet, electra, albert, distilbert, modernbert")
     parser.add_argument("--size", type=_csv(str), default=["minilm"], help="comma list of minilm, bert-base")
     parser.add_argument("--seq_len", type=_csv(int), default=[128], help="comma list, e.g. 128,512")
     parser.add_argument("--batch", type=int, default=16)
@@ -102,6 +110,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="time transformers PyTorch as a peer")
     parser.add_argument("--hf-flax-python", "--hf_flax_python", dest="hf_flax_python",
                         help="python of an environment from scripts/make_hf_flax_env.sh: adds Hugging Face Flax 4.57")
+    parser.add_argument("--load_shape", help="load: the checkpoint's config.json as JSON (model_type and sizes); "
+                        "default: BERT-shaped, hidden 2048, 24 layers (1.3B parameters)")
+    parser.add_argument("--mesh", help='load: place the parameters on this mesh, e.g. "fsdp=4"; default: one device')
     return parser
 
 
@@ -110,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_args(args) -> int:
-    jobs = {"all": [steps, conversion], "steps": [steps], "conversion": [conversion], "scaling": [scaling]}[args.what]
+    jobs = {"all": [steps, conversion], "steps": [steps], "conversion": [conversion], "scaling": [scaling],
+            "load": [load]}[args.what]
     rows = [row for job in jobs for row in job(args)]
     for row in rows:
         print(json.dumps(row), flush=True)

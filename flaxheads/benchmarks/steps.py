@@ -35,8 +35,10 @@ SIZES = {
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
 }
-ARCHS = ("bert", "roberta", "gpt2", "xlnet", "electra", "albert", "modernbert")
+ARCHS = ("bert", "roberta", "xlm-roberta", "gpt2", "xlnet", "electra", "albert", "distilbert", "modernbert")
 ALBERT_EMBEDDING = 128
+# GPT-2 would add token_type_ids through its token embedding; DistilBERT and ModernBERT have no segments at all.
+NO_TOKEN_TYPES = ("gpt2", "distilbert", "modernbert")
 
 
 def modernbert_intermediate(hidden: int) -> int:
@@ -62,9 +64,10 @@ class StepBench:
             raise ValueError(f"size {self.size!r}: choose one of {sorted(SIZES)}")
         d, layers, heads, ffn = SIZES[self.size]
         common = dict(model_type=self.arch, num_labels=2)
-        if self.arch in ("bert", "roberta"):
+        if self.arch in ("bert", "roberta", "xlm-roberta"):
             vocab = dict(vocab_size=30522, max_position_embeddings=512, type_vocab_size=2) if self.arch == "bert" else dict(
-                vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1)
+                vocab_size=50265 if self.arch == "roberta" else 250002, max_position_embeddings=514,
+                type_vocab_size=1, pad_token_id=1)
             return dict(common, **vocab, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
                         intermediate_size=ffn, hidden_act="gelu", layer_norm_eps=1e-12,
                         attention_probs_dropout_prob=self.attention_dropout)
@@ -82,6 +85,9 @@ class StepBench:
         if self.arch == "albert":  # ALBERT's defaults: embeddings 128 wide, one group shared by every layer
             return dict(common, vocab_size=30000, embedding_size=ALBERT_EMBEDDING, hidden_size=d, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=ffn, attention_probs_dropout_prob=self.attention_dropout)
+        if self.arch == "distilbert":  # no token types; its head's pre_classifier stands where BERT's pooler is
+            return dict(common, vocab_size=30522, max_position_embeddings=512, dim=d, n_layers=layers, n_heads=heads,
+                        hidden_dim=ffn, activation="gelu", attention_dropout=self.attention_dropout)
         if self.arch == "modernbert":  # ModernBERT-base's layout at these sizes: its GeGLU width, global every 3rd layer
             return dict(common, vocab_size=50368, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
                         intermediate_size=modernbert_intermediate(d), attention_dropout=self.attention_dropout)
@@ -146,7 +152,7 @@ def _batch(bench: StepBench, vocab: int) -> dict[str, np.ndarray]:
         "token_type_ids": np.zeros((bench.batch, bench.seq_len), np.int32),
         "labels": rs.randint(0, 2, (bench.batch,)).astype(np.int32),
     }
-    if bench.arch in ("gpt2", "modernbert"):  # no segments (transformers' GPT-2 would add a token embedding)
+    if bench.arch in NO_TOKEN_TYPES:
         del batch["token_type_ids"]
     return batch
 

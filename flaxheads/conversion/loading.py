@@ -185,7 +185,11 @@ def _load(
     abstract = abstract if abstract is not None else nnx.eval_shape(make)
     variables = flat_variables(abstract)
     shapes = {key: var.shape for key, (_, var) in variables.items()}
-    arrays, absent, mismatched = hf_to_flax(reader.read, reader.names, required + optional, shapes)
+    where = {k: placement(k, tuple(var.shape)) if placement else None for k, (_, var) in variables.items()}
+    # Each tensor goes to its device (its shards to theirs) as it is read, so the host holds one
+    # tensor at a time, never the model's state.
+    arrays, absent, mismatched = hf_to_flax(reader.read, reader.names, required + optional, shapes,
+                                            place=lambda key, array: _place(array, param_dtype, where[key]))
     required_names = {r.hf for r in required}
     _raise_for_backbone_problems(reader, [r for r in absent if r.hf in required_names],
                                  [m for m in mismatched if m.hf_name in required_names])
@@ -195,11 +199,10 @@ def _load(
             "to start a new head"
         )
     graphdef, _ = nnx.split(abstract)
-    where = {k: placement(k, tuple(var.shape)) if placement else None for k, (_, var) in variables.items()}
     new_keys = [k for k in variables if k not in arrays]
     fresh = _init_only(make, new_keys, {k: where[k] for k in new_keys} if placement else None)
     module = nnx.merge(graphdef, nnx.from_flat_state([
-        (path, var.replace(fresh[k] if k in fresh else _place(arrays.pop(k), param_dtype, where[k])))
+        (path, var.replace(fresh[k] if k in fresh else arrays.pop(k)))
         for k, (path, var) in variables.items()
     ]))
     module.eval()  # loaded models serve inference (dropout off); model.train() before training by hand
@@ -341,7 +344,12 @@ def from_pretrained(
     the model. On RoBERTa it also moves the position ids, as in transformers.
 
     `placement(path, shape)` puts each parameter where it belongs (a mesh sharding) straight
-    from the checkpoint, so a model too large for one device loads sharded.
+    from the checkpoint, so a model too large for one device loads sharded: e.g.
+    `placement=Layout.create("fsdp=8").param_sharding` (`flaxheads.training.sharding`). The model
+    is built abstractly (`nnx.eval_shape`) and each tensor is read, converted, cast to
+    `param_dtype` and sent to its devices before the next is read, so the host holds one tensor
+    at a time, never the state (`flaxheads bench load` measures it); with
+    `param_dtype=jnp.bfloat16` a bf16 checkpoint stays bf16 all the way.
 
     `head_options` set head-specific options (the "summary" head's `summary_type`, ...; see
     `flaxheads/heads/summary.py`) over those config.json gives; they are saved with the model.

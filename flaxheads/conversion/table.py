@@ -118,10 +118,13 @@ def hf_to_flax(
     hf_names: Iterable[str],
     rules: Iterable[Rule],
     flax_shapes: Mapping[str, tuple[int, ...]],
-) -> tuple[dict[str, np.ndarray], list[Rule], list[ShapeMismatch]]:
+    place: Callable[[str, np.ndarray], Any] | None = None,
+) -> tuple[dict[str, Any], list[Rule], list[ShapeMismatch]]:
     """Converts every tensor a rule names. Returns (flax arrays, rules with no tensor, mismatches).
 
-    `read(name)` loads one tensor, so only the tensors that are used are ever read.
+    `read(name)` loads one tensor, so only the tensors that are used are ever read. `place(flax
+    path, array)`, when given, takes each converted tensor as soon as it is read (e.g. onto a
+    device) and the result holds what it returns: one host tensor at a time, not the model.
     """
     available = set(hf_names)
     arrays, absent, mismatched = {}, [], []
@@ -134,7 +137,9 @@ def hf_to_flax(
         if tuple(tensor.shape) != rule.transform.hf_shape(expected):
             mismatched.append(ShapeMismatch(rule.hf, tensor.shape, rule.transform.hf_shape(expected)))
             continue
-        arrays[rule.flax] = rule.transform.to_flax(tensor)
+        converted = rule.transform.to_flax(tensor)
+        del tensor  # a transform's copy replaces the read tensor: never both held beyond this line
+        arrays[rule.flax] = converted if place is None else place(rule.flax, converted)
     return arrays, absent, mismatched
 
 

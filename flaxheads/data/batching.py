@@ -379,9 +379,11 @@ def make_batch(
     every process pads to the bucket of the longest row of the whole global batch.
 
     Returns, for B = global_batch_size // process_count and T the global batch's bucket:
-    `input_ids`, `attention_mask` and (if the split has them) `token_type_ids` int32 (B, T);
-    `labels` int32 (B,) single-label, float32 (B,) regression or float32 (B, num_labels)
-    multi-label (absent if the split has none); `example_mask` float32 (B,), 1 for real rows.
+    `input_ids`, `attention_mask` and (if the split has them) `token_type_ids` int32 (B, T), or
+    (B, 2, T) for preference pairs (chosen, rejected; both padded to the bucket of the longer);
+    `labels` int32 (B,) single-label, float32 (B,) regression or pair margins, or float32
+    (B, num_labels) multi-label (absent if the split has none); `example_mask` float32 (B,), 1
+    for real rows.
     """
     padded_length = bucket_for(int(lengths[rows].max()), batch_format.buckets)
     local_size = len(rows) // process_count
@@ -408,8 +410,9 @@ def _collate(
     records: dict[str, list], padded_length: int, example_mask: np.ndarray, fmt: BatchFormat
 ) -> Batch:
     pad_values = {"input_ids": fmt.pad_token_id, "attention_mask": 0, "token_type_ids": fmt.pad_token_type_id}
+    pad = _pad_pairs if fmt.problem_type == problem.PAIRWISE_REWARD else _pad
     batch = {
-        name: _pad(records[name], padded_length, pad_value, fmt.padding_side)
+        name: pad(records[name], padded_length, pad_value, fmt.padding_side)
         for name, pad_value in pad_values.items()
         if name in records
     }
@@ -429,6 +432,12 @@ def _pad(sequences: Sequence[Sequence[int]], padded_length: int, pad_value: int,
     return padded
 
 
+def _pad_pairs(pairs: Sequence[Sequence[Sequence[int]]], padded_length: int, pad_value: int, side: str) -> np.ndarray:
+    """(B, 2, T): each example's two sequences padded alike, so that one forward pass scores both."""
+    flat = _pad([sequence for pair in pairs for sequence in pair], padded_length, pad_value, side)
+    return flat.reshape(len(pairs), 2, padded_length)
+
+
 def _labels(values: list, fmt: BatchFormat) -> np.ndarray:
     """Class ids (B,) int32, scores (B,) float32, or multi-hot rows (B, num_labels) float32."""
     dtype, shape = problem.by_problem_type(
@@ -436,5 +445,6 @@ def _labels(values: list, fmt: BatchFormat) -> np.ndarray:
         single_label=(np.int32, (len(values),)),
         regression=(np.float32, (len(values),)),
         multi_label=(np.float32, (len(values), fmt.num_labels)),
+        pairwise_reward=(np.float32, (len(values),)),
     )
     return np.asarray(values, dtype=dtype).reshape(shape)

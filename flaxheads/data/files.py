@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator
 import datasets
 
 from flaxheads.data.labels import encode_labels
-from flaxheads.data.task import LABEL, TEXT, TEXT_PAIR, TaskData
+from flaxheads.data.pairs import pair_column_map, pair_task, reads_as_pairs
+from flaxheads.data.task import CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskData
 
 # File suffix -> (datasets packaged builder, builder options).
 _FORMATS = {
@@ -50,6 +51,8 @@ def load_local_files(
     problem_type: str | None = None,
     num_labels: int | None = None,
     cache_dir: str | pathlib.Path | None = None,
+    chosen_column: str = "chosen",
+    rejected_column: str = "rejected",
 ) -> TaskData:
     """Reads each given file as one split; the format follows the suffix (.csv .tsv .json .jsonl
     .parquet, optionally compressed, e.g. .csv.gz).
@@ -60,6 +63,10 @@ def load_local_files(
     line), a JSON label column mixing types (naming the first row whose type differs from the
     first row's), a missing column (naming it, the columns present and the flag to change), a
     missing text, or a bad label (see `encode_labels`).
+
+    Preference pairs (`chosen_column`, `rejected_column`; see `flaxheads.data.pairs`) are read
+    when `problem_type` is "pairwise_reward", or, without a problem type, when the train file has
+    both pair columns and no `text_column`.
     """
     files = {"train": train_file, "validation": validation_file, "test": test_file}
     splits = {
@@ -67,12 +74,16 @@ def load_local_files(
         for name, path in files.items()
         if path
     }
-    columns = _column_map(text_column, text_pair_column, label_column)
-    canonical = {
-        name: canonical_columns(split, columns, f"{name} file {files[name]}")
+    pairs = reads_as_pairs(splits["train"].column_names, problem_type=problem_type, text_column=text_column,
+                           chosen_column=chosen_column, rejected_column=rejected_column)
+    canonical = datasets.DatasetDict({
+        name: canonical_columns(split, _columns(pairs, split, text_column, text_pair_column, label_column,
+                                                chosen_column, rejected_column), f"{name} file {files[name]}")
         for name, split in splits.items()
-    }
-    return encode_labels(datasets.DatasetDict(canonical), problem_type=problem_type, num_labels=num_labels)
+    })
+    if pairs:
+        return pair_task(canonical, num_labels=num_labels, given=problem_type is not None)
+    return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels)
 
 
 def load_named_dataset(
@@ -85,21 +96,36 @@ def load_named_dataset(
     problem_type: str | None = None,
     num_labels: int | None = None,
     cache_dir: str | pathlib.Path | None = None,
+    chosen_column: str = "chosen",
+    rejected_column: str = "rejected",
 ) -> TaskData:
     """`datasets.load_dataset(name, config_name)` (the `--dataset_name` path), keeping its
     `train`, `validation` and `test` splits. Needs the data set in the local `datasets` cache or
     a reachable hub; errors from `datasets` pass through unchanged.
     """
     loaded = datasets.load_dataset(name, config_name, cache_dir=cache_dir)
-    columns = _column_map(text_column, text_pair_column, label_column)
-    canonical = {
-        split: canonical_columns(loaded[split], columns, f"{split} split of {name}")
+    if "train" not in loaded:
+        raise ValueError(f"data set {name} has no 'train' split; its splits are {sorted(loaded)}")
+    pairs = reads_as_pairs(loaded["train"].column_names, problem_type=problem_type, text_column=text_column,
+                           chosen_column=chosen_column, rejected_column=rejected_column)
+    canonical = datasets.DatasetDict({
+        split: canonical_columns(loaded[split], _columns(pairs, loaded[split], text_column, text_pair_column,
+                                                         label_column, chosen_column, rejected_column),
+                                 f"{split} split of {name}")
         for split in ("train", "validation", "test")
         if split in loaded
-    }
-    if "train" not in canonical:
-        raise ValueError(f"data set {name} has no 'train' split; its splits are {sorted(loaded)}")
-    return encode_labels(datasets.DatasetDict(canonical), problem_type=problem_type, num_labels=num_labels)
+    })
+    if pairs:
+        return pair_task(canonical, num_labels=num_labels, given=problem_type is not None)
+    return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels)
+
+
+def _columns(pairs: bool, split: datasets.Dataset, text_column: str, text_pair_column: str | None,
+             label_column: str, chosen_column: str, rejected_column: str) -> dict[str, tuple[str, str]]:
+    """The columns to read from `split`: preference pairs' (and their margins), or texts and labels."""
+    if pairs:
+        return pair_column_map(chosen_column, rejected_column, flags=True, column_names=split.column_names)
+    return _column_map(text_column, text_pair_column, label_column)
 
 
 def _column_map(
@@ -315,7 +341,7 @@ def canonical_columns(
     split = split.select_columns(sources).rename_columns(
         {source: canonical for canonical, (source, _) in columns.items() if source != canonical}
     )
-    for canonical in (TEXT, TEXT_PAIR):
+    for canonical in (TEXT, TEXT_PAIR, CHOSEN, REJECTED):
         if canonical in split.column_names:
             split = _as_text(split, canonical, columns[canonical], where)
     return split

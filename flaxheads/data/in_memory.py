@@ -3,7 +3,9 @@
 
 The columns are found by the names `text_column`, `text_pair_column` and `label_column` (a
 tuple is given those names by position), and labels are encoded by `flaxheads.data.labels`,
-so in-memory data and files give the same classes, problem type and errors.
+so in-memory data and files give the same classes, problem type and errors. Preference pairs
+(`chosen_column`, `rejected_column`) are read as `flaxheads.data.pairs` says; a tuple of pairs is
+`(chosen_texts, rejected_texts)`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import datasets
 
 from flaxheads.data.files import canonical_columns
 from flaxheads.data.labels import encode_labels
+from flaxheads.data.pairs import MARGIN_COLUMN, pair_column_map, pair_task, reads_as_pairs
 from flaxheads.data.task import LABEL, TEXT, TEXT_PAIR, TaskData
 
 SplitData = Union[datasets.Dataset, Mapping[str, Sequence], Sequence[Mapping[str, Any]], tuple, Sequence[str]]
@@ -63,7 +66,8 @@ def as_dataset(split: SplitData, *, text_column: str = "text", text_pair_column:
 def load_in_memory(splits: Mapping[str, SplitData | None], *, text_column: str = "text",
                    text_pair_column: str | None = None, label_column: str = "label",
                    problem_type: str | None = None, num_labels: int | None = None,
-                   beside: datasets.Dataset | None = None) -> InMemoryTask:
+                   beside: datasets.Dataset | None = None, chosen_column: str = "chosen",
+                   rejected_column: str = "rejected") -> InMemoryTask:
     """The given splits ("train", "validation", "test"; None entries are left out) as a TaskData.
 
     `beside`: the `source_train` of an earlier result, whose classes the new splits then share
@@ -74,6 +78,13 @@ def load_in_memory(splits: Mapping[str, SplitData | None], *, text_column: str =
     given = {name: split for name, split in splits.items() if split is not None}
     if not given:
         raise ValueError("no data: pass train_dataset (to train), eval_dataset or test_dataset")
+    first = next(iter(given.values()))
+    first_columns = (beside if beside is not None else first if isinstance(first, datasets.Dataset)
+                     else as_dataset(first, text_column=text_column, text_pair_column=text_pair_column,
+                                     label_column=label_column)).column_names
+    if reads_as_pairs(first_columns, problem_type=problem_type, text_column=text_column,
+                      chosen_column=chosen_column, rejected_column=rejected_column):
+        return _pairs_in_memory(given, chosen_column, rejected_column, problem_type, num_labels, beside)
     columns = {TEXT: (text_column, "text_column="), LABEL: (label_column, "label_column=")}
     if text_pair_column:
         columns[TEXT_PAIR] = (text_pair_column, "text_pair_column=")
@@ -102,3 +113,21 @@ def load_in_memory(splits: Mapping[str, SplitData | None], *, text_column: str =
                                                      feature=canonical["train"].features[LABEL])
     task = encode_labels(datasets.DatasetDict(canonical), problem_type=problem_type, num_labels=num_labels)
     return InMemoryTask(task, frozenset(unlabelled), tuple(given), source_train)
+
+
+def _pairs_in_memory(given: dict, chosen_column: str, rejected_column: str, problem_type: str | None,
+                     num_labels: int | None, beside: datasets.Dataset | None) -> InMemoryTask:
+    """Preference pairs: every given split needs both pair columns (no split goes unlabelled)."""
+    canonical = {}
+    for name, split in given.items():
+        # A tuple is (chosen, rejected[, margins]): the pair columns stand where a tuple's texts go.
+        dataset = as_dataset(split, text_column=chosen_column, text_pair_column=rejected_column,
+                             label_column=MARGIN_COLUMN)
+        columns = pair_column_map(chosen_column, rejected_column, flags=False, column_names=dataset.column_names)
+        canonical[name] = canonical_columns(dataset, columns, f"{name} data")
+    if beside is not None:
+        canonical = {"train": beside, **canonical}
+    elif "train" not in canonical:
+        canonical = {"train": next(iter(canonical.values())), **canonical}
+    task = pair_task(datasets.DatasetDict(canonical), num_labels=num_labels, given=problem_type is not None)
+    return InMemoryTask(task, frozenset(), tuple(given), task.splits["train"])

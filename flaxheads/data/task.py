@@ -19,6 +19,9 @@ from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LAB
 TEXT = "text"
 TEXT_PAIR = "text_pair"
 LABEL = "label"
+CHOSEN = "chosen"
+REJECTED = "rejected"
+"""The two texts of a preference pair (`pairwise_reward`), TRL's column names."""
 
 
 def default_id2label(num_labels: int) -> dict[int, str]:
@@ -36,6 +39,9 @@ class TaskData:
     - single_label_classification: int class id in `[0, num_labels)`;
     - regression: float score (`num_labels` is 1);
     - multi_label_classification: multi-hot list of `num_labels` floats.
+
+    Preference pairs (`pairwise_reward`, `num_labels` 1) have `chosen` and `rejected` text
+    columns instead of `text`, and a float `label` holding each pair's margin (0.0: none).
     """
 
     splits: datasets.DatasetDict
@@ -62,6 +68,10 @@ class TaskData:
     @property
     def label2id(self) -> dict[str, int]:
         return {name: label_id for label_id, name in self.id2label.items()}
+
+    @property
+    def is_pairs(self) -> bool:
+        return self.problem_type == problem.PAIRWISE_REWARD
 
     @property
     def has_text_pair(self) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import datasets
 from datasets.fingerprint import Hasher
 
-from flaxheads.data.task import LABEL, TEXT, TEXT_PAIR, TaskData
+from flaxheads.data.task import CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskData
 
 # Bump when the tokenised layout changes, so old cache files are not reused.
 _CACHE_VERSION = "flaxheads-tokenized-v1"
@@ -75,6 +75,9 @@ def tokenize_split(
     Returns a Dataset with, per example: `input_ids`, `attention_mask`, `token_type_ids` (only
     when the tokenizer's `model_input_names` include it), `labels` (the `label` column) and
     `length` (the number of tokens, at most `max_seq_length`; pairs are truncated longest-first).
+    A split of preference pairs (`chosen` and `rejected` columns) gets each text tokenised alone,
+    and its `input_ids`, `attention_mask` (and `token_type_ids`) hold two sequences per example,
+    chosen then rejected; its `length` is the longer one's.
 
     The result is cached under a fingerprint of (split fingerprint, tokenizer pipeline,
     max_seq_length): in `cache_dir/tokenized-<fingerprint>.arrow` when `cache_dir` is given,
@@ -94,7 +97,7 @@ def tokenize_split(
         functools.partial(_tokenize_batch, tokenizer=tokenizer, max_seq_length=max_seq_length),
         batched=True,
         remove_columns=split.column_names,
-        features=_tokenized_features(tokenizer, split.features[LABEL]),
+        features=_tokenized_features(tokenizer, split.features[LABEL], pairs=CHOSEN in split.column_names),
         new_fingerprint=fingerprint,
         cache_file_name=cache_file_name,
         desc="Tokenizing",
@@ -136,9 +139,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
     )
 
 
-def _tokenized_features(tokenizer, label_feature=None) -> datasets.Features:
-    """The tokenised columns; `labels` only when a `label_feature` is given."""
+def _tokenized_features(tokenizer, label_feature=None, *, pairs: bool = False) -> datasets.Features:
+    """The tokenised columns; `labels` only when a `label_feature` is given; two sequences per
+    example for preference pairs."""
     ids = datasets.List(datasets.Value("int32"))
+    if pairs:
+        ids = datasets.List(ids, length=2)
     names = ["input_ids", "attention_mask"]
     if "token_type_ids" in tokenizer.model_input_names:
         names.append("token_type_ids")
@@ -147,8 +153,19 @@ def _tokenized_features(tokenizer, label_feature=None) -> datasets.Features:
 
 
 def _tokenize_batch(batch: dict[str, list], *, tokenizer, max_seq_length: int) -> dict[str, list]:
-    columns = _encode(batch[TEXT], batch.get(TEXT_PAIR), tokenizer, max_seq_length)
+    if CHOSEN in batch:
+        columns = _encode_pairs(batch[CHOSEN], batch[REJECTED], tokenizer, max_seq_length)
+    else:
+        columns = _encode(batch[TEXT], batch.get(TEXT_PAIR), tokenizer, max_seq_length)
     columns[LABELS] = batch[LABEL]
+    return columns
+
+
+def _encode_pairs(chosen: list[str], rejected: list[str], tokenizer, max_seq_length: int) -> dict[str, list]:
+    """`_encode` of each side, zipped: per example [chosen sequence, rejected sequence]."""
+    sides = [_encode(texts, None, tokenizer, max_seq_length) for texts in (chosen, rejected)]
+    columns = {name: [list(pair) for pair in zip(sides[0][name], sides[1][name])] for name in sides[0] if name != LENGTH}
+    columns[LENGTH] = [max(pair) for pair in zip(sides[0][LENGTH], sides[1][LENGTH])]
     return columns
 
 

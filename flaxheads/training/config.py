@@ -70,11 +70,17 @@ class TrainConfig:
     """Column holding the second text of a pair (e.g. the hypothesis of an NLI example)."""
     label_column: str = "label"
     """Column holding the label."""
+    chosen_column: str = "chosen"
+    """Column holding the preferred text of a preference pair (problem_type pairwise_reward)."""
+    rejected_column: str = "rejected"
+    """Column holding the other text of a preference pair (problem_type pairwise_reward)."""
     head: str | None = None
     """Classification head; default: the checkpoint's own (pooler for BERT, roberta for RoBERTa,
     last_token for GPT-2, summary for XLNet)."""
     problem_type: str | None = None
-    """Loss and label format; default: inferred from the labels (1 label: regression)."""
+    """Loss and label format; default: inferred from the labels (1 label: regression), or
+    pairwise_reward (Bradley-Terry loss on preference pairs) for data with chosen and rejected
+    columns and no text column."""
     num_labels: int | None = None
     """Number of labels; default: as many as the data set has."""
     classifier_dropout: float | None = None

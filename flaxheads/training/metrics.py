@@ -10,6 +10,10 @@ reported here can be compared with those of evaluation scripts built on those li
   multi-label problems it runs over all `C` label columns.
 - `mcc`: `sklearn.metrics.matthews_corrcoef` (multiclass form; 0.0 when undefined).
 - `mse`: `sklearn.metrics.mean_squared_error`.
+- `accuracy` of preference pairs (`pairwise_reward`): the share of pairs whose chosen text gets
+  the strictly higher reward; a tie counts as wrong (the model has not ranked the pair), as in
+  TRL's `RewardTrainer`, whose accuracy is `mean(r_chosen > r_rejected)`. `margin`: the mean
+  of `r_chosen - r_rejected`.
 - `pearson` / `spearman`: the statistic of `scipy.stats.pearsonr` / `scipy.stats.spearmanr`
   (average ranks for ties). Like SciPy they are NaN when either input is constant; unlike
   SciPy they are NaN rather than an error when fewer than two examples remain.
@@ -25,13 +29,20 @@ from typing import Any
 import numpy as np
 
 from flaxheads import problem
-from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL  # noqa: F401 (re-exported)
+from flaxheads.problem import (  # noqa: F401 (re-exported)
+    MULTI_LABEL,
+    PAIRWISE_REWARD,
+    PROBLEM_TYPES,
+    REGRESSION,
+    SINGLE_LABEL,
+)
 
 # The metrics `compute_metrics` returns for each problem type, in the order it returns them.
 METRIC_NAMES: Mapping[str, tuple[str, ...]] = {
     SINGLE_LABEL: ("accuracy", "macro_f1", "mcc"),
     MULTI_LABEL: ("accuracy", "micro_f1", "macro_f1"),
     REGRESSION: ("mse", "pearson", "spearman"),
+    PAIRWISE_REWARD: ("accuracy", "margin"),
 }
 
 _HIGHER_IS_BETTER = {
@@ -41,6 +52,7 @@ _HIGHER_IS_BETTER = {
     "mcc": True,
     "pearson": True,
     "spearman": True,
+    "margin": True,
     "mse": False,
     "loss": False,
 }
@@ -83,10 +95,12 @@ def probabilities(problem_type: str, logits: np.ndarray) -> np.ndarray:
 
     single-label: softmax over the last axis, (N, C) -> (N, C).
     multi-label: elementwise sigmoid, (N, C) -> (N, C).
-    regression: the values themselves, (N,) or (N, 1) -> (N,).
+    regression, and a reward model's scores of single texts: the values themselves, (N,) or
+    (N, 1) -> (N,).
     """
     to_probabilities = problem.by_problem_type(
-        problem_type, single_label=_softmax, multi_label=_sigmoid, regression=_regression_values
+        problem_type, single_label=_softmax, multi_label=_sigmoid, regression=_regression_values,
+        pairwise_reward=_regression_values,
     )
     return to_probabilities(_as_float_array(logits))
 
@@ -107,14 +121,24 @@ def predictions(problem_type: str, logits: np.ndarray) -> np.ndarray:
     single-label: argmax class ids, (N, C) -> (N,) int64.
     multi-label: multi-hot `logit > 0` (probability > 0.5), (N, C) -> (N, C) int64.
     regression: the predicted values, (N,) or (N, 1) -> (N,) float64.
+    pairwise_reward: scores of single texts, (N, 1) -> (N,) float64; of pairs, (N, 2) rewards ->
+    (N,) float64 margins `r_chosen - r_rejected`.
     """
     to_predictions = problem.by_problem_type(
         problem_type,
         single_label=lambda x: np.asarray(x).argmax(axis=-1).astype(np.int64),
         multi_label=lambda x: (np.asarray(x) > 0).astype(np.int64),
         regression=lambda x: _regression_values(_as_float_array(x)),
+        pairwise_reward=_reward_values,
     )
     return to_predictions(logits)
+
+
+def _reward_values(logits) -> np.ndarray:
+    logits = _as_float_array(logits)
+    if logits.ndim == 2 and logits.shape[1] == 2:
+        return logits[:, 0] - logits[:, 1]
+    return _regression_values(logits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +256,13 @@ def _regression_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, flo
     }
 
 
+def _pairwise_metrics(rewards: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    if rewards.ndim != 2 or rewards.shape[1] != 2:
+        raise ValueError(f"preference pair rewards must be (N, 2) (chosen, rejected); got shape {rewards.shape}.")
+    difference = rewards[:, 0] - rewards[:, 1]
+    return {"accuracy": float(np.mean(difference > 0)), "margin": float(np.mean(difference))}
+
+
 def _example_keep(example_mask: np.ndarray | None, num_rows: int) -> np.ndarray:
     if example_mask is None:
         return np.ones(num_rows, dtype=bool)
@@ -251,10 +282,11 @@ def compute_metrics(
 
     Args:
       problem_type: "single_label_classification", "multi_label_classification" or
-        "regression" (the values of a Hugging Face config's `problem_type`).
-      logits: (N, C) for classification; (N,) or (N, 1) for regression. Any float dtype.
+        "regression" (the values of a Hugging Face config's `problem_type`), or "pairwise_reward".
+      logits: (N, C) for classification; (N,) or (N, 1) for regression; (N, 2) rewards
+        (chosen, rejected) for pairs. Any float dtype.
       labels: (N,) integer class ids; (N, C) multi-hot (0/1, ints or floats); (N,) or (N, 1)
-        regression targets.
+        regression targets; (N,) margins of pairs (unused by the metrics).
       example_mask: (N,); rows where it is 0 (padding examples) are ignored. None keeps all.
 
     Returns:
@@ -276,6 +308,7 @@ def compute_metrics(
         single_label=_single_label_metrics,
         multi_label=_multi_label_metrics,
         regression=lambda logits, labels: _regression_metrics(logits, _as_float_array(labels)),
+        pairwise_reward=_pairwise_metrics,
     )
     return metrics(logits[keep], labels[keep])
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from flaxheads import data
+from flaxheads import data, problem
 from flaxheads.inference import Evaluator
 from flaxheads.model import save_pretrained
 from flaxheads.training import metrics as metrics_lib
@@ -24,14 +24,15 @@ class EvalPrediction(NamedTuple):
     split, in dataset order."""
 
     predictions: np.ndarray
-    """(N, num_labels) float32 logits."""
+    """(N, num_labels) float32 logits; (N, 2) rewards (chosen, rejected) of preference pairs."""
     label_ids: np.ndarray | None
-    """(N,) class ids, (N,) scores or (N, num_labels) multi-hot rows; None for unlabelled data."""
+    """(N,) class ids, (N,) scores, (N, num_labels) multi-hot rows or (N,) pair margins; None for
+    unlabelled data."""
 
 
 class PredictionOutput(NamedTuple):
     predictions: np.ndarray
-    """(N, num_labels) float32 logits, in dataset order."""
+    """(N, num_labels) float32 logits ((N, 2) rewards of preference pairs), in dataset order."""
     label_ids: np.ndarray | None
     """The split's encoded labels; None for data given without labels."""
     metrics: dict[str, float]
@@ -105,10 +106,10 @@ class SplitScorer:
 
 
 def describe_predictions(problem_type: str, logits: np.ndarray, label_names) -> list:
-    """Per example: its label name (single-label), the list of its label names (multi-label) or
-    its score (regression)."""
+    """Per example: its label name (single-label), the list of its label names (multi-label), its
+    score (regression), or a preference pair's reward margin `r_chosen - r_rejected`."""
     predicted = metrics_lib.predictions(problem_type, logits)
-    if problem_type == data.REGRESSION:
+    if problem_type in (data.REGRESSION, problem.PAIRWISE_REWARD):
         return [float(p) for p in np.reshape(predicted, -1)]
     if problem_type == data.MULTI_LABEL:
         return [[name for name, on in zip(label_names, row) if on] for row in predicted]

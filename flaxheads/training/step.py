@@ -31,7 +31,22 @@ def _logits(graphdef, params, batch, *, train: bool, rngs=None):
     else:
         model.eval()
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    if inputs["input_ids"].ndim == 3:
+        return _pair_rewards(model, inputs, rngs)
     return model(**inputs, rngs=rngs)
+
+
+def _pair_rewards(model, inputs: dict, rngs):
+    """(B, 2) rewards `(r_chosen, r_rejected)` of a batch of preference pairs, whose inputs are
+    (B, 2, T): both texts of every pair in one forward pass of 2B rows."""
+    pairs, _, length = inputs["input_ids"].shape
+    # (B, 2, T) -> (2B, T): rows 2b and 2b + 1 are pair b's chosen and rejected text.
+    flat = {k: v.reshape(2 * pairs, length) for k, v in inputs.items()}
+    logits = model(**flat, rngs=rngs)
+    if logits.shape[-1] != 1:
+        raise ValueError(f"preference pairs need a reward model with num_labels=1, got num_labels={logits.shape[-1]}; "
+                         "load the model with from_pretrained(..., num_labels=1)")
+    return logits.reshape(pairs, 2)
 
 
 def make_train_step(

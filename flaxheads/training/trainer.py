@@ -71,6 +71,8 @@ def load_task(cfg: TrainConfig) -> data.TaskData:
         label_column=cfg.label_column,
         problem_type=cfg.problem_type,
         num_labels=cfg.num_labels,
+        chosen_column=cfg.chosen_column,
+        rejected_column=cfg.rejected_column,
     )
     if cfg.train_file:
         return data.load_local_files(
@@ -131,7 +133,10 @@ class Trainer:
     `args.text_pair_column`), or, for the test split only, a list of texts without labels.
     Columns are found by `args.text_column`, `text_pair_column` and `label_column`; labels are
     read as by `flaxheads train` (class names, problem type, their errors). `task`: a `TaskData`
-    (e.g. `flaxheads.data.load_builtin(...)`) instead of the three.
+    (e.g. `flaxheads.data.load_builtin(...)`) instead of the three. Preference pairs for a reward
+    model (`num_labels=1`): rows with `args.chosen_column` and `args.rejected_column` texts (and
+    no text column, or `problem_type="pairwise_reward"`), or `(chosen_texts, rejected_texts)`
+    tuples with that problem type; the metrics are pair accuracy and mean reward margin.
 
     The model's num_labels and problem_type must fit the data (ValueError naming what to change);
     the trained model carries the data's class names. `args.do_train` False only scores and
@@ -217,7 +222,8 @@ class Trainer:
         args = self.args
         return dict(text_column=args.text_column, text_pair_column=args.text_pair_column,
                     label_column=args.label_column, problem_type=args.problem_type or config.problem_type,
-                    num_labels=args.num_labels)
+                    num_labels=args.num_labels, chosen_column=args.chosen_column,
+                    rejected_column=args.rejected_column)
 
     def _fingerprints(self) -> dict[str, Any]:
         """The in-memory data's identity: `datasets`' fingerprint of each given split's content."""
