@@ -15,6 +15,7 @@ from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
 from flaxheads.backbones.albert import Albert, AlbertConfig
 from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
+from flaxheads.backbones.modernbert import ModernBert, ModernBertConfig
 from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.conversion.loading_info import LoadingInfo
@@ -69,6 +70,8 @@ __all__ = [
     "GPT2",
     "GPT2Config",
     "LoadingInfo",
+    "ModernBert",
+    "ModernBertConfig",
     "PredictionOutput",
     "SequenceClassifier",
     "ShapeMismatch",

@@ -44,6 +44,21 @@ class ClassifierConfig:
                 f"id2label has {len(self.labels)} names but num_labels={self.num_labels}; "
                 "give one name per label"
             )
+        self._check_options_the_backbone_shares()
+
+    def _check_options_the_backbone_shares(self) -> None:
+        """ValueError when `head_options` change a field the backbone's own layers read too
+        (ModernBERT's norm_eps, norm_bias): config.json has one value for both, so the export
+        could not describe the head and the backbone at once."""
+        defaults = getattr(self.backbone, f"{self.head}_options", None) or {}
+        for name, value in self.head_options:
+            shared = name in getattr(self.backbone, "head_options_shared_with_layers", ())
+            if shared and name in defaults and value != defaults[name]:
+                raise ValueError(
+                    f"head option {name}={value!r} differs from the backbone's {name}={defaults[name]!r}, and "
+                    f"{self.backbone.model_type}'s config.json has one {name} for both; leave {name} out of "
+                    "head_options (the head then uses the backbone's)"
+                )
 
     @property
     def label_names(self) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.interface import BackboneConfig, BackboneOutput
+from flaxheads.backbones.modernbert import ModernBert, ModernBertConfig
 from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 
 
@@ -36,6 +37,7 @@ BACKBONES: dict[str, BackboneSpec] = {
     "xlnet": BackboneSpec(XLNetConfig, XLNet, padding_side="left"),
     "albert": BackboneSpec(AlbertConfig, Albert, padding_side="right"),
     "deberta-v2": BackboneSpec(DebertaV2Config, DebertaV2, padding_side="right"),
+    "modernbert": BackboneSpec(ModernBertConfig, ModernBert, padding_side="right"),
 }
 
 
@@ -72,6 +74,8 @@ __all__ = [
     "EncoderConfig",
     "GPT2",
     "GPT2Config",
+    "ModernBert",
+    "ModernBertConfig",
     "XLNet",
     "XLNetConfig",
     "backbone_config_from_hf",

@@ -66,11 +66,14 @@ def dense(
     )
 
 
-def layer_norm(features: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def layer_norm(
+    features: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs, use_bias: bool = True
+) -> nnx.LayerNorm:
     """LayerNorm with torch's numerics: variance as mean((x - mean)^2), not E[x^2] - E[x]^2."""
     return nnx.LayerNorm(
         features,
         epsilon=eps,
+        use_bias=use_bias,
         dtype=dtype,
         param_dtype=param_dtype,
         use_fast_variance=False,
@@ -201,6 +204,7 @@ def attend(
     bias_BNTS: jax.Array | None = None,
     is_causal: bool = False,
     scale: float | None = None,
+    local_window_size: int | None = None,
     dropout_rate: float = 0.0,
     deterministic: bool = False,
     rngs: nnx.Rngs | None = None,
@@ -216,6 +220,8 @@ def attend(
     queries too; such a row gets the average of all values, as torch's masked softmax gives).
     `bias_BNTS`, broadcastable to (batch, heads, query, key), is added to the scaled logits before
     masking (DeBERTa's relative-position scores); XLA then runs the attention, not cuDNN.
+    `local_window_size` w lets query t see only keys s with |t - s| <= w (ModernBERT's
+    bidirectional sliding window), on top of the padding mask.
 
     Eval mode (`deterministic`) and dropout-free training go through
     `jax.nn.dot_product_attention`, which GPUs run as a fused kernel. Attention-probability
@@ -229,7 +235,9 @@ def attend(
     if not dropout_active(dropout_rate, deterministic=deterministic, rngs=rngs):
         return jax.nn.dot_product_attention(
             query_BTNH, key_BSNH, value_BSNH, bias=bias_BNTS, mask=mask_B11S, is_causal=is_causal, scale=scale,
-            implementation=_fused_implementation(query_BTNH) if bias_BNTS is None else None,
+            local_window_size=local_window_size,
+            # cuDNN's fused kernel takes neither a bias nor a two-sided window: those go to XLA's.
+            implementation=_fused_implementation(query_BTNH) if bias_BNTS is None and local_window_size is None else None,
         )
     scale = 1.0 / math.sqrt(query_BTNH.shape[-1]) if scale is None else scale
     logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", query_BTNH, key_BSNH) * scale
@@ -239,6 +247,10 @@ def attend(
         t, s = logits_BNTS.shape[-2:]
         causal_TS = jnp.tril(jnp.ones((t, s), bool))
         mask_B11S = causal_TS if mask_B11S is None else mask_B11S & causal_TS
+    if local_window_size is not None:
+        t, s = logits_BNTS.shape[-2:]
+        band_TS = jnp.abs(jnp.arange(t)[:, None] - jnp.arange(s)[None, :]) <= local_window_size
+        mask_B11S = band_TS if mask_B11S is None else mask_B11S & band_TS
     if mask_B11S is not None:
         logits_BNTS = jnp.where(mask_B11S, logits_BNTS, jnp.finfo(logits_BNTS.dtype).min)
     probs_BNTS = jax.nn.softmax(logits_BNTS.astype(jnp.float32), axis=-1).astype(value_BSNH.dtype)

@@ -35,12 +35,18 @@ SIZES = {
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
 }
-ARCHS = ("bert", "roberta", "xlm-roberta", "gpt2", "xlnet", "electra", "albert", "distilbert", "deberta-v3")
+ARCHS = ("bert", "roberta", "xlm-roberta", "gpt2", "xlnet", "electra", "albert", "distilbert", "deberta-v3",
+         "modernbert")
 ALBERT_EMBEDDING = 128
 DEBERTA_BUCKETS = 256
 """DeBERTa-v3's position_buckets: its attention also scores 2 * 256 relative positions."""
-# GPT-2 would add token_type_ids through its token embedding; DistilBERT has no segments at all.
-NO_TOKEN_TYPES = ("gpt2", "distilbert")
+# GPT-2 would add token_type_ids through its token embedding; DistilBERT and ModernBERT have no segments at all.
+NO_TOKEN_TYPES = ("gpt2", "distilbert", "modernbert")
+
+
+def modernbert_intermediate(hidden: int) -> int:
+    """ModernBERT-base's GeGLU width for a hidden size (1152 for 768): its Wi outputs twice this."""
+    return hidden * 3 // 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +97,9 @@ class StepBench:
                         type_vocab_size=0, relative_attention=True, position_buckets=DEBERTA_BUCKETS,
                         norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type="p2c|c2p",
                         position_biased_input=False, attention_probs_dropout_prob=self.attention_dropout)
+        if self.arch == "modernbert":  # ModernBERT-base's layout at these sizes: its GeGLU width, global every 3rd layer
+            return dict(common, vocab_size=50368, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=modernbert_intermediate(d), attention_dropout=self.attention_dropout)
         raise ValueError(f"arch {self.arch!r}: choose one of {ARCHS}")
 
 
@@ -114,6 +123,8 @@ def train_flops(bench: StepBench) -> float:
     if bench.arch == "deberta-v3":
         attention += 2 * bench.seq_len * 2 * DEBERTA_BUCKETS * d
         positions = layers * 2 * 2 * DEBERTA_BUCKETS * d * d
+    if bench.arch == "modernbert":  # GeGLU: Wi (d -> 2i) and Wo (i -> d) instead of BERT's 2 * d * f
+        per_token += layers * (3 * d * modernbert_intermediate(d) - 2 * d * f)
     tokens = bench.batch * bench.seq_len
     return 6 * tokens * per_token + 6 * layers * bench.batch * attention + 6 * positions
 

@@ -13,11 +13,12 @@ from flaxheads.conversion.distilbert import DISTILBERT
 from flaxheads.conversion.electra import ELECTRA
 from flaxheads.conversion.gpt2 import GPT2
 from flaxheads.conversion.loading_info import LoadingInfo
+from flaxheads.conversion.modernbert import MODERNBERT
 from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
 from flaxheads.conversion.xlnet import XLNET
 
 TABLES: dict[str, ArchitectureTable] = {
-    t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT, DEBERTA_V2)
+    t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT, DEBERTA_V2, MODERNBERT)
 }
 
 
@@ -57,7 +58,7 @@ def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str],
     if table_rules:
         rules = [r for r in table_rules if r.flax in set(head_param_paths)]
     else:
-        rules = head_layout(head_param_paths)
+        rules = head_layout(head_param_paths, table.own_head_prefix)
     return under("head", expand(rules, num_layers=0, base=base))
 
 

@@ -187,6 +187,9 @@ class ArchitectureTable:
     """Rules that fill a 2-label "pooler" head's classifier from a pretraining checkpoint's NSP head."""
     loading_notes: tuple[str, ...] = ()
     """Said in every loading info of this architecture (e.g. parameters kept but never used)."""
+    own_head_prefix: str = "head."
+    """Where `head_layout` stores the heads this architecture has no table rules for; another prefix
+    where transformers' own classes already use `head.` (ModernBERT's prediction head)."""
     layer_indices: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"i": "num_hidden_layers"})
     """Each index the `backbone` rules name -> the backbone config field that counts its values,
     outermost first (ALBERT names a shared layer by group `{g}`, then layer `{j}` in the group)."""
@@ -196,20 +199,23 @@ class ArchitectureTable:
         return {index: getattr(backbone_config, field) for index, field in self.layer_indices.items()}
 
 
-def head_layout(head_flax_paths: Iterable[str]) -> list[Rule]:
+def head_layout(head_flax_paths: Iterable[str], prefix: str = "head.") -> list[Rule]:
     """flaxheads' own layout for heads transformers has no class for.
 
-    Every Linear at head path `P` is stored as `head.P.weight` (out, in) and `head.P.bias`,
-    i.e. in torch's layout under a `head.` prefix, so the file stays a valid PyTorch state dict
-    and a transformers `*Model` loads the backbone from it, ignoring the head.
+    Every Linear at head path `P` is stored as `head.P.weight` (out, in) and `head.P.bias`, a
+    LayerNorm as `head.P.weight` (its scale) and `head.P.bias`,
+    i.e. in torch's layout under a `head.` prefix (`prefix`), so the file stays a valid PyTorch
+    state dict and a transformers `*Model` loads the backbone from it, ignoring the head.
     """
     rules = []
     for path in sorted(head_flax_paths):
         module, leaf = path.rsplit(".", 1)
         if leaf == "kernel":
-            rules.append(Rule(f"head.{module}.weight", path, LINEAR))
+            rules.append(Rule(f"{prefix}{module}.weight", path, LINEAR))
         elif leaf == "bias":
-            rules.append(Rule(f"head.{module}.bias", path))
+            rules.append(Rule(f"{prefix}{module}.bias", path))
+        elif leaf == "scale":  # a LayerNorm (the "modernbert" head's): torch calls it weight
+            rules.append(Rule(f"{prefix}{module}.weight", path))
         else:
             raise ValueError(f"flaxheads head layout has no rule for parameter {path!r}")
     return rules

@@ -12,6 +12,7 @@
 | `summary`      | last/first/mean/cls_index -> [dense] -> [tanh] -> logits_proj (see `summary.py`) | `XLNetForSequenceClassification` |
 | `distilbert`   | first token -> pre_classifier -> ReLU -> dropout -> classifier      | `DistilBertForSequenceClassification` |
 | `deberta`      | first token -> dropout (pooler_dropout) -> dense -> pooler_hidden_act (GELU) -> dropout -> classifier | `DebertaV2ForSequenceClassification` (`ContextPooler`) |
+| `modernbert`   | first token or masked mean (classifier_pooling) -> dense -> act -> LayerNorm -> dropout -> classifier | `ModernBertForSequenceClassification` |
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from flax import nnx
 from flaxheads.backbones import layers
 from flaxheads.heads import pooling
 from flaxheads.heads.base import HeadConfig, HeadInputs
-from flaxheads.heads.classifiers import DebertaHead, DistilBertHead, LinearHead, PoolerHead, RobertaHead
+from flaxheads.heads.classifiers import (
+    DebertaHead, DistilBertHead, LinearHead, ModernBertHead, PoolerHead, RobertaHead,
+)
 from flaxheads.heads.last_token import LastTokenHead
 from flaxheads.heads.summary import SummaryHead
 
 HEAD_NAMES = (
     "pooler", "roberta", "cls", "mean", "concat_last4", "last_token", "summary", "electra", "distilbert", "deberta",
+    "modernbert",
 )
 
 
@@ -60,6 +64,8 @@ def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Mo
         return DistilBertHead(cfg, **kw)
     if cfg.name == "deberta":
         return DebertaHead(cfg, **kw)
+    if cfg.name == "modernbert":
+        return ModernBertHead(cfg, **kw)
     raise ValueError(f"unknown head {cfg.name!r}; choose one of {HEAD_NAMES}")
 
 

@@ -1,9 +1,10 @@
-"""The encoder-family heads: BERT's pooler head, RoBERTa's head, DistilBERT's head, DeBERTa's
-head, and pooled-feature linear heads."""
+"""The encoder-family heads: BERT's pooler head, RoBERTa's head, DistilBERT's head, DeBERTa's head,
+ModernBERT's head, and pooled-feature linear heads."""
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -121,3 +122,58 @@ class LinearHead(nnx.Module):
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         pooled = self.pool(inputs)
         return self.classifier(layers.dropout(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
+
+
+MODERNBERT_DEFAULTS: dict[str, Any] = {
+    "classifier_pooling": "cls",
+    "classifier_activation": "gelu",
+    "classifier_bias": False,
+    "norm_bias": False,
+    "norm_eps": 1e-5,
+}
+"""The "modernbert" head's options (transformers' `ModernBertConfig` names and defaults). On a
+ModernBERT backbone config.json sets them; on any other backbone these defaults apply."""
+
+
+MODERNBERT_POOLING: dict[str, Callable[[HeadInputs], jax.Array]] = {
+    "cls": pooling.first_token,  # position 0 whatever the padding, as transformers
+    "mean": pooling.masked_mean,
+}
+
+
+def modernbert_options(cfg: HeadConfig) -> dict[str, Any]:
+    """The "modernbert" head's options, defaults filled in; ValueError for unknown keys or values."""
+    given = dict(cfg.options)
+    unknown = sorted(set(given) - set(MODERNBERT_DEFAULTS))
+    if unknown:
+        raise ValueError(f'head "modernbert" has no option(s) {unknown}; its options are {sorted(MODERNBERT_DEFAULTS)}')
+    options = {**MODERNBERT_DEFAULTS, **given}
+    if options["classifier_pooling"] not in MODERNBERT_POOLING:
+        raise ValueError(f"classifier_pooling={options['classifier_pooling']!r}; choose one of {sorted(MODERNBERT_POOLING)}")
+    layers.activation(options["classifier_activation"])  # ValueError naming the supported ones
+    return options
+
+
+class ModernBertHead(nnx.Module):
+    """`ModernBertForSequenceClassification`'s head: pool (classifier_pooling "cls": the first
+    token; "mean": the mean over real tokens) -> `ModernBertPredictionHead` (dense, bias only with
+    classifier_bias -> classifier_activation -> LayerNorm(norm_eps, bias only with norm_bias))
+    -> dropout -> classifier. New parameters start as transformers initialises them: dense
+    ~ normal(init_std / sqrt(2 * layers)), classifier ~ normal(hidden_size ** -0.5) (untruncated)."""
+
+    def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        options = modernbert_options(cfg)
+        self.pool = MODERNBERT_POOLING[options["classifier_pooling"]]
+        self.act = layers.activation(options["classifier_activation"])
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        d = cfg.hidden_size
+        self.dense = layers.dense(d, d, use_bias=options["classifier_bias"],
+                                  init_std=cfg.init_std / math.sqrt(2.0 * cfg.num_hidden_layers), **kw)
+        self.norm = layers.layer_norm(d, eps=options["norm_eps"], use_bias=options["norm_bias"], **kw)
+        self.classifier = layers.dense(d, cfg.num_labels, init_std=d ** -0.5, **kw)
+        self.deterministic = False
+
+    def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
+        x = self.norm(self.act(self.dense(self.pool(inputs))))
+        return self.classifier(layers.dropout(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
