@@ -1,6 +1,6 @@
 """The head study: runner (grid, one line per cell, resume), statistics, report and plots.
 
-The runner tests train a tiny random BERT for 4 steps per cell; the study they share runs once.
+The runner tests train a tiny random BERT for 2 steps per cell; the study they share runs once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from flaxheads.study.grid import Block, DataSpec, StudyGrid, StudySettings
 from flaxheads.study.results import append_record, merge_records, read_results
 from flaxheads.study.runner import RESULTS_FILE, StudyError, run_study
 
-TINY_SETTINGS = StudySettings(max_seq_length=32, max_steps=4, batch_size=8, eval_steps=2, train_examples=64,
+# One bucket of 16 tokens and 2 steps: each cell compiles one train and one eval step.
+TINY_SETTINGS = StudySettings(max_seq_length=16, max_steps=2, batch_size=8, eval_steps=1, train_examples=32,
                               validation_examples=None)
 
 
@@ -41,15 +42,15 @@ def test_grid_of_two_heads_and_two_seeds_writes_four_lines(tiny_study):
     assert len(records) == 4 and len(run.ran) == 4
     assert {(r["head"], r["seed"]) for r in records} == {("pooler", 0), ("pooler", 1), ("cls", 0), ("cls", 1)}
     first = records[0]
-    assert first["steps"] == 4 and [point["step"] for point in first["curve"]] == [2, 4]
+    assert first["steps"] == 2 and [point["step"] for point in first["curve"]] == [1, 2]
     assert "accuracy" in first["validation"] and "accuracy" in first["test"]
-    assert first["settings"]["max_steps"] == 4 and first["versions"]["jax"] and first["device"]["count"] >= 1
+    assert first["settings"]["max_steps"] == 2 and first["versions"]["jax"] and first["device"]["count"] >= 1
 
 
 def test_seeds_change_training_but_not_the_data(tiny_study):
     _, study_dir, _ = tiny_study
     by_seed = {r["seed"]: r for r in read_results(study_dir / RESULTS_FILE).records if r["head"] == "pooler"}
-    assert by_seed[0]["split_sizes"] == by_seed[1]["split_sizes"] == {"train": 64, "validation": 32, "test": 32}
+    assert by_seed[0]["split_sizes"] == by_seed[1]["split_sizes"] == {"train": 32, "validation": 32, "test": 32}
     assert by_seed[0]["validation"]["loss"] != by_seed[1]["validation"]["loss"]
 
 
@@ -112,7 +113,7 @@ def test_probe_cell_trains_the_head_on_a_frozen_backbone(tiny_bert, snippets_csv
 @pytest.mark.skipif(_has_freeze_backbone(), reason="TrainConfig has freeze_backbone: the probe runs")
 def test_probe_without_freeze_backbone_names_the_fix(tiny_bert, snippets_csv, tmp_path):
     grid = _tiny_grid(tiny_bert, snippets_csv, heads=("cls",), seeds=(0,), modes=("probe",))
-    with pytest.raises(StudyError, match="--modes finetune"):
+    with pytest.raises(StudyError, match="--probe_heads with no heads"):
         run_study(grid, tmp_path)
 
 

@@ -5,7 +5,7 @@ seeds) and its report.
   flaxheads study report studies/minilm/results.jsonl --output docs/head_study.md
 
 `run` without grid flags trains the committed grid (MiniLM x 7 heads x 4 built-in data sets x 5
-seeds, fine-tuned, plus a linear probe of pooler/cls/mean on movie_snippets and trec6). Data sets:
+seeds, fine-tuned, plus a linear probe of pooler/cls/mean on movie_snippets). Data sets:
 a built-in name, NAME=TRAIN[,VALIDATION[,TEST]] for your files, NAME=hub:ORG/NAME for a Hugging
 Face data set. `report` merges any number of results files (e.g. from several machines).
 """
@@ -19,6 +19,8 @@ import shlex
 
 from flaxheads.study.grid import (
     DEFAULT_HEAD,
+    PROBE_DATASETS,
+    PROBE_HEADS,
     STUDY_DATASETS,
     STUDY_HEADS,
     Block,
@@ -27,8 +29,6 @@ from flaxheads.study.grid import (
     StudySettings,
 )
 
-PROBE_HEADS = ("pooler", "cls", "mean")
-PROBE_DATASETS = ("movie_snippets", "trec6")
 _SETTINGS = [field for field in dataclasses.fields(StudySettings) if field.name != "train_options"]
 
 

@@ -63,6 +63,9 @@ def run_study(grid: StudyGrid, study_dir: str | os.PathLike, *, keep_models: boo
 
     study_dir = Path(study_dir)
     results_file = study_dir / RESULTS_FILE
+    cells = grid.cells()
+    if any(cell.mode == "probe" for cell in cells):
+        require_freeze_backbone()
     with RunLock(study_dir):
         existing = results_io.read_results(results_file)
         if existing.bad_lines:
@@ -74,9 +77,6 @@ def run_study(grid: StudyGrid, study_dir: str | os.PathLike, *, keep_models: boo
         results_io.cut_half_written_tail(results_file, existing)
         done = {record["key"] for record in existing.records}
         run = StudyRun(results_file, [], [], problems)
-        cells = grid.cells()
-        if any(cell.mode == "probe" for cell in cells):
-            require_freeze_backbone()
         tasks: dict[DataSpec, TaskData] = {}
         identities = {spec: spec.identity() for spec in {cell.data for cell in cells}}  # hashes each file once
         for number, cell in enumerate(cells, start=1):
@@ -116,7 +116,8 @@ def require_freeze_backbone() -> None:
 
     if FREEZE_FIELD not in {field.name for field in dataclasses.fields(TrainConfig)}:
         raise StudyError(f"the linear probe (mode 'probe') trains with TrainConfig({FREEZE_FIELD}=True), which this "
-                         "flaxheads does not have yet; leave 'probe' out of the study's modes (--modes finetune)")
+                         "flaxheads does not have yet; leave mode 'probe' out of the grid (flaxheads study run: --probe_heads "
+                         "with no heads)")
 
 
 # -- data -------------------------------------------------------------------------------------
