@@ -222,3 +222,13 @@ def test_study_report_command_writes_the_report_and_its_reproduce_command(result
     text = output.read_text()
     assert "flaxheads study run --study_dir STUDY_DIR --checkpoints tiny --heads pooler cls mean" in text
     assert "--probe_heads pooler --probe_datasets snips scores" in text
+
+
+def test_report_refuses_to_pool_results_of_different_settings(results_files, tmp_path):
+    from flaxheads.study.report import write_report
+
+    other = _record("pooler", "snips", 9)
+    other["settings"]["max_steps"] = 1
+    append_record(tmp_path / "c.jsonl", other)
+    with pytest.raises(ValueError, match="different study settings"):
+        write_report([*results_files, tmp_path / "c.jsonl"], tmp_path / "r.md")

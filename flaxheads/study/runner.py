@@ -78,10 +78,12 @@ def run_study(grid: StudyGrid, study_dir: str | os.PathLike, *, keep_models: boo
         done = {record["key"] for record in existing.records}
         run = StudyRun(results_file, [], [], problems)
         tasks: dict[DataSpec, TaskData] = {}
+        spent = 0.0
         identities = {spec: spec.identity() for spec in {cell.data for cell in cells}}  # hashes each file once
-        for number, cell in enumerate(cells, start=1):
-            fields = cell_key_fields(cell, grid.settings, identities[cell.data])
-            key = cell_key(fields)
+        keyed = [(cell, fields, cell_key(fields))
+                 for cell, fields in ((c, cell_key_fields(c, grid.settings, identities[c.data])) for c in cells)]
+        left = sum(key not in done for _, _, key in keyed)
+        for number, (cell, fields, key) in enumerate(keyed, start=1):
             if key in done:
                 run.skipped.append(key)
                 continue
@@ -93,10 +95,10 @@ def run_study(grid: StudyGrid, study_dir: str | os.PathLike, *, keep_models: boo
             record = run_cell(cell, grid.settings, tasks[cell.data], study_dir / CELLS_DIR / cell_dir_name(fields, key),
                               fields=fields, key=key, keep_models=keep_models)
             results_io.append_record(results_file, record)
-            done.add(key)
             run.ran.append(key)
-            log(f"study cell {number}/{len(cells)} done in {record['wall_seconds']:.0f} s: "
-                f"{_headline(record)}")
+            spent, left = spent + record["wall_seconds"], left - 1
+            log(f"study cell {number}/{len(cells)} done in {record['wall_seconds']:.0f} s: {_headline(record)}; "
+                f"{left} cell(s) left, about {left * spent / len(run.ran) / 60:.0f} min at this pace")
     return run
 
 

@@ -5,6 +5,7 @@ The report and the plots both read them from here."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ class StudyTable:
     default_head: str = DEFAULT_HEAD
 
     def __post_init__(self):
+        _check_comparable(self.records)
         self.groups: dict[Group, dict[int, dict[str, Any]]] = {}
         for record in self.records:
             group = (record["checkpoint"], record["dataset"], record["mode"], record["head"])
@@ -94,6 +96,20 @@ class StudyTable:
         return {seed: [(point["step"], float(point[metric])) for point in record.get("curve") or []
                        if point.get(metric) is not None]
                 for seed, record in self.groups.get(group, {}).items()}
+
+
+def _check_comparable(records: list[dict[str, Any]]) -> None:
+    """ValueError when the records do not come from one study: other shared settings, or two
+    contents under one data set name (their seeds would be pooled as if equal)."""
+    settings = {json.dumps(r["settings"], sort_keys=True) for r in records}
+    if len(settings) > 1:
+        raise ValueError(f"the results come from {len(settings)} different study settings ({' vs '.join(sorted(settings)[:2])}); "
+                         "report each settings' results files separately")
+    for dataset in {r["dataset"] for r in records}:
+        contents = {json.dumps(r["data"], sort_keys=True) for r in records if r["dataset"] == dataset}
+        if len(contents) > 1:
+            raise ValueError(f"data set {dataset!r} has {len(contents)} different contents in the results "
+                             f"({' vs '.join(sorted(contents)[:2])}); report them separately")
 
 
 def _in_order(items: Iterable[str]) -> list[str]:
