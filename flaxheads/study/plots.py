@@ -29,7 +29,8 @@ def _pyplot():
 def _panels(plt, count: int, *, width: float = 4.2, height: float = 3.4):
     columns = min(count, 2)
     rows = -(-count // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
+    width = max(width * columns, 6.4)  # room for the figure's title over a single panel
+    figure, axes = plt.subplots(rows, columns, figsize=(width, height * rows), squeeze=False)
     for extra in axes.flat[count:]:
         extra.set_visible(False)
     return figure, list(axes.flat[:count])
@@ -67,7 +68,7 @@ def metric_per_head(table: StudyTable, checkpoint: str, path: Path, mode: str = 
         ax.set_title(dataset)
         ax.set_ylabel(f"{table.split} {table.metric(dataset)}")
         ax.grid(axis="y", alpha=0.3)
-    figure.suptitle(f"{checkpoint}, {mode}: mean and 95% CI over seeds (dots: seeds)")
+    figure.suptitle(f"{checkpoint}, {mode}: mean and 95% CI over seeds (dots: seeds)", fontsize=10)
     return _save(plt, figure, path)
 
 
@@ -91,7 +92,7 @@ def learning_curves(table: StudyTable, checkpoint: str, path: Path, mode: str = 
         ax.set_ylabel(f"validation {table.metric(dataset)}")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    figure.suptitle(f"{checkpoint}, {mode}: learning curves (mean over seeds; band: min to max)")
+    figure.suptitle(f"{checkpoint}, {mode}: learning curves (mean over seeds; band: min to max)", fontsize=10)
     return _save(plt, figure, path)
 
 
@@ -128,5 +129,5 @@ def frozen_vs_finetuned(table: StudyTable, checkpoint: str, path: Path) -> Path 
         ax.set_ylabel(f"{table.split} {table.metric(dataset)}")
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=7)
-    figure.suptitle(f"{checkpoint}: fine-tuned vs frozen backbone (mean and 95% CI over seeds)")
+    figure.suptitle(f"{checkpoint}: fine-tuned vs frozen backbone (mean and 95% CI over seeds)", fontsize=10)
     return _save(plt, figure, path)

@@ -51,7 +51,8 @@ def write_report(results_files: Sequence[str | os.PathLike], markdown: str | os.
     targets = [markdown] + [figures_dir / name for name in _figure_names(table)]
     existing = [str(path) for path in targets if path.exists()]
     if existing and not overwrite:
-        raise FileExistsError(f"{', '.join(existing)} exist(s); pass overwrite=True (--overwrite) to replace the report")
+        raise FileExistsError(f"{', '.join(existing)} exist(s); pass overwrite=True (--overwrite) to replace the "
+                              "report")
     figures = draw_figures(table, figures_dir)
     text = render(table, figures, markdown.parent, reproduce=reproduce, problems=problems)
     markdown.parent.mkdir(parents=True, exist_ok=True)
@@ -114,11 +115,11 @@ def setup(table: StudyTable) -> str:
         f"- Backbone(s): {', '.join(f'`{c}`' for c in table.checkpoints())}",
         f"- Heads: {', '.join(f'`{h}`' for h in table.heads())} (default, the reference of the comparisons: "
         f"`{table.default_head}`)",
-        f"- Data sets (train / validation / test examples used): " + "; ".join(
+        "- Data sets (train / validation / test examples used): " + "; ".join(
             f"`{d}` {_sizes(table, d)}, judged by {table.split} {table.metric(d)}" for d in table.datasets()),
         f"- Seeds: {', '.join(map(str, seeds))} ({len(seeds)}); a seed sets the head's initialisation, dropout and "
         f"the data order; the splits and subsets are fixed (split_seed {settings.get('split_seed')})",
-        f"- Modes: " + ", ".join(table.modes()) + " (finetune: backbone and head trained end to end; probe: backbone "
+        "- Modes: " + ", ".join(table.modes()) + " (finetune: backbone and head trained end to end; probe: backbone "
         "frozen, only the head trained)",
         "- Shared settings: " + ", ".join(f"{k} {v}" for k, v in settings.items() if v not in ({}, None)),
         f"- Cells: {len(records)}; compute: {_hours(sum(r.get('wall_seconds') or 0 for r in records))} in all, "
@@ -126,7 +127,8 @@ def setup(table: StudyTable) -> str:
         f"- Versions: {_versions(records)}",
         "- Statistics: mean ± standard deviation over seeds; [95% bootstrap CI of the mean, percentile method, "
         f"{stats.BOOTSTRAP_SAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}]. A paired difference is \"within noise\" "
-        "when its interval contains 0.",
+        "when its interval contains 0. With a handful of seeds the percentile interval runs narrow: read a "
+        "verdict whose interval nearly touches 0 as a lean, not a finding.",
     ]
     return "\n".join(lines)
 
@@ -231,7 +233,8 @@ def conclusions(table: StudyTable) -> str:
                              f"`{table.default_head}`): " + "; ".join(parts) + ".")
     sentences += _probe_sentences(table)
     if not sentences:
-        return "Too few cells for comparisons: every data set needs the default head and another head on the same seeds."
+        return ("Too few cells for comparisons: every data set needs the default head and another head on the "
+                "same seeds.")
     return "\n".join(sentences)
 
 

@@ -103,8 +103,9 @@ def _check_comparable(records: list[dict[str, Any]]) -> None:
     contents under one data set name (their seeds would be pooled as if equal)."""
     settings = {json.dumps(r["settings"], sort_keys=True) for r in records}
     if len(settings) > 1:
-        raise ValueError(f"the results come from {len(settings)} different study settings ({' vs '.join(sorted(settings)[:2])}); "
-                         "report each settings' results files separately")
+        shown = " vs ".join(sorted(settings)[:2])
+        raise ValueError(f"the results come from {len(settings)} different study settings ({shown}); report each "
+                         "settings' results files separately")
     for dataset in {r["dataset"] for r in records}:
         contents = {json.dumps(r["data"], sort_keys=True) for r in records if r["dataset"] == dataset}
         if len(contents) > 1:
