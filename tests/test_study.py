@@ -19,7 +19,7 @@ from flaxheads.study.runner import RESULTS_FILE, StudyError, run_study
 
 # One bucket of 16 tokens and 2 steps: each cell compiles one train and one eval step.
 TINY_SETTINGS = StudySettings(max_seq_length=16, max_steps=2, batch_size=8, eval_steps=1, train_examples=32,
-                              validation_examples=None)
+                              validation_examples=None, test_examples=16)
 
 
 def _tiny_grid(tiny_bert, snippets_csv, heads=("pooler", "cls"), seeds=(0, 1), modes=("finetune",)) -> StudyGrid:
@@ -50,7 +50,7 @@ def test_grid_of_two_heads_and_two_seeds_writes_four_lines(tiny_study):
 def test_seeds_change_training_but_not_the_data(tiny_study):
     _, study_dir, _ = tiny_study
     by_seed = {r["seed"]: r for r in read_results(study_dir / RESULTS_FILE).records if r["head"] == "pooler"}
-    assert by_seed[0]["split_sizes"] == by_seed[1]["split_sizes"] == {"train": 32, "validation": 32, "test": 32}
+    assert by_seed[0]["split_sizes"] == by_seed[1]["split_sizes"] == {"train": 32, "validation": 32, "test": 16}
     assert by_seed[0]["validation"]["loss"] != by_seed[1]["validation"]["loss"]
 
 

@@ -110,9 +110,12 @@ class StudySettings:
     train_examples: int | None = 960
     """Train on this many examples of the train split (a fixed random subset drawn with
     split_seed, the same for every cell); None: the whole split."""
-    validation_examples: int | None = 300
-    """Score the learning curve and final validation metrics on this fixed subset of the
-    validation split; None: all of it. The test split is always scored whole."""
+    validation_examples: int | None = 200
+    """Score the learning curve and final validation metrics on this fixed random subset of the
+    validation split; None: all of it."""
+    test_examples: int | None = 500
+    """Score the final test metrics on this fixed random subset of the test split (the same rows
+    for every cell, so paired comparisons stay fair); None: all of it."""
     split_seed: int = 0
     """Seed of the built-in data sets' 80/10/10 split and of the subsets: fixed for the study,
     so that cell seeds change the head's initialisation, dropout and data order, never the data."""
@@ -123,7 +126,7 @@ class StudySettings:
         for name in ("max_seq_length", "max_steps", "batch_size", "eval_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("train_examples", "validation_examples"):
+        for name in ("train_examples", "validation_examples", "test_examples"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive or None (the whole split), got {getattr(self, name)}")
         object.__setattr__(self, "train_options", tuple(sorted(dict(self.train_options).items())))

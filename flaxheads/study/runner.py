@@ -127,13 +127,15 @@ def require_freeze_backbone() -> None:
 
 def load_study_task(spec: DataSpec, settings: StudySettings) -> TaskData:
     """`spec`'s data, split with `settings.split_seed` (built-in sets), then cut to the fixed
-    random subsets of the train and validation splits that settings ask for."""
+    random subsets of its splits that settings ask for."""
     from flaxheads.training.config import TrainConfig
     from flaxheads.training.trainer import load_task
 
     task = load_task(TrainConfig(output_dir=None, seed=settings.split_seed, **_data_fields(spec)))
     splits = dict(task.splits)
-    for split, size in (("train", settings.train_examples), ("validation", settings.validation_examples)):
+    sizes = {"train": settings.train_examples, "validation": settings.validation_examples,
+             "test": settings.test_examples}
+    for split, size in sizes.items():
         if split in splits:
             splits[split] = fixed_subset(splits[split], size, settings.split_seed)
     return dataclasses.replace(task, splits=datasets.DatasetDict(splits))
