@@ -200,7 +200,15 @@ class StudyGrid:
 def committed_grid(seeds: Sequence[int] = range(5), settings: StudySettings = StudySettings()) -> StudyGrid:
     """The study behind docs/head_study.md: MiniLM, every study head on the four built-in data sets,
     fine-tuned; plus the linear probe of PROBE_HEADS on PROBE_DATASETS (the same seeds), to compare
-    with their fine-tuned cells."""
+    with their fine-tuned cells: 140 + 15 cells.
+
+    Sizing (2026-11-23): one MiniLM cell of the earlier defaults (300 validation and all 1057 test
+    examples) took 516 s wall and 116 s of CPU time on the 2-core development machine while ~15
+    other processes shared it. Quiet, the README's default run (265 steps of 32 plus 2114 evaluated
+    examples in 5-7 min) puts the current defaults (60 steps of 16, 600 + 500 evaluated examples)
+    at about 45 s per cell with jax's persistent compilation cache, ~60 s without: 2 h or a little
+    more for the 155 cells. The runner prints the pace after every cell; measure the first few
+    (`--max_cells 5`) and lower max_steps if it runs slower."""
     builtin = tuple(DataSpec(name) for name in STUDY_DATASETS)
     seeds = tuple(seeds)
     return StudyGrid((
