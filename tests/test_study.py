@@ -106,8 +106,15 @@ def test_probe_cell_trains_the_head_on_a_frozen_backbone(tiny_bert, snippets_csv
     assert record["mode"] == "probe" and record["key"] == run.ran[0]
     trained = flaxheads.from_pretrained(tmp_path / record["cell_dir"], num_labels=2)
     pretrained = flaxheads.from_pretrained(tiny_bert, num_labels=2, head="cls")
-    np.testing.assert_array_equal(trained.backbone.embeddings.word_embeddings.embedding.value,
-                                  pretrained.backbone.embeddings.word_embeddings.embedding.value)
+    import jax
+    from flax import nnx
+
+    trained_leaves = jax.tree.leaves(nnx.state(trained.backbone, nnx.Param))
+    pretrained_leaves = jax.tree.leaves(nnx.state(pretrained.backbone, nnx.Param))
+    assert len(trained_leaves) == len(pretrained_leaves) > 0
+    for after, before in zip(trained_leaves, pretrained_leaves):
+        np.testing.assert_array_equal(np.asarray(after), np.asarray(before))
+    assert record["settings"]["probe_learning_rate"] == TINY_SETTINGS.probe_learning_rate
 
 
 @pytest.mark.skipif(_has_freeze_backbone(), reason="TrainConfig has freeze_backbone: the probe runs")
