@@ -239,3 +239,23 @@ def test_report_refuses_to_pool_results_of_different_settings(results_files, tmp
     append_record(tmp_path / "c.jsonl", other)
     with pytest.raises(ValueError, match="different study settings"):
         write_report([*results_files, tmp_path / "c.jsonl"], tmp_path / "r.md")
+
+
+def test_report_lists_a_failed_cell_and_leaves_it_out_of_the_numbers(results_files, tmp_path):
+    from flaxheads.study.report import write_report
+
+    failed = {key: value for key, value in _record("mean", "snips", 7).items()
+              if key not in ("validation", "test", "curve", "problem_type", "split_sizes")}
+    append_record(tmp_path / "c.jsonl", {**failed, "error": "loss became nan at step 3"})
+    report = write_report([*results_files, tmp_path / "c.jsonl"], tmp_path / "r.md")
+    text = report.markdown.read_text()
+    assert "Failed cell (no metrics): mean on snips, seed 7, finetune: loss became nan at step 3" in text
+    assert "(n=4)" in text and "(n=5)" not in text
+
+
+def test_a_diverging_cell_is_recorded_as_failed_and_the_study_goes_on(tiny_bert, snippets_csv, tmp_path):
+    grid = _tiny_grid(tiny_bert, snippets_csv, heads=("cls",), seeds=(0,))
+    grid = dataclasses.replace(grid, settings=dataclasses.replace(TINY_SETTINGS, learning_rate=1e30, warmup_ratio=0.0))
+    run = run_study(grid, tmp_path, log=lambda line: None)
+    (record,) = read_results(tmp_path / RESULTS_FILE).records
+    assert record["key"] == run.ran[0] and "loss became" in record["error"]

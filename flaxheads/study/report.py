@@ -130,6 +130,8 @@ def setup(table: StudyTable) -> str:
         "when its interval contains 0. With a handful of seeds the percentile interval runs narrow: read a "
         "verdict whose interval nearly touches 0 as a lean, not a finding.",
     ]
+    lines += [f"- Failed cell (no metrics): {r['head']} on {r['dataset']}, seed {r['seed']}, {r['mode']}: {r['error']}"
+              for r in table.failed()]
     return "\n".join(lines)
 
 

@@ -59,6 +59,7 @@ def run_study(grid: StudyGrid, study_dir: str | os.PathLike, *, keep_models: boo
     freeze_backbone; the Trainer's errors (bad data, a diverging cell) stop the study, and the
     same call again continues it.
     """
+    from flaxheads.training.loop import NonFiniteLoss
     from flaxheads.training.run_lock import RunLock
 
     study_dir = Path(study_dir)
@@ -92,8 +93,14 @@ def run_study(grid: StudyGrid, study_dir: str | os.PathLike, *, keep_models: boo
             if cell.data not in tasks:
                 tasks[cell.data] = load_study_task(cell.data, grid.settings)
             log(f"study cell {number}/{len(cells)}: {describe(cell)}")
-            record = run_cell(cell, grid.settings, tasks[cell.data], study_dir / CELLS_DIR / cell_dir_name(fields, key),
-                              fields=fields, key=key, keep_models=keep_models)
+            cell_dir = study_dir / CELLS_DIR / cell_dir_name(fields, key)
+            try:
+                record = run_cell(cell, grid.settings, tasks[cell.data], cell_dir, fields=fields, key=key,
+                                  keep_models=keep_models)
+            except NonFiniteLoss as error:
+                # A cell that diverges is a result of the study (recorded, not retried), not a reason to stop it.
+                record = {"key": key, **fields, "error": str(error), "wall_seconds": 0.0, "versions": versions(),
+                          "device": device(), "cell_dir": f"{CELLS_DIR}/{cell_dir.name}"}
             results_io.append_record(results_file, record)
             run.ran.append(key)
             spent, left = spent + record["wall_seconds"], left - 1
@@ -107,6 +114,8 @@ def describe(cell: Cell) -> str:
 
 
 def _headline(record: dict[str, Any]) -> str:
+    if "error" in record:
+        return f"failed: {record['error']}"
     test = record.get("test") or record.get("validation") or {}
     return ", ".join(f"{name} {value:.4f}" for name, value in test.items()
                      if name != "loss" and isinstance(value, float))

@@ -38,7 +38,7 @@ class StudyTable:
         for record in self.records:
             group = (record["checkpoint"], record["dataset"], record["mode"], record["head"])
             self.groups.setdefault(group, {})[record["seed"]] = record
-        self.problem_types = {record["dataset"]: record["problem_type"] for record in self.records}
+        self.problem_types = {r["dataset"]: r["problem_type"] for r in self.records if "problem_type" in r}
 
     # -- what there is ---------------------------------------------------------------------------
 
@@ -56,6 +56,10 @@ class StudyTable:
         present = _in_order(group[3] for group in self.groups)
         known = [h for h in (self.default_head, *STUDY_HEADS) if h in present]
         return list(dict.fromkeys(known + present))
+
+    def failed(self) -> list[dict[str, Any]]:
+        """Records of cells whose training failed (a non-finite loss): they have no metrics."""
+        return [record for record in self.records if "error" in record]
 
     def seeds(self) -> list[int]:
         return sorted({record["seed"] for record in self.records})
