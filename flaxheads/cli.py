@@ -203,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description=bench_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_cli.build_parser(p)
     p.set_defaults(run=bench_cli.run_args)
+
+    from flaxheads.study import cli as study_cli
+
+    p = sub.add_parser("study", help="which head works best: a grid of heads x data sets x seeds, and its report",
+                       description=study_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    study_cli.build_parser(p)
+    p.set_defaults(run=study_cli.run_args)
     for p in sub.choices.values():
         p.set_defaults(command_parser=p)  # main() words errors in the flags of the command that ran
     return parser

@@ -181,11 +181,11 @@ class Trainer:
         self._scorer: SplitScorer | None = None
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig) -> Trainer:
-        """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names, the model
-        placed on the mesh as it loads."""
+    def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None) -> Trainer:
+        """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names (or `task`,
+        data loaded by the caller), the model placed on the mesh as it loads."""
         src = model_path(cfg)
-        task = load_task(cfg)
+        task = load_task(cfg) if task is None else task
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
         layout = Layout.create(cfg.mesh)
         model, loading_info = from_pretrained(

@@ -1,0 +1,234 @@
+"""What a head study trains: a grid of cells (checkpoint x head x data set x seed x mode) that
+share one set of training settings, so that the cells differ only in what the grid varies.
+
+A cell's identity (`cell_key`) is everything that decides its result: the cell's own choices, the
+data's identity (file hashes for a user's files) and the shared settings. The runner skips a cell
+whose key the results file already holds, and the report merges lines by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from flaxheads.data.builtin import BUILTIN_DATASETS
+
+MODES = ("finetune", "probe")
+"""finetune: backbone and head trained end to end; probe: backbone frozen, only the head trained."""
+STUDY_HEADS = ("pooler", "cls", "mean", "concat_last4", "roberta", "summary", "last_token")
+"""The heads of the committed study; `pooler`, BERT's own, is the default the others are compared to."""
+STUDY_DATASETS = ("movie_snippets", "sms_spam", "trec6", "movie_snippets_regression")
+DEFAULT_HEAD = "pooler"
+PROBE_HEADS = ("pooler", "cls", "mean")
+PROBE_DATASETS = ("movie_snippets",)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """One data set of the study: a built-in one (`name` only), a user's files, or a Hugging Face
+    data set (`dataset_name`). `name` labels it in the tables and plots."""
+
+    name: str
+    train_file: str | None = None
+    validation_file: str | None = None
+    test_file: str | None = None
+    dataset_name: str | None = None
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+
+    @property
+    def builtin(self) -> bool:
+        return self.train_file is None and self.dataset_name is None
+
+    def __post_init__(self):
+        if self.builtin and self.name not in BUILTIN_DATASETS:
+            raise ValueError(f"data set {self.name!r} is not built in ({', '.join(BUILTIN_DATASETS)}); for your own "
+                             f"files write NAME=TRAIN[,VALIDATION[,TEST]], for a hub data set NAME=hub:ORG/NAME")
+
+    @classmethod
+    def parse(cls, text: str, **columns) -> DataSpec:
+        """`movie_snippets` (built in), `NAME=train.csv,dev.csv,test.csv` (files; validation and test
+        optional) or `NAME=hub:org/name` (a Hugging Face data set); `columns`: text_column etc."""
+        name, sep, source = text.partition("=")
+        if not sep:
+            return cls(name, **columns)
+        if source.startswith("hub:"):
+            return cls(name, dataset_name=source[4:], **columns)
+        files = source.split(",")
+        if not 1 <= len(files) <= 3 or not all(files):
+            raise ValueError(f"data set {text!r}: write NAME=TRAIN[,VALIDATION[,TEST]] (comma-separated files)")
+        train, validation, test = (files + [None, None])[:3]
+        return cls(name, train_file=train, validation_file=validation, test_file=test, **columns)
+
+    def identity(self) -> dict[str, Any]:
+        """What decides this data's content: the built-in name, the hub name, or each file's
+        name and sha256 (so that edited files make new cells), with the columns read."""
+        columns = {"text_column": self.text_column, "text_pair_column": self.text_pair_column,
+                   "label_column": self.label_column}
+        if self.builtin:
+            return {"builtin": self.name}
+        if self.dataset_name:
+            return {"dataset_name": self.dataset_name, **columns}
+        files = {"train": self.train_file, "validation": self.validation_file, "test": self.test_file}
+        return {"files": {split: {"name": Path(f).name, "sha256": _sha256(f)} for split, f in files.items() if f},
+                **columns}
+
+
+def _sha256(file: str) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySettings:
+    """The training settings every cell shares (the 'everything else equal')."""
+
+    max_seq_length: int = 32
+    """Longest input in tokens (the data sets here are short: most snippets and questions fit in 32;
+    longer SMS messages are cut)."""
+    max_steps: int = 60
+    """Optimizer steps per cell."""
+    batch_size: int = 16
+    """Training examples per optimizer step."""
+    learning_rate: float = 1e-4
+    """Peak AdamW learning rate of fine-tuned cells."""
+    probe_learning_rate: float = 1e-3
+    """Peak learning rate of linear-probe cells: only a head trains, which wants larger steps."""
+    warmup_ratio: float = 0.1
+    eval_steps: int = 20
+    """Validation metrics every N steps: the learning curve's points."""
+    train_examples: int | None = 960
+    """Train on this many examples of the train split (a fixed random subset drawn with
+    split_seed, the same for every cell); None: the whole split."""
+    validation_examples: int | None = 200
+    """Score the learning curve and final validation metrics on this fixed random subset of the
+    validation split; None: all of it."""
+    test_examples: int | None = 500
+    """Score the final test metrics on this fixed random subset of the test split (the same rows
+    for every cell, so paired comparisons stay fair); None: all of it."""
+    split_seed: int = 0
+    """Seed of the built-in data sets' 80/10/10 split and of the subsets: fixed for the study,
+    so that cell seeds change the head's initialisation, dropout and data order, never the data."""
+    train_options: tuple[tuple[str, Any], ...] = ()
+    """Further TrainConfig fields, the same for every cell (e.g. (("dtype", "bfloat16"),))."""
+
+    def __post_init__(self):
+        for name in ("max_seq_length", "max_steps", "batch_size", "eval_steps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("train_examples", "validation_examples", "test_examples"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive or None (the whole split), got {getattr(self, name)}")
+        object.__setattr__(self, "train_options", tuple(sorted(dict(self.train_options).items())))
+
+    def learning_rate_for(self, mode: str) -> float:
+        return self.probe_learning_rate if mode == "probe" else self.learning_rate
+
+    def to_dict(self) -> dict[str, Any]:
+        settings = dataclasses.asdict(self)
+        settings["train_options"] = dict(self.train_options)
+        return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One training run of the study."""
+
+    checkpoint: str | None
+    """A checkpoint folder or hub id; None: the shipped MiniLM."""
+    head: str
+    data: DataSpec
+    seed: int
+    mode: str = "finetune"
+
+    @property
+    def checkpoint_name(self) -> str:
+        return self.checkpoint or "all-MiniLM-L6-v2"
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """The product checkpoints x heads x data sets x seeds x modes."""
+
+    heads: tuple[str, ...]
+    datasets: tuple[DataSpec, ...]
+    seeds: tuple[int, ...]
+    modes: tuple[str, ...] = ("finetune",)
+    checkpoints: tuple[str | None, ...] = (None,)
+
+    def __post_init__(self):
+        for mode in self.modes:
+            if mode not in MODES:
+                raise ValueError(f"mode {mode!r}: choose from {', '.join(MODES)}")
+        for name in ("heads", "datasets", "seeds", "modes", "checkpoints"):
+            if not getattr(self, name):
+                raise ValueError(f"a study block needs at least one of {name}")
+
+    def cells(self) -> Iterator[Cell]:
+        # Seeds outermost: a study stopped early holds whole seeds of every head, not every seed of some.
+        for seed, checkpoint, data, mode, head in itertools.product(
+                self.seeds, self.checkpoints, self.datasets, self.modes, self.heads):
+            yield Cell(checkpoint, head, data, seed, mode)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyGrid:
+    """Blocks of cells and the settings they share; `cells()` is their union, each cell once."""
+
+    blocks: tuple[Block, ...]
+    settings: StudySettings = StudySettings()
+
+    def cells(self) -> list[Cell]:
+        seen, cells = set(), []
+        for cell in itertools.chain.from_iterable(block.cells() for block in self.blocks):
+            if cell not in seen:
+                seen.add(cell)
+                cells.append(cell)
+        return cells
+
+
+def committed_grid(seeds: Sequence[int] = range(5), settings: StudySettings = StudySettings()) -> StudyGrid:
+    """The study behind docs/head_study.md: MiniLM, every study head on the four built-in data sets,
+    fine-tuned; plus the linear probe of PROBE_HEADS on PROBE_DATASETS (the same seeds), to compare
+    with their fine-tuned cells: 140 + 15 cells.
+
+    Sizing (2026-11-23): one MiniLM cell of the earlier defaults (300 validation and all 1057 test
+    examples) took 516 s wall and 116 s of CPU time on the 2-core development machine while ~15
+    other processes shared it. Quiet, the README's default run (265 steps of 32 plus 2114 evaluated
+    examples in 5-7 min) puts the current defaults (60 steps of 16, 600 + 500 evaluated examples)
+    at about 45 s per cell with jax's persistent compilation cache, ~60 s without: 2 h or a little
+    more for the 155 cells. The runner prints the pace after every cell; measure the first few
+    (`--max_cells 5`) and lower max_steps if it runs slower."""
+    builtin = tuple(DataSpec(name) for name in STUDY_DATASETS)
+    seeds = tuple(seeds)
+    return StudyGrid((
+        Block(STUDY_HEADS, builtin, seeds),
+        Block(PROBE_HEADS, tuple(DataSpec(name) for name in PROBE_DATASETS), seeds, modes=("probe",)),
+    ), settings)
+
+
+def cell_key_fields(cell: Cell, settings: StudySettings, data_identity: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything that decides a cell's result, as JSON-ready values."""
+    return {"checkpoint": cell.checkpoint_name, "head": cell.head, "dataset": cell.data.name,
+            "data": dict(data_identity), "seed": cell.seed, "mode": cell.mode, "settings": settings.to_dict()}
+
+
+def cell_key(fields: Mapping[str, Any]) -> str:
+    """A stable hash of `cell_key_fields`: equal settings give the same key on every machine."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cell_dir_name(fields: Mapping[str, Any], key: str) -> str:
+    """A readable folder name, unique by its key: `pooler-movie_snippets-s0-finetune-<key>`."""
+    readable = f"{fields['head']}-{fields['dataset']}-s{fields['seed']}-{fields['mode']}"
+    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', readable)}-{key}"

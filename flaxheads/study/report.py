@@ -1,0 +1,256 @@
+"""The study's report: markdown (question, setup, tables, plots, conclusions drawn from the
+statistics, the command that reproduces it) and its PNG figures, from one or more results files
+(results from several machines merge; a cell present twice counts once)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from flaxheads.study import plots, stats
+from flaxheads.study.results import merge_records
+from flaxheads.study.table import StudyTable
+
+QUESTION = (
+    "Which classification head works best on a pretrained encoder: BERT's pooler, the [CLS] token, mean "
+    "pooling, the last four layers' [CLS] concatenated, RoBERTa's two-layer head, XLNet's summary or GPT-2's "
+    "last token? And how much does fine-tuning the backbone end to end add over training only the head on a "
+    "frozen backbone (a linear probe)? Every head sits on the same backbone here, trained with the same "
+    "settings, data and seeds, so the head is the only difference."
+)
+
+
+@dataclasses.dataclass
+class Report:
+    markdown: Path
+    figures: list[Path]
+    problems: list[str]
+    """Sentences about the results files (half-written lines ignored, missing files)."""
+
+
+def write_report(results_files: Sequence[str | os.PathLike], markdown: str | os.PathLike, *,
+                 figures_dir: str | os.PathLike | None = None, reproduce: str | None = None,
+                 overwrite: bool = False, split: str = "test") -> Report:
+    """Writes the report of the records in `results_files` to `markdown` and its figures to
+    `figures_dir` (default: `<markdown without .md>/` beside it, e.g. docs/head_study/).
+
+    `reproduce`: the command(s) that reproduce the study, quoted in the report. Raises
+    FileExistsError for an existing `markdown` or figure unless `overwrite`, ValueError when the
+    files hold no record."""
+    from flaxheads.conversion.checkpoint_io import _atomic_write
+
+    markdown = Path(markdown)
+    figures_dir = Path(figures_dir) if figures_dir is not None else markdown.with_suffix("")
+    records, problems = merge_records(results_files)
+    if not records:
+        raise ValueError(f"no study records in {', '.join(map(str, results_files))}: run `flaxheads study run` first")
+    table = StudyTable(records, split=split)
+    targets = [markdown] + [figures_dir / name for name in _figure_names(table)]
+    existing = [str(path) for path in targets if path.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{', '.join(existing)} exist(s); pass overwrite=True (--overwrite) to replace the "
+                              "report")
+    figures = draw_figures(table, figures_dir)
+    text = render(table, figures, markdown.parent, reproduce=reproduce, problems=problems)
+    markdown.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(markdown, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return Report(markdown, figures, problems)
+
+
+def _figure_names(table: StudyTable) -> list[str]:
+    return [f"{kind}{_suffix(table, c)}.png" for c in table.checkpoints()
+            for kind in ("metric_per_head", "learning_curves", "frozen_vs_finetuned")]
+
+
+def _suffix(table: StudyTable, checkpoint: str) -> str:
+    """'' for a one-checkpoint study, else a file-name form of the checkpoint."""
+    if len(table.checkpoints()) == 1:
+        return ""
+    return "_" + "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in checkpoint)
+
+
+def draw_figures(table: StudyTable, figures_dir: Path) -> list[Path]:
+    drawn = []
+    for checkpoint in table.checkpoints():
+        suffix = _suffix(table, checkpoint)
+        drawn += [plots.metric_per_head(table, checkpoint, figures_dir / f"metric_per_head{suffix}.png"),
+                  plots.learning_curves(table, checkpoint, figures_dir / f"learning_curves{suffix}.png"),
+                  plots.frozen_vs_finetuned(table, checkpoint, figures_dir / f"frozen_vs_finetuned{suffix}.png")]
+    return [path for path in drawn if path is not None]
+
+
+# -- markdown ---------------------------------------------------------------------------------
+
+
+def render(table: StudyTable, figures: Sequence[Path], base: Path, *, reproduce: str | None = None,
+           problems: Sequence[str] = ()) -> str:
+    """The report's markdown; figure links relative to `base` (the markdown's folder)."""
+    parts = ["# Which head works best? A head study\n", "## Question\n", QUESTION + "\n", "## Setup\n",
+             setup(table) + "\n"]
+    for checkpoint in table.checkpoints():
+        title = f" ({checkpoint})" if len(table.checkpoints()) > 1 else ""
+        parts += [f"## Results{title}\n", results_table(table, checkpoint) + "\n",
+                  f"### Each head against the default head (`{table.default_head}`), paired by seed\n",
+                  comparison_table(table, checkpoint) + "\n"]
+        if "probe" in table.modes():
+            parts += ["### Fine-tuned vs frozen backbone (linear probe)\n", probe_table(table, checkpoint) + "\n"]
+    parts += ["## Plots\n"] + [f"![{path.stem}]({os.path.relpath(path, base)})\n" for path in figures]
+    parts += ["## Conclusions\n", conclusions(table) + "\n"]
+    if reproduce:
+        parts += ["## Reproduce\n", f"```sh\n{reproduce}\n```\n"]
+    if problems:
+        parts += ["## Notes on the results files\n", "".join(f"- {line}\n" for line in problems)]
+    return "\n".join(parts)
+
+
+def setup(table: StudyTable) -> str:
+    records = table.records
+    first = records[0]
+    settings = first["settings"]
+    seeds = table.seeds()
+    lines = [
+        f"- Backbone(s): {', '.join(f'`{c}`' for c in table.checkpoints())}",
+        f"- Heads: {', '.join(f'`{h}`' for h in table.heads())} (default, the reference of the comparisons: "
+        f"`{table.default_head}`)",
+        "- Data sets (train / validation / test examples used): " + "; ".join(
+            f"`{d}` {_sizes(table, d)}, judged by {table.split} {table.metric(d)}" for d in table.datasets()),
+        f"- Seeds: {', '.join(map(str, seeds))} ({len(seeds)}); a seed sets the head's initialisation, dropout and "
+        f"the data order; the splits and subsets are fixed (split_seed {settings.get('split_seed')})",
+        "- Modes: " + ", ".join(table.modes()) + " (finetune: backbone and head trained end to end; probe: backbone "
+        "frozen, only the head trained)",
+        "- Shared settings: " + ", ".join(f"{k} {v}" for k, v in settings.items() if v not in ({}, None)),
+        f"- Cells: {len(records)}; compute: {_hours(sum(r.get('wall_seconds') or 0 for r in records))} in all, "
+        f"{_mean_seconds(records):.0f} s per cell on {_devices(records)}",
+        f"- Versions: {_versions(records)}",
+        "- Statistics: mean ± standard deviation over seeds; [95% bootstrap CI of the mean, percentile method, "
+        f"{stats.BOOTSTRAP_SAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}]. A paired difference is \"within noise\" "
+        "when its interval contains 0. With a handful of seeds the percentile interval runs narrow: read a "
+        "verdict whose interval nearly touches 0 as a lean, not a finding.",
+    ]
+    lines += [f"- Failed cell (no metrics): {r['head']} on {r['dataset']}, seed {r['seed']}, {r['mode']}: {r['error']}"
+              for r in table.failed()]
+    return "\n".join(lines)
+
+
+def _sizes(table: StudyTable, dataset: str) -> str:
+    sizes = next(r.get("split_sizes") or {} for r in table.records if r["dataset"] == dataset)
+    return " / ".join(str(sizes.get(s, "-")) for s in ("train", "validation", "test"))
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def _mean_seconds(records: Sequence[dict[str, Any]]) -> float:
+    walls = [r["wall_seconds"] for r in records if r.get("wall_seconds") is not None]
+    return sum(walls) / len(walls) if walls else 0.0
+
+
+def _devices(records: Sequence[dict[str, Any]]) -> str:
+    kinds = {(d.get("kind"), d.get("count"), d.get("cpu_count")) for d in (r.get("device") or {} for r in records)}
+    return "; ".join(f"{count} x {kind} ({cpus} CPU cores)" for kind, count, cpus in sorted(kinds, key=str))
+
+
+def _versions(records: Sequence[dict[str, Any]]) -> str:
+    seen = {tuple(sorted((r.get("versions") or {}).items())) for r in records}
+    return "; ".join(", ".join(f"{k} {v}" for k, v in versions) for versions in sorted(seen))
+
+
+def _cell(summary: stats.Summary | None) -> str:
+    if summary is None:
+        return "-"
+    return f"{summary.mean:.4f} ± {summary.std:.4f} [{summary.low:.4f}, {summary.high:.4f}] (n={summary.n})"
+
+
+def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def results_table(table: StudyTable, checkpoint: str, mode: str = "finetune") -> str:
+    datasets = table.datasets()
+    header = ["head"] + [f"{d} ({table.split} {table.metric(d)})" for d in datasets]
+    rows = [[f"`{h}`"] + [_cell(table.summary((checkpoint, d, mode, h))) for d in datasets] for h in table.heads()]
+    return _markdown_table(header, rows)
+
+
+def _difference(comparison: stats.Comparison | None) -> str:
+    if comparison is None:
+        return "-"
+    return (f"{comparison.difference:+.4f} [{comparison.low:+.4f}, {comparison.high:+.4f}] "
+            f"**{comparison.verdict}** (n={comparison.n})")
+
+
+def comparison_table(table: StudyTable, checkpoint: str, mode: str = "finetune") -> str:
+    datasets = table.datasets()
+    header = ["head"] + [f"{d}: difference [95% CI]" for d in datasets]
+    rows = [[f"`{h}`"] + [_difference(table.comparison((checkpoint, d, mode, h))) for d in datasets]
+            for h in table.heads() if h != table.default_head]
+    return _markdown_table(header, rows)
+
+
+def probe_table(table: StudyTable, checkpoint: str) -> str:
+    rows = []
+    for dataset in table.datasets():
+        for head in table.heads():
+            probe = table.summary((checkpoint, dataset, "probe", head))
+            if probe is None:
+                continue
+            tuned = table.summary((checkpoint, dataset, "finetune", head))
+            gap = stats.paired_comparison(table.values((checkpoint, dataset, "finetune", head)),
+                                          table.values((checkpoint, dataset, "probe", head)),
+                                          higher_is_better=table.higher_is_better(dataset))
+            rows.append([f"`{dataset}`", f"`{head}`", _cell(tuned), _cell(probe), _difference(gap)])
+    header = ["data set", "head", "fine-tuned", "frozen (probe)", "fine-tuned minus frozen [95% CI]"]
+    return _markdown_table(header, rows)
+
+
+def conclusions(table: StudyTable) -> str:
+    """A few sentences read off the paired comparisons (fine-tuned cells): per data set, which
+    heads are within noise of the default, which better, which worse; and the probe's cost."""
+    sentences = []
+    for checkpoint in table.checkpoints():
+        for dataset in table.datasets():
+            verdicts: dict[str, list[str]] = {stats.WITHIN_NOISE: [], stats.BETTER: [], stats.WORSE: []}
+            for head in table.heads():
+                comparison = table.comparison((checkpoint, dataset, "finetune", head))
+                if comparison is not None:
+                    verdicts[comparison.verdict].append(
+                        f"`{head}` ({comparison.difference:+.4f})")
+            if not any(verdicts.values()):
+                continue
+            parts = []
+            if verdicts[stats.WITHIN_NOISE]:
+                parts.append("within noise of it: " + ", ".join(verdicts[stats.WITHIN_NOISE]))
+            if verdicts[stats.BETTER]:
+                parts.append("better: " + ", ".join(verdicts[stats.BETTER]))
+            if verdicts[stats.WORSE]:
+                parts.append("worse: " + ", ".join(verdicts[stats.WORSE]))
+            where = f"{checkpoint} on " if len(table.checkpoints()) > 1 else ""
+            sentences.append(f"- {where}`{dataset}` ({table.split} {table.metric(dataset)}, against "
+                             f"`{table.default_head}`): " + "; ".join(parts) + ".")
+    sentences += _probe_sentences(table)
+    if not sentences:
+        return ("Too few cells for comparisons: every data set needs the default head and another head on the "
+                "same seeds.")
+    return "\n".join(sentences)
+
+
+def _probe_sentences(table: StudyTable) -> list[str]:
+    sentences = []
+    for checkpoint in table.checkpoints():
+        for dataset in table.datasets():
+            gaps = []
+            for head in table.heads():
+                gap = stats.paired_comparison(table.values((checkpoint, dataset, "finetune", head)),
+                                              table.values((checkpoint, dataset, "probe", head)),
+                                              higher_is_better=table.higher_is_better(dataset))
+                if gap is not None:
+                    gaps.append(f"`{head}` {gap.difference:+.4f} ({gap.verdict} for fine-tuning)")
+            if gaps:
+                sentences.append(f"- Fine-tuned minus frozen backbone on `{dataset}`: " + ", ".join(gaps) + ".")
+    return sentences

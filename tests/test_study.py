@@ -1,0 +1,261 @@
+"""The head study: runner (grid, one line per cell, resume), statistics, report and plots.
+
+The runner tests train a tiny random BERT for 2 steps per cell; the study they share runs once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from flaxheads.study import stats
+from flaxheads.study.grid import Block, DataSpec, StudyGrid, StudySettings
+from flaxheads.study.results import append_record, merge_records, read_results
+from flaxheads.study.runner import RESULTS_FILE, StudyError, run_study
+
+# One bucket of 16 tokens and 2 steps: each cell compiles one train and one eval step.
+TINY_SETTINGS = StudySettings(max_seq_length=16, max_steps=2, batch_size=8, eval_steps=1, train_examples=32,
+                              validation_examples=None, test_examples=16)
+
+
+def _tiny_grid(tiny_bert, snippets_csv, heads=("pooler", "cls"), seeds=(0, 1), modes=("finetune",)) -> StudyGrid:
+    files = f"{snippets_csv['train']},{snippets_csv['validation']},{snippets_csv['validation']}"
+    data = DataSpec.parse(f"snippets={files}", text_column="sentence")
+    return StudyGrid((Block(heads, (data,), seeds, modes=modes, checkpoints=(str(tiny_bert),)),), TINY_SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tiny_bert, snippets_csv, tmp_path_factory):
+    """A 2 heads x 2 seeds study of the tiny BERT, run once: (grid, study_dir, StudyRun)."""
+    grid = _tiny_grid(tiny_bert, snippets_csv)
+    study_dir = tmp_path_factory.mktemp("study")
+    return grid, study_dir, run_study(grid, study_dir)
+
+
+def test_grid_of_two_heads_and_two_seeds_writes_four_lines(tiny_study):
+    grid, study_dir, run = tiny_study
+    records = read_results(study_dir / RESULTS_FILE).records
+    assert len(records) == 4 and len(run.ran) == 4
+    assert {(r["head"], r["seed"]) for r in records} == {("pooler", 0), ("pooler", 1), ("cls", 0), ("cls", 1)}
+    first = records[0]
+    assert first["steps"] == 2 and [point["step"] for point in first["curve"]] == [1, 2]
+    assert "accuracy" in first["validation"] and "accuracy" in first["test"]
+    assert first["settings"]["max_steps"] == 2 and first["versions"]["jax"] and first["device"]["count"] >= 1
+
+
+def test_seeds_change_training_but_not_the_data(tiny_study):
+    _, study_dir, _ = tiny_study
+    by_seed = {r["seed"]: r for r in read_results(study_dir / RESULTS_FILE).records if r["head"] == "pooler"}
+    assert by_seed[0]["split_sizes"] == by_seed[1]["split_sizes"] == {"train": 32, "validation": 32, "test": 16}
+    assert by_seed[0]["validation"]["loss"] != by_seed[1]["validation"]["loss"]
+
+
+def test_finished_cell_keeps_its_logs_but_not_its_weights(tiny_study):
+    _, study_dir, _ = tiny_study
+    cell_dir = study_dir / read_results(study_dir / RESULTS_FILE).records[0]["cell_dir"]
+    assert (cell_dir / "metrics.jsonl").is_file() and (cell_dir / "results.json").is_file()
+    assert not (cell_dir / "checkpoints").exists() and not (cell_dir / "model.safetensors").exists()
+
+
+def test_rerun_of_a_finished_study_trains_nothing(tiny_study):
+    grid, study_dir, _ = tiny_study
+    again = run_study(grid, study_dir)
+    assert again.ran == [] and len(again.skipped) == 4
+
+
+def test_resume_after_a_kill_reruns_only_the_missing_cell(tiny_study, tmp_path):
+    grid, study_dir, _ = tiny_study
+    copy = tmp_path / "study"
+    shutil.copytree(study_dir, copy)
+    lines = (copy / RESULTS_FILE).read_bytes().splitlines(keepends=True)
+    killed = json.loads(lines[-1])
+    # Killed while writing the last line, and before the cell's folder was finished.
+    (copy / RESULTS_FILE).write_bytes(b"".join(lines[:-1]) + lines[-1][:40])
+    shutil.rmtree(copy / killed["cell_dir"])
+    resumed = run_study(grid, copy, log=lambda line: None)
+    assert resumed.ran == [killed["key"]] and len(resumed.skipped) == 3
+    assert any("half-written" in line for line in resumed.problems)
+    results = read_results(copy / RESULTS_FILE)
+    assert len(results.records) == 4 and results.truncated_tail == 0 and not results.bad_lines
+
+
+def test_results_file_of_something_else_is_refused(tiny_bert, snippets_csv, tmp_path):
+    (tmp_path / RESULTS_FILE).write_text('{"not": "a study record"}\n')
+    with pytest.raises(StudyError, match="not a study's results file"):
+        run_study(_tiny_grid(tiny_bert, snippets_csv), tmp_path)
+    assert (tmp_path / RESULTS_FILE).read_text() == '{"not": "a study record"}\n'
+
+
+def _has_freeze_backbone() -> bool:
+    from flaxheads.training.config import TrainConfig
+
+    return "freeze_backbone" in {field.name for field in dataclasses.fields(TrainConfig)}
+
+
+@pytest.mark.skipif(not _has_freeze_backbone(), reason="TrainConfig has no freeze_backbone yet (the lora branch)")
+def test_probe_cell_trains_the_head_on_a_frozen_backbone(tiny_bert, snippets_csv, tmp_path):
+    import flaxheads
+
+    grid = _tiny_grid(tiny_bert, snippets_csv, heads=("cls",), seeds=(0,), modes=("probe",))
+    run = run_study(grid, tmp_path, keep_models=True, log=lambda line: None)
+    (record,) = read_results(tmp_path / RESULTS_FILE).records
+    assert record["mode"] == "probe" and record["key"] == run.ran[0]
+    trained = flaxheads.from_pretrained(tmp_path / record["cell_dir"], num_labels=2)
+    pretrained = flaxheads.from_pretrained(tiny_bert, num_labels=2, head="cls")
+    import jax
+    from flax import nnx
+
+    trained_leaves = jax.tree.leaves(nnx.state(trained.backbone, nnx.Param))
+    pretrained_leaves = jax.tree.leaves(nnx.state(pretrained.backbone, nnx.Param))
+    assert len(trained_leaves) == len(pretrained_leaves) > 0
+    for after, before in zip(trained_leaves, pretrained_leaves):
+        np.testing.assert_array_equal(np.asarray(after), np.asarray(before))
+    assert record["settings"]["probe_learning_rate"] == TINY_SETTINGS.probe_learning_rate
+
+
+@pytest.mark.skipif(_has_freeze_backbone(), reason="TrainConfig has freeze_backbone: the probe runs")
+def test_probe_without_freeze_backbone_names_the_fix(tiny_bert, snippets_csv, tmp_path):
+    grid = _tiny_grid(tiny_bert, snippets_csv, heads=("cls",), seeds=(0,), modes=("probe",))
+    with pytest.raises(StudyError, match="--probe_heads with no heads"):
+        run_study(grid, tmp_path)
+
+
+# -- statistics --------------------------------------------------------------------------------
+
+
+def test_summary_has_the_mean_the_sample_std_and_a_ci_around_the_mean():
+    summary = stats.summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert summary.n == 5 and summary.mean == 3.0
+    np.testing.assert_allclose(summary.std, np.sqrt(2.5))
+    assert summary.low < 3.0 < summary.high and 1.0 <= summary.low and summary.high <= 5.0
+
+
+def test_bootstrap_is_the_same_on_every_call():
+    values = [0.81, 0.84, 0.80, 0.86, 0.83]
+    assert stats.bootstrap_ci(values) == stats.bootstrap_ci(values)
+
+
+def test_paired_comparison_finds_a_consistent_gain_and_calls_noise_noise():
+    default = {0: 0.80, 1: 0.82, 2: 0.78, 3: 0.81, 4: 0.79}
+    better = {seed: value + 0.05 + 0.002 * seed for seed, value in default.items()}
+    gain = stats.paired_comparison(better, default)
+    assert gain.verdict == stats.BETTER and gain.difference > 0 and gain.low > 0
+    noisy = {seed: value + (0.01 if seed % 2 else -0.01) for seed, value in default.items()}
+    assert stats.paired_comparison(noisy, default).verdict == stats.WITHIN_NOISE
+
+
+def test_paired_comparison_of_a_lower_is_better_metric_calls_a_rise_worse():
+    default = {0: 1.0, 1: 1.1, 2: 0.9}
+    assert stats.paired_comparison({s: v + 0.5 for s, v in default.items()}, default,
+                                   higher_is_better=False).verdict == stats.WORSE
+
+
+def test_paired_comparison_uses_only_the_shared_seeds():
+    assert stats.paired_comparison({0: 1.0, 1: 2.0}, {1: 1.5, 2: 0.0}).n == 1
+    assert stats.paired_comparison({0: 1.0}, {1: 1.0}) is None
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def _record(head, dataset, seed, mode="finetune", value=0.8):
+    problem = "regression" if dataset == "scores" else "single_label_classification"
+    metric = "pearson" if problem == "regression" else "accuracy"
+    return {"key": f"{head}-{dataset}-{seed}-{mode}", "checkpoint": "tiny", "head": head, "dataset": dataset,
+            "data": {"builtin": dataset}, "seed": seed, "mode": mode, "problem_type": problem,
+            "settings": dataclasses.asdict(StudySettings()) | {"train_options": {}},
+            "split_sizes": {"train": 100, "validation": 10, "test": 10},
+            "validation": {metric: value}, "test": {metric: value, "loss": 0.5},
+            "curve": [{"step": 5, metric: value - 0.1}, {"step": 10, metric: value}], "steps": 10,
+            "wall_seconds": 3.0, "versions": {"jax": "x"}, "device": {"kind": "cpu", "count": 1, "cpu_count": 2}}
+
+
+@pytest.fixture
+def results_files(tmp_path):
+    """Two results files of a hand-made study (the second repeats a cell and ends half-written)."""
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    rng = np.random.default_rng(0)
+    for dataset in ("snips", "scores"):
+        for seed in range(4):
+            append_record(first, _record("pooler", dataset, seed, value=0.80 + 0.01 * rng.normal()))
+            append_record(first, _record("mean", dataset, seed, value=0.85 + 0.01 * rng.normal()))
+            append_record(second, _record("cls", dataset, seed, value=0.80 + 0.01 * rng.normal()))
+            append_record(second, _record("pooler", dataset, seed, "probe", value=0.6 + 0.01 * rng.normal()))
+    append_record(second, _record("pooler", "snips", 0, value=0.0))  # the same cell as a.jsonl's: merged away
+    with open(second, "a") as f:
+        f.write('{"key": "half')
+    return [first, second]
+
+
+def test_merge_counts_a_cell_from_two_files_once_and_ignores_a_half_written_line(results_files):
+    records, problems = merge_records(results_files)
+    assert len(records) == 32
+    assert any("half-written" in line for line in problems)
+
+
+def test_report_writes_markdown_with_verdicts_and_three_png_plots(results_files, tmp_path):
+    from flaxheads.study.report import write_report
+
+    report = write_report(results_files, tmp_path / "docs" / "head_study.md", reproduce="flaxheads study run ...")
+    text = report.markdown.read_text()
+    assert "## Conclusions" in text and "flaxheads study run ..." in text
+    assert "better: `mean`" in text and "within noise of it: `cls`" in text
+    assert sorted(p.name for p in report.figures) == ["frozen_vs_finetuned.png", "learning_curves.png",
+                                                      "metric_per_head.png"]
+    for figure in report.figures:
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"head_study/{figure.name}" in text
+
+
+def test_report_refuses_to_replace_an_existing_report_without_overwrite(results_files, tmp_path):
+    from flaxheads.study.report import write_report
+
+    markdown = tmp_path / "head_study.md"
+    markdown.write_text("my notes")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        write_report(results_files, markdown)
+    assert markdown.read_text() == "my notes"
+
+
+def test_study_report_command_writes_the_report_and_its_reproduce_command(results_files, tmp_path, capsys):
+    from flaxheads.cli import main
+
+    output = tmp_path / "report.md"
+    assert main(["study", "report", *map(str, results_files), "--output", str(output)]) == 0
+    text = output.read_text()
+    assert "flaxheads study run --study_dir STUDY_DIR --checkpoints tiny --heads pooler cls mean" in text
+    assert "--probe_heads pooler --probe_datasets snips scores" in text
+
+
+def test_report_refuses_to_pool_results_of_different_settings(results_files, tmp_path):
+    from flaxheads.study.report import write_report
+
+    other = _record("pooler", "snips", 9)
+    other["settings"]["max_steps"] = 1
+    append_record(tmp_path / "c.jsonl", other)
+    with pytest.raises(ValueError, match="different study settings"):
+        write_report([*results_files, tmp_path / "c.jsonl"], tmp_path / "r.md")
+
+
+def test_report_lists_a_failed_cell_and_leaves_it_out_of_the_numbers(results_files, tmp_path):
+    from flaxheads.study.report import write_report
+
+    failed = {key: value for key, value in _record("mean", "snips", 7).items()
+              if key not in ("validation", "test", "curve", "problem_type", "split_sizes")}
+    append_record(tmp_path / "c.jsonl", {**failed, "error": "loss became nan at step 3"})
+    report = write_report([*results_files, tmp_path / "c.jsonl"], tmp_path / "r.md")
+    text = report.markdown.read_text()
+    assert "Failed cell (no metrics): mean on snips, seed 7, finetune: loss became nan at step 3" in text
+    assert "(n=4)" in text and "(n=5)" not in text
+
+
+def test_a_diverging_cell_is_recorded_as_failed_and_the_study_goes_on(tiny_bert, snippets_csv, tmp_path):
+    grid = _tiny_grid(tiny_bert, snippets_csv, heads=("cls",), seeds=(0,))
+    grid = dataclasses.replace(grid, settings=dataclasses.replace(TINY_SETTINGS, learning_rate=1e30, warmup_ratio=0.0))
+    run = run_study(grid, tmp_path, log=lambda line: None)
+    (record,) = read_results(tmp_path / RESULTS_FILE).records
+    assert record["key"] == run.ran[0] and "loss became" in record["error"]
