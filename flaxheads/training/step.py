@@ -25,6 +25,10 @@ class TrainState(NamedTuple):
 
 
 def _logits(graphdef, params, batch, *, train: bool, rngs=None, frozen=None):
+    if frozen is not None:
+        # New Variables at this trace level (no array is copied): a non-differentiated input keeps
+        # the caller's, which nnx.remat (gradient checkpointing) may not update from inside grad.
+        frozen = jax.tree.map(lambda x: x, frozen)
     model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
     if train:
         model.train()
