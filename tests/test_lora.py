@@ -211,6 +211,21 @@ def test_lora_steps_change_only_adapters_and_head_and_keep_no_state_for_frozen(c
     assert _optimizer_state_paths(state) == trainable  # the base weights have no Adam moments at all
 
 
+def test_lora_step_with_gradient_checkpointing_gives_the_same_weights(checkpoints):
+    results = []
+    for checkpointing in (False, True):
+        _, model = _lora_model(checkpoints["bert"], "bert")
+        if checkpointing:
+            layers.set_gradient_checkpointing(model.backbone)
+        runner, state, _ = _one_step_runner(model, freeze_backbone=False)
+        state, _ = runner.step(state, _train_batch(), jax.random.key(0))
+        results.append(_flat(state.params))
+
+    diff = max(np.abs(results[0][name] - results[1][name]).max() for name in results[0])
+    print(f"max |weights - weights with remat| after a LoRA step = {diff:.2e}")
+    assert diff < 1e-6
+
+
 def test_freeze_backbone_steps_change_only_the_head_and_keep_no_state_for_the_backbone(checkpoints):
     model = flaxheads.from_pretrained(checkpoints["bert"])
     runner, state, before = _one_step_runner(model, freeze_backbone=True)
