@@ -256,21 +256,32 @@ def test_trainer_with_freeze_backbone_trains_only_the_head(tiny_bert, snippets_c
     assert changed == {name for name in before if name.startswith("head.")}
 
 
-def test_cli_trains_lora_and_saves_merged_model_and_peft_adapter(tiny_bert, snippets_csv, tmp_path):
+def test_cli_trains_lora_saves_merged_model_and_peft_adapter_and_resumes_exactly(tiny_bert, snippets_csv, tmp_path):
+    from safetensors.numpy import load_file
+
     from flaxheads.cli import main
 
     run = tmp_path / "run"
-    assert main(["train", "--model_name_or_path", str(tiny_bert), "--train_file", str(snippets_csv["train"]),
-                 "--validation_file", str(snippets_csv["validation"]), "--text_column", "sentence",
-                 "--max_seq_length", "16", "--output_dir", str(run), "--max_steps", "2",
-                 "--per_device_train_batch_size", "8", "--disable_tqdm", "--lora_r", "4",
-                 "--lora_target_modules", "query", "value", "--lora_export", "both"]) == 0
+    command = ["train", "--model_name_or_path", str(tiny_bert), "--train_file", str(snippets_csv["train"]),
+               "--validation_file", str(snippets_csv["validation"]), "--text_column", "sentence",
+               "--max_seq_length", "16", "--output_dir", str(run), "--max_steps", "4", "--save_steps", "2",
+               "--per_device_train_batch_size", "8", "--disable_tqdm", "--lora_r", "4", "--lora_dropout", "0.1",
+               "--lora_target_modules", "query", "value", "--lora_export", "both"]
+    assert main(command) == 0
+    merged, adapter = load_file(run / "model.safetensors"), load_file(run / "adapter" / "adapter_model.safetensors")
 
     torch_model, info = transformers.AutoModelForSequenceClassification.from_pretrained(run, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     adapter_config = json.loads((run / "adapter" / "adapter_config.json").read_text())
     assert adapter_config["target_modules"] == ["query", "value"] and adapter_config["r"] == 4
-    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    # From the checkpoint of step 2 (adapters, head and their Adam moments; the base weights are
+    # read again from the model) the same last two steps give the same weights, bit for bit.
+    assert main([*command, "--resume_from_checkpoint", "2"]) == 0
+    for before, after in ((merged, load_file(run / "model.safetensors")),
+                          (adapter, load_file(run / "adapter" / "adapter_model.safetensors"))):
+        assert before.keys() == after.keys()
+        for name in before:
+            np.testing.assert_array_equal(before[name], after[name], err_msg=name)
 
 
 # -- gradient checkpointing ----------------------------------------------------------------------
