@@ -114,7 +114,8 @@ class LoRALinear(nnx.Module):
         param_dtype = base.kernel.dtype
         bound = 1.0 / math.sqrt(base.in_features)  # torch's kaiming_uniform_(a=sqrt(5)) on (r, in)
         self.lora_a = nnx.LoRAParam(
-            jax.random.uniform(rngs.params(), (base.in_features, config.r), jnp.float32, -bound, bound).astype(param_dtype)
+            jax.random.uniform(rngs.params(), (base.in_features, config.r), jnp.float32, -bound, bound)
+            .astype(param_dtype)
         )
         self.lora_b = nnx.LoRAParam(jnp.zeros((config.r, base.out_features), param_dtype))
         self.scaling = config.scaling
@@ -170,7 +171,8 @@ def resolve_targets(model_config, target_modules: tuple[str, ...]) -> list[Targe
             f"{model_type} model's Linear layers as transformers names them: {', '.join(short_names)}, or {ALL_LINEAR}"
         )
     chosen = [t for t in candidates if _matches(t.hf_module, target_modules)]
-    matched = {name for name in target_modules if name == ALL_LINEAR or any(_matches(t.hf_module, (name,)) for t in chosen)}
+    matched = {name for name in target_modules
+               if name == ALL_LINEAR or any(_matches(t.hf_module, (name,)) for t in chosen)}
     unmatched = [name for name in target_modules if name not in matched]
     if unmatched:
         raise ValueError(
@@ -230,7 +232,8 @@ def lora_config(model: nnx.Module) -> LoRAConfig | None:
 
 def adapters(model: nnx.Module) -> dict[str, LoRALinear]:
     """{flax module path: LoRALinear} of the model's adapters."""
-    return {".".join(map(str, path)): module for path, module in nnx.iter_modules(model) if isinstance(module, LoRALinear)}
+    return {".".join(map(str, path)): module
+            for path, module in nnx.iter_modules(model) if isinstance(module, LoRALinear)}
 
 
 def merged(model: nnx.Module) -> nnx.Module:
@@ -251,7 +254,8 @@ def merged(model: nnx.Module) -> nnx.Module:
 # -- the peft adapter folder ---------------------------------------------------------------------
 
 
-def peft_adapter(model: nnx.Module, *, base_model_name_or_path: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+def peft_adapter(model: nnx.Module, *, base_model_name_or_path: str | None = None
+                 ) -> tuple[dict, dict[str, np.ndarray]]:
     """(adapter_config.json, adapter_model.safetensors tensors) as peft's `save_pretrained` writes
     them for a LoRA model of task type SEQ_CLS: the adapters under
     `base_model.model.<hf module>.lora_A.weight` (r, in) / `lora_B.weight` (out, r), and the
@@ -274,8 +278,10 @@ def peft_adapter(model: nnx.Module, *, base_model_name_or_path: str | None = Non
     for path, adapter in adapters(model).items():
         target = by_flax[path]
         targets.append(target)
-        tensors[f"{PEFT_PREFIX}{target.hf_module}.lora_A.weight"] = np.ascontiguousarray(np.asarray(adapter.lora_a[...]).T)
-        tensors[f"{PEFT_PREFIX}{target.hf_module}.lora_B.weight"] = np.ascontiguousarray(np.asarray(adapter.lora_b[...]).T)
+        # peft's lora_A / lora_B are nn.Linear weights, (out, in): the flax (in, out) arrays transposed.
+        module = f"{PEFT_PREFIX}{target.hf_module}"
+        tensors[f"{module}.lora_A.weight"] = np.ascontiguousarray(np.asarray(adapter.lora_a[...]).T)
+        tensors[f"{module}.lora_B.weight"] = np.ascontiguousarray(np.asarray(adapter.lora_b[...]).T)
     head = {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model.head))}
     base = f"{table.base_prefix}."
     head_tensors = flax_to_hf({f"head.{k}": v for k, v in head.items()},

@@ -3,6 +3,7 @@ checkpointing, on tiny random BERT and GPT-2 classifiers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -89,7 +90,8 @@ def test_fresh_lora_model_gives_the_base_models_logits(checkpoints, family):
 def test_lora_targets_are_hugging_face_module_names_mapped_by_the_table(checkpoints):
     _, model = _lora_model(checkpoints["bert"], "bert")
 
-    assert sorted(lora.adapters(model)) == [f"backbone.layers.{i}.attention.{n}" for i in (0, 1) for n in ("query", "value")]
+    expected = [f"backbone.layers.{i}.attention.{n}" for i in (0, 1) for n in ("query", "value")]
+    assert sorted(lora.adapters(model)) == expected
     assert [t.hf_module for t in lora.resolve_targets(model.config, ("layer.1.attention.self.query",))] == [
         "bert.encoder.layer.1.attention.self.query"]
 
@@ -110,7 +112,7 @@ def test_lora_dropout_acts_in_train_mode_only(checkpoints):
     model.train()
     ids, mask = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
     # The checkpoint's own dropout is on too in train mode: compare against the same model without LoRA dropout.
-    plain = lora.with_lora(flaxheads.from_pretrained(checkpoints["bert"]), dataclass_replace(model.lora, dropout=0.0))
+    plain = lora.with_lora(flaxheads.from_pretrained(checkpoints["bert"]), dataclasses.replace(model.lora, dropout=0.0))
     nnx.update(plain, nnx.state(model))
     plain.train()
     train_key = jax.random.key(7)
@@ -120,12 +122,6 @@ def test_lora_dropout_acts_in_train_mode_only(checkpoints):
     assert not np.allclose(with_dropout, without, atol=1e-4)
     model.eval()
     np.testing.assert_array_equal(_logits(model, batch), eval_logits)
-
-
-def dataclass_replace(config, **changes):
-    import dataclasses
-
-    return dataclasses.replace(config, **changes)
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])

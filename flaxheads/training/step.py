@@ -77,12 +77,14 @@ def make_train_step(
         def accumulate(carry, xs):
             grads, loss_sum = carry
             micro_batch, index = xs
-            loss_i, grads_i = jax.value_and_grad(summed_loss)(state.params, micro_batch, jax.random.fold_in(step_key, index), frozen)
+            key = jax.random.fold_in(step_key, index)
+            loss_i, grads_i = jax.value_and_grad(summed_loss)(state.params, micro_batch, key, frozen)
             return (jax.tree.map(jnp.add, grads, grads_i), loss_sum + loss_i), None
 
         if accum == 1:  # no scan: its zero-filled carry and adds cost a pass over every parameter
             micro_batch = jax.tree.map(lambda x: x[0], batch)
-            loss_sum, grads = jax.value_and_grad(summed_loss)(state.params, micro_batch, jax.random.fold_in(step_key, 0), frozen)
+            key = jax.random.fold_in(step_key, 0)
+            loss_sum, grads = jax.value_and_grad(summed_loss)(state.params, micro_batch, key, frozen)
         else:
             zeros = jax.tree.map(jnp.zeros_like, state.params)
             (grads, loss_sum), _ = jax.lax.scan(
