@@ -61,6 +61,8 @@ class _BooleanFlag(argparse.Action):
 
 def _flag_type(field: dataclasses.Field):
     hint = typing.get_type_hints(TrainConfig)[field.name]
+    if tuple[str, ...] in typing.get_args(hint):
+        return tuple
     for candidate in (bool, int, float, str, pathlib.Path):
         if hint is candidate or candidate in typing.get_args(hint):
             return candidate
@@ -78,6 +80,8 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action=_BooleanFlag, default=field.default, help=doc)
             parser.add_argument(f"--no-{field.name}", dest=field.name, action="store_false",
                                 default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        elif kind is tuple:  # a list of names: --lora_target_modules query value
+            parser.add_argument(flag, nargs="+", default=field.default, help=doc)
         else:
             parser.add_argument(flag, type=kind, default=field.default, choices=CHOICES.get(field.name), help=doc)
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads import problem
+from flaxheads import lora, problem
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone
 from flaxheads.conversion import loading
 from flaxheads.conversion.loading import load_backbone, save_pretrained
@@ -227,7 +227,8 @@ class SequenceClassifier(nnx.Module):
         is ignored in eval mode; in train mode without it (and a non-zero dropout rate) the call
         raises ValueError: pass rngs=nnx.Rngs(dropout=key), or call model.eval() for inference."""
         backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
-        out = self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, rngs=rngs)
+        with lora.adapter_dropout_key(lora.lora_config(self), rngs):  # LoRA layers take no rngs argument
+            out = self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, rngs=rngs)
         # The head gets the caller's mask, None included: "last_token" lets a given mask decide.
         logits = self.head(HeadInputs(out.hidden_states, attention_mask, input_ids, cls_index), rngs)
         return logits.astype(jnp.float32)

@@ -183,7 +183,7 @@ class Albert(nnx.Module):
         x_BTD = self.embedding_projection(self.embeddings(input_ids, token_type_ids, position_ids, rngs))
         hidden_states = [x_BTD]
         for layer in range(self.cfg.num_hidden_layers):
-            x_BTD = self.groups[self.cfg.group_of_layer(layer)](x_BTD, attention_mask, rngs)
+            x_BTD = layers.run_layer(self, self.groups[self.cfg.group_of_layer(layer)], x_BTD, attention_mask, rngs)
             hidden_states.append(x_BTD)
         pooled = None if self.pooler is None else self.pooler(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), pooled)

@@ -304,7 +304,7 @@ class Encoder(nnx.Module):
             x_BTD = self.embeddings_project(x_BTD)  # (B, T, embedding_size) -> (B, T, hidden)
         hidden_states = [x_BTD]
         for layer in self.layers:
-            x_BTD = layer(x_BTD, attention_mask, rngs)
+            x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask, rngs)
             hidden_states.append(x_BTD)
         pooled = None if self.pooler is None else self.pooler(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), pooled)

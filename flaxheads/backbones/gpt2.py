@@ -233,7 +233,7 @@ class GPT2(nnx.Module):
         x_BTD = layers.dropout(x_BTD, self.cfg.embd_pdrop, rngs, deterministic=self.deterministic)
         hidden_states = [x_BTD]
         for layer in self.layers:
-            x_BTD = layer(x_BTD, attention_mask, rngs)
+            x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask, rngs)
             hidden_states.append(x_BTD)
         # As transformers: the last entry of hidden_states is the output after ln_f.
         x_BTD = self.final_norm(x_BTD)

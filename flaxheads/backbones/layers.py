@@ -268,3 +268,27 @@ class Pooler(nnx.Module):
 
     def __call__(self, hidden_BTD: jax.Array) -> jax.Array:
         return jnp.tanh(self.dense(hidden_BTD[:, 0]))
+
+
+GRADIENT_CHECKPOINTING = "gradient_checkpointing"
+"""The backbone attribute `set_gradient_checkpointing` sets and `run_layer` reads."""
+
+
+def set_gradient_checkpointing(backbone: nnx.Module, enabled: bool = True) -> None:
+    """Rematerialise each of `backbone`'s layers in the backward pass (transformers'
+    `gradient_checkpointing_enable`): activation memory of one layer instead of all of them, for
+    about one more forward pass of compute. Only backbones whose layer loop calls `run_layer` obey."""
+    setattr(backbone, GRADIENT_CHECKPOINTING, enabled)
+
+
+def run_layer(backbone: nnx.Module, layer: nnx.Module, *args):
+    """`layer(*args)`, under `nnx.remat` when `backbone` has gradient checkpointing on: the
+    backward pass then recomputes the layer's activations from its inputs instead of keeping
+    them. Same values and gradients either way. Every backbone's layer loop calls this."""
+    if not getattr(backbone, GRADIENT_CHECKPOINTING, False):
+        return layer(*args)
+    return nnx.remat(_call)(layer, *args)
+
+
+def _call(layer: nnx.Module, *args):
+    return layer(*args)

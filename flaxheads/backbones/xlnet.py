@@ -342,7 +342,7 @@ class XLNet(nnx.Module):
 
         hidden_states = [h_BTD]
         for layer in self.layers:
-            h_BTD = layer(h_BTD, positions_BPD, other_segment_BTS, allowed_BTS, rngs)
+            h_BTD = layers.run_layer(self, layer, h_BTD, positions_BPD, other_segment_BTS, allowed_BTS, rngs)
             hidden_states.append(h_BTD)
         hidden_states[-1] = drop(h_BTD)
         return BackboneOutput(hidden_states[-1], tuple(hidden_states))

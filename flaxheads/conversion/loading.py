@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads import conversion
+from flaxheads import conversion, lora
 from flaxheads.backbones import backbone_config_from_hf, build_backbone
 from flaxheads.conversion import checkpoint_io, hf_flax
 from flaxheads.conversion.checkpoint_io import CheckpointError, TensorReader
@@ -502,6 +502,7 @@ def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", 
 
 def _exported(model, format: str) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
     """(config.json, tensors by file name, weight file name) of `model` in `format`."""
+    model = lora.merged(model)  # a LoRA model exports as the plain model it computes
     config = model.config
     table = conversion.architecture_table(config.backbone.model_type)
     arrays = {key: np.asarray(var[...]) for key, (_, var) in flat_variables(model).items()}

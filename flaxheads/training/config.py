@@ -14,6 +14,7 @@ import math
 
 from flaxheads.data.builtin import BUILTIN_DATASETS
 from flaxheads.heads import HEAD_NAMES
+from flaxheads.lora import LoRAConfig
 from flaxheads.problem import PROBLEM_TYPES
 from flaxheads.training.optim import SCHEDULES
 from flaxheads.training.parallel import PARALLEL
@@ -22,6 +23,7 @@ EVAL_STRATEGIES = ("no", "steps", "epoch")
 REPORT_TO = ("tensorboard", "none", "all")
 SAMPLING_STRATEGIES = ("group_by_length", "random", "sequential")
 DTYPES = ("float32", "bfloat16")
+LORA_EXPORTS = ("merged", "both")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +133,28 @@ class TrainConfig:
     seed: int = 42
     """Seed of the new parameters, dropout, data order and built-in splits."""
 
+    # What trains (flaxheads.training.trainable) and what it costs in memory.
+    freeze_backbone: bool = False
+    """Train only the head (a linear probe): the backbone keeps its loaded weights and gets no
+    gradients and no optimizer state."""
+    lora_r: int = 0
+    """Rank of LoRA adapters on lora_target_modules (peft's r); 0: no LoRA. With LoRA the backbone's
+    own weights are frozen: only the adapters and the head train."""
+    lora_alpha: float = 8.0
+    """LoRA scaling numerator: adapter outputs are scaled by lora_alpha / lora_r (peft's lora_alpha)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA adapters' input during training (peft's lora_dropout)."""
+    lora_target_modules: tuple[str, ...] | None = None
+    """Linear layers that get LoRA adapters, by their Hugging Face module names as peft's
+    target_modules (e.g. query value for BERT, c_attn for GPT-2, q_proj v_proj for Llama), or all-linear."""
+    lora_export: str = "merged"
+    """What a LoRA run exports: "merged" (adapters folded into the weights: a plain checkpoint that
+    transformers and flaxheads load, in output_dir and best_model) or "both" (also a peft adapter
+    folder, adapter_config.json + adapter_model.safetensors, in <output_dir>/adapter)."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass instead of keeping them (per-layer
+    rematerialisation, transformers' flag): far less activation memory, about a third more compute."""
+
     # Where it runs.
     mesh: str | None = None
     """Device mesh, e.g. "data=4" or "data=2,fsdp=4" (one axis may be -1); default: data over all."""
@@ -185,6 +209,10 @@ class TrainConfig:
             raise ValueError(
                 f"--warmup_steps must be a whole number of steps, or a ratio below 1, got {self.warmup_steps}"
             )
+        if self.lora_r < 0:
+            raise ValueError(f"--lora_r must be 0 (no LoRA) or a positive rank, got {self.lora_r}")
+        if self.lora_target_modules is not None:
+            object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))  # frozen: normalised here
         if self.bf16:
             object.__setattr__(self, "dtype", "bfloat16")  # frozen: normalised once, here
         if self.eval_steps is not None and self.eval_steps <= 0:
@@ -216,6 +244,14 @@ class TrainConfig:
     def tensorboard(self) -> bool:
         return self.report_to in ("tensorboard", "all")
 
+    @property
+    def lora(self) -> LoRAConfig | None:
+        """The LoRA adapters these settings ask for; None when lora_r is 0."""
+        if not self.lora_r:
+            return None
+        return LoRAConfig(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
+                          target_modules=self.lora_target_modules or ())
+
     def num_warmup_steps(self, total_steps: int) -> int:
         """Warmup steps for a run of `total_steps`: warmup_steps (a count, or a ratio below 1)
         when set, else warmup_ratio."""
@@ -234,6 +270,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel": tuple(PARALLEL),
     "eval_strategy": EVAL_STRATEGIES,
     "report_to": REPORT_TO,
+    "lora_export": LORA_EXPORTS,
 }
 """The valid values of each TrainConfig field that has a fixed set (None, where it is the field's
 default, means "decide for me")."""

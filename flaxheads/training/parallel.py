@@ -2,7 +2,8 @@
 
 Both wrappers take and give host batches and rngs the same way, checkpoint the same
 unreplicated state (so a checkpoint restores under either wrapper, on any mesh), and hand the
-evaluator parameters laid out on the mesh.
+evaluator parameters laid out on the mesh. The train state holds the trainable parameters; the
+frozen ones (`flaxheads.training.trainable`) stay with the runner, a step input outside it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flax import nnx
 
 from flaxheads.training.sharding import Layout
 from flaxheads.training.step import TrainState, make_train_step
+from flaxheads.training.trainable import merge_trainable
 
 PMAP_AXIS = "devices"
 
@@ -35,8 +37,12 @@ class JitParallel:
 
     name = "jit"
 
-    def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State):
+    def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State,
+                 frozen: nnx.State | None = None):
         self.layout = layout
+        frozen = nnx.State({}) if frozen is None else frozen
+        frozen_shardings = layout.tree_shardings(frozen)
+        self.frozen = jax.device_put(frozen, frozen_shardings)  # where the loader put them: no copy
         init = _init_fn(tx)
         # Sharded from the start: shapes first, then shardings, then an init that writes each
         # device's shard only.
@@ -44,7 +50,7 @@ class JitParallel:
         self._init = jax.jit(init, out_shardings=self.state_shardings)
         self._step = jax.jit(
             make_train_step(graphdef, tx, schedule, problem_type),
-            in_shardings=(self.state_shardings, layout.batch(1), layout.replicated),
+            in_shardings=(self.state_shardings, layout.batch(1), layout.replicated, frozen_shardings),
             out_shardings=(self.state_shardings, layout.replicated),
             donate_argnums=0,
         )
@@ -53,7 +59,7 @@ class JitParallel:
         return self._init(params)
 
     def step(self, state: TrainState, batch: dict[str, np.ndarray], rng: jax.Array):
-        return self._step(state, self.layout.put_batch(batch, leading_axes=1), rng)
+        return self._step(state, self.layout.put_batch(batch, leading_axes=1), rng, self.frozen)
 
     def checkpointable(self, state: TrainState) -> TrainState:
         return state
@@ -65,7 +71,7 @@ class JitParallel:
         return restored
 
     def params(self, state: TrainState) -> nnx.State:
-        return state.params
+        return merge_trainable(state.params, self.frozen)
 
 
 class PmapParallel:
@@ -74,14 +80,17 @@ class PmapParallel:
 
     name = "pmap"
 
-    def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State):
+    def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State,
+                 frozen: nnx.State | None = None):
         self.layout = layout
         self.devices = jax.local_devices()
+        self.frozen = nnx.State({}) if frozen is None else frozen
+        self._frozen_replicas = self._replicate(self.frozen)
         self._init = jax.jit(_init_fn(tx))
         self._step = jax.pmap(
             make_train_step(graphdef, tx, schedule, problem_type, axis_name=PMAP_AXIS),
             axis_name=PMAP_AXIS,
-            in_axes=(0, 0, None),
+            in_axes=(0, 0, None, 0),
             donate_argnums=0,
         )
 
@@ -94,7 +103,7 @@ class PmapParallel:
         split = {
             k: np.moveaxis(v.reshape(v.shape[0], n, v.shape[1] // n, *v.shape[2:]), 1, 0) for k, v in batch.items()
         }
-        state, metrics = self._step(state, split, rng)
+        state, metrics = self._step(state, split, rng, self._frozen_replicas)
         return state, jax.tree.map(lambda m: m[0], metrics)
 
     def checkpointable(self, state: TrainState) -> TrainState:
@@ -113,7 +122,7 @@ class PmapParallel:
         return self._replicate(restored)
 
     def params(self, state: TrainState) -> nnx.State:
-        return self.checkpointable(state).params
+        return merge_trainable(self.checkpointable(state).params, self.frozen)
 
     def _replicate(self, tree: Any) -> Any:
         """One copy per local device, stacked on a leading axis; pmap places the copies."""

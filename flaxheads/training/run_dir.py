@@ -91,6 +91,10 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     if cfg.sampling != ("group_by_length" if cfg.group_by_length else "random"):
         # Recorded only where group_by_length does not say it, so earlier runs' identities hold.
         trained["sampling"] = cfg.sampling
+    if cfg.freeze_backbone or cfg.lora:  # what trains (recorded only when set, as sampling)
+        lora = cfg.lora and {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
+                             "target_modules": list(cfg.lora.target_modules)}  # as JSON reads it back
+        trained["trainable"] = {"freeze_backbone": cfg.freeze_backbone, "lora": lora or None}
     settings = {name: getattr(cfg, name) for name in TRAINING_SETTINGS}
     settings["warmup_steps"] = cfg.num_warmup_steps(total_steps)
     return {"trained": trained, "settings": settings}

@@ -24,8 +24,12 @@ class TrainState(NamedTuple):
     opt_state: optax.OptState
 
 
-def _logits(graphdef, params, batch, *, train: bool, rngs=None):
-    model = nnx.merge(graphdef, params)
+def _logits(graphdef, params, batch, *, train: bool, rngs=None, frozen=None):
+    if frozen is not None:
+        # New Variables at this trace level (no array is copied): a non-differentiated input keeps
+        # the caller's, which nnx.remat (gradient checkpointing) may not update from inside grad.
+        frozen = jax.tree.map(lambda x: x, frozen)
+    model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
     if train:
         model.train()
     else:
@@ -56,8 +60,11 @@ def make_train_step(
     problem_type: str,
     *,
     axis_name: str | None = None,
-) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
-    """`(state, batch, rng) -> (state, metrics)`.
+) -> Callable[..., tuple[TrainState, dict]]:
+    """`(state, batch, rng, frozen=None) -> (state, metrics)`.
+
+    `state.params` are the parameters that train; `frozen` (see `flaxheads.training.trainable`)
+    the rest of the model, an input only: no gradient and no optimizer state is made for it.
 
     Every array in `batch` has a leading gradient-accumulation axis: (accum, batch, ...). The
     gradient is the mean over all real examples (`example_mask` 1) of all micro-batches, so
@@ -71,12 +78,12 @@ def make_train_step(
     real examples, which equals the plain pmean when every device has the same count).
     """
 
-    def summed_loss(params, micro_batch, key):
-        logits = _logits(graphdef, params, micro_batch, train=True, rngs=nnx.Rngs(dropout=key))
+    def summed_loss(params, micro_batch, key, frozen):
+        logits = _logits(graphdef, params, micro_batch, train=True, rngs=nnx.Rngs(dropout=key), frozen=frozen)
         losses = problem.per_example_loss(logits, micro_batch["labels"], problem_type)
         return jnp.sum(losses * micro_batch["example_mask"])
 
-    def train_step(state: TrainState, batch: dict, rng: jax.Array) -> tuple[TrainState, dict]:
+    def train_step(state: TrainState, batch: dict, rng: jax.Array, frozen=None) -> tuple[TrainState, dict]:
         step_key = jax.random.fold_in(rng, state.step)
         if axis_name is not None:
             step_key = jax.random.fold_in(step_key, jax.lax.axis_index(axis_name))
@@ -85,12 +92,14 @@ def make_train_step(
         def accumulate(carry, xs):
             grads, loss_sum = carry
             micro_batch, index = xs
-            loss_i, grads_i = jax.value_and_grad(summed_loss)(state.params, micro_batch, jax.random.fold_in(step_key, index))
+            key = jax.random.fold_in(step_key, index)
+            loss_i, grads_i = jax.value_and_grad(summed_loss)(state.params, micro_batch, key, frozen)
             return (jax.tree.map(jnp.add, grads, grads_i), loss_sum + loss_i), None
 
         if accum == 1:  # no scan: its zero-filled carry and adds cost a pass over every parameter
             micro_batch = jax.tree.map(lambda x: x[0], batch)
-            loss_sum, grads = jax.value_and_grad(summed_loss)(state.params, micro_batch, jax.random.fold_in(step_key, 0))
+            key = jax.random.fold_in(step_key, 0)
+            loss_sum, grads = jax.value_and_grad(summed_loss)(state.params, micro_batch, key, frozen)
         else:
             zeros = jax.tree.map(jnp.zeros_like, state.params)
             (grads, loss_sum), _ = jax.lax.scan(

@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 import jax
 from flax import nnx
 
-from flaxheads import data
+from flaxheads import data, lora
+from flaxheads.backbones import layers
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.inference import UntrainedModel, fitting_max_length, load_tokenizer
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained
@@ -35,7 +36,7 @@ from flaxheads.training.config import TrainConfig
 from flaxheads.training.distributed import initialize as initialize_distributed
 from flaxheads.training.loop import NonFiniteLoss, TrainLoop, print0, sync
 from flaxheads.training.optim import learning_rate_schedule, make_optimizer
-from flaxheads.training.parallel import PARALLEL
+from flaxheads.training.parallel import PARALLEL, host_copy
 from flaxheads.training.run_lock import RunLock
 from flaxheads.training.scoring import (
     EvalPrediction,
@@ -46,6 +47,7 @@ from flaxheads.training.scoring import (
     format_predictions,
 )
 from flaxheads.training.sharding import Layout
+from flaxheads.training.trainable import split_trainable
 
 __all__ = ["EvalPrediction", "NonFiniteLoss", "PredictionOutput", "TrainOutput", "Trainer", "load_task",
            "model_path", "train"]
@@ -167,7 +169,7 @@ class Trainer:
         self.batch_format = data.BatchFormat.for_task(task, tokenizer, self.max_seq_length,
                                                       model_pad_token_id=model.config.backbone.pad_token_id)
         self.config = fit_config_to_task(model.config, task)
-        self.graphdef, self.params = _split_with_config(model, self.config)
+        self.graphdef, self.params = _split_with_config(_prepared(model, args), self.config)
         batches_per_epoch = data.num_batches(len(task.splits["train"]), self.global_batch)
         self.total_steps = 0 if not args.do_train else (
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * batches_per_epoch))
@@ -276,6 +278,8 @@ class Trainer:
             self.params = loop.params()
             if self.output_dir is not None:
                 scorer.export(self.params, self.output_dir)
+                if args.lora and args.lora_export == "both":
+                    self._export_adapter(self.output_dir / ADAPTER_DIR)
         else:
             results = self._scores_without_training(splits)
         predictions = self._predictions() if args.do_predict and "test" in splits else None
@@ -290,9 +294,11 @@ class Trainer:
                                           args.lr_scheduler_type)
         tx = make_optimizer(schedule, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                             adam_b1=args.adam_beta1, adam_b2=args.adam_beta2, adam_eps=args.adam_epsilon)
+        trainable, frozen = split_trainable(self.params, freeze_backbone=args.freeze_backbone)
+        print0(lora.trainable_summary(trainable, frozen))
         runner = PARALLEL[args.parallel](self.layout, self.graphdef, tx, schedule, self.task.problem_type,
-                                         self.params)
-        state = runner.init(self.params)
+                                         trainable, frozen)
+        state = runner.init(trainable)
         self.params = None  # the weights live in the train state now: one copy in memory, not two
         checkpoints = None
         if self.output_dir is not None:
@@ -312,6 +318,13 @@ class Trainer:
                 results[name] = self._scorer.scores(name, self.params)
         results["seconds"] = time.perf_counter() - start
         return results
+
+    def _export_adapter(self, directory: Path) -> None:
+        """The peft adapter folder of the trained LoRA model (process 0 writes; all gather)."""
+        params = host_copy(self.params, self.layout)
+        if jax.process_index() == 0:
+            lora.save_adapter(nnx.merge(self.graphdef, params), directory,
+                              base_model_name_or_path=self.args.model_name_or_path)
 
     # -- the output folder ----------------------------------------------------------------------
 
@@ -398,6 +411,24 @@ class Trainer:
         tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
                                              data_shards=self.args.data_shards, splits=(split,))
         return self._scorer_for(tokenized, extra.unlabelled)
+
+
+ADAPTER_DIR = "adapter"
+"""Where a LoRA run with lora_export="both" writes its peft adapter folder, inside output_dir."""
+
+
+def _prepared(model: SequenceClassifier, args: TrainConfig) -> SequenceClassifier:
+    """`model` as `args` train it: with LoRA adapters (`args.lora`) and per-layer
+    rematerialisation (`args.gradient_checkpointing`); a new module tree over the same weights
+    when either is asked for, so the caller's model is left as it is."""
+    if args.lora is not None:
+        model = lora.with_lora(model, args.lora, seed=args.seed)
+    if args.gradient_checkpointing:
+        if args.lora is None:
+            graphdef, state = nnx.split(model)
+            model = nnx.merge(graphdef, state)
+        layers.set_gradient_checkpointing(model.backbone)
+    return model
 
 
 def _split_with_config(model: SequenceClassifier, config: ClassifierConfig):
