@@ -24,7 +24,6 @@ import contextlib
 import contextvars
 import dataclasses
 import math
-import re
 from pathlib import Path
 from typing import Iterator
 

@@ -294,6 +294,13 @@ TINY_HF = {
                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
     "xlnet": transformers.XLNetConfig(vocab_size=99, d_model=32, n_layer=2, n_head=4, d_inner=37, pad_token_id=PAD,
                                       dropout=0.0),
+    "deberta-v2": transformers.DebertaV2Config(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                               intermediate_size=37, relative_attention=True, position_buckets=8,
+                                               max_relative_positions=16, pos_att_type=["p2c", "c2p"],
+                                               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "modernbert": transformers.ModernBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3,
+                                                num_attention_heads=4, intermediate_size=37, local_attention=4,
+                                                global_attn_every_n_layers=2, pad_token_id=PAD),
 }
 
 

@@ -407,7 +407,7 @@ class DebertaV2(nnx.Module):
         x_BTD = embedded_BTD
         hidden_states = [x_BTD]
         for i, layer in enumerate(self.layers):
-            x_BTD = layer(x_BTD, mask_BT, rngs, **relative)
+            x_BTD = layers.run_layer(self, layer, x_BTD, mask_BT, rngs, **relative)
             if i == 0 and self.conv is not None:
                 x_BTD = self.conv(embedded_BTD, x_BTD, mask_BT, rngs)
             hidden_states.append(x_BTD)

@@ -281,14 +281,14 @@ def set_gradient_checkpointing(backbone: nnx.Module, enabled: bool = True) -> No
     setattr(backbone, GRADIENT_CHECKPOINTING, enabled)
 
 
-def run_layer(backbone: nnx.Module, layer: nnx.Module, *args):
-    """`layer(*args)`, under `nnx.remat` when `backbone` has gradient checkpointing on: the
-    backward pass then recomputes the layer's activations from its inputs instead of keeping
+def run_layer(backbone: nnx.Module, layer: nnx.Module, *args, **kwargs):
+    """`layer(*args, **kwargs)`, under `nnx.remat` when `backbone` has gradient checkpointing on:
+    the backward pass then recomputes the layer's activations from its inputs instead of keeping
     them. Same values and gradients either way. Every backbone's layer loop calls this."""
     if not getattr(backbone, GRADIENT_CHECKPOINTING, False):
-        return layer(*args)
-    return nnx.remat(_call)(layer, *args)
+        return layer(*args, **kwargs)
+    return nnx.remat(_call)(layer, args, kwargs)
 
 
-def _call(layer: nnx.Module, *args):
-    return layer(*args)
+def _call(layer: nnx.Module, args: tuple, kwargs: dict):
+    return layer(*args, **kwargs)

@@ -315,7 +315,7 @@ class ModernBert(nnx.Module):
         x_BTD = self.embeddings(input_ids, rngs)
         hidden_states = [x_BTD]
         for layer in self.layers:
-            x_BTD = layer(x_BTD, attention_mask, position_ids, rngs)
+            x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask, position_ids, rngs)
             hidden_states.append(x_BTD)
         x_BTD = self.final_norm(x_BTD)
         hidden_states[-1] = x_BTD  # as transformers: the last hidden state is after the final norm
