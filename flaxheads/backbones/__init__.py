@@ -8,6 +8,8 @@ from typing import Any
 from flax import nnx
 
 from flaxheads.backbones.albert import Albert, AlbertConfig
+from flaxheads.backbones.decoder import Decoder
+from flaxheads.backbones.decoder_config import FAMILIES as DECODER_FAMILIES, DecoderConfig
 from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
@@ -34,6 +36,11 @@ BACKBONES: dict[str, BackboneSpec] = {
     # XLNet was pretrained with left padding and its "summary" head reads the last token.
     "xlnet": BackboneSpec(XLNetConfig, XLNet, padding_side="left"),
     "albert": BackboneSpec(AlbertConfig, Albert, padding_side="right"),
+    # Decoder LLMs: the padding side of transformers' tokenizer for each family (Llama's and
+    # Gemma's tokenizers pad left, Qwen2's right; Mistral ships Llama's). The last_token head
+    # reads the last real token on either side.
+    **{model_type: BackboneSpec(DecoderConfig, Decoder, padding_side="right" if model_type.startswith("qwen") else "left")
+       for model_type in DECODER_FAMILIES},
 }
 
 
@@ -63,6 +70,8 @@ __all__ = [
     "BackboneConfig",
     "BackboneOutput",
     "DistilBert",
+    "Decoder",
+    "DecoderConfig",
     "DistilBertConfig",
     "Encoder",
     "EncoderConfig",

@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 
 from flaxheads.conversion.albert import ALBERT
 from flaxheads.conversion.bert import BERT, ROBERTA, XLM_ROBERTA
+from flaxheads.conversion.decoder import DECODER_TABLES
 from flaxheads.conversion.distilbert import DISTILBERT
 from flaxheads.conversion.electra import ELECTRA
 from flaxheads.conversion.gpt2 import GPT2
@@ -16,7 +17,7 @@ from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_lay
 from flaxheads.conversion.xlnet import XLNET
 
 TABLES: dict[str, ArchitectureTable] = {
-    t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT)
+    t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT, *DECODER_TABLES)
 }
 
 
