@@ -59,9 +59,10 @@ CASES = {
                                        rope_local_base_freq=100.0, sliding_window_pattern=2,
                                        rope_scaling=dict(rope_type="linear", factor=2.0))),
 }
-BF16_TOLERANCE = 0.1
-"""bfloat16 logits (weights and compute) against transformers' bfloat16 logits: both round
-differently at every op (8 bits of mantissa), so only the magnitude is compared; logits are O(1)."""
+BF16_TOLERANCE = 0.06
+"""bfloat16 logits (weights and compute) against transformers' bfloat16 logits, absolute: both
+round differently at every op (8 bits of mantissa). Logits are O(1); measured 0.006 (Gemma) to
+0.031 (Gemma3 text), so twice the worst case; a wrong tensor or mask is off by O(1)."""
 
 
 def _randomize_(model: torch.nn.Module, seed: int, gemma: bool) -> None:
@@ -112,9 +113,10 @@ def batch(padding: str) -> dict[str, np.ndarray]:
 # Parity with transformers
 
 
-@pytest.mark.parametrize("num_labels", [1, 3])
 @pytest.mark.parametrize("case", CASES)
-def test_last_token_logits_match_transformers_on_both_padding_sides(decoder, case, num_labels):
+def test_last_token_logits_match_transformers_on_both_padding_sides(decoder, case):
+    # num_labels=1 (reward models) is compared with transformers by the export test below.
+    num_labels = 3
     path, reference = decoder(case, num_labels=num_labels)
     model = flaxheads.from_pretrained(path)
 

@@ -39,8 +39,8 @@ BACKBONES: dict[str, BackboneSpec] = {
     # Decoder LLMs: the padding side of transformers' tokenizer for each family (Llama's and
     # Gemma's tokenizers pad left, Qwen2's right; Mistral ships Llama's). The last_token head
     # reads the last real token on either side.
-    **{model_type: BackboneSpec(DecoderConfig, Decoder, padding_side="right" if model_type.startswith("qwen") else "left")
-       for model_type in DECODER_FAMILIES},
+    **{model_type: BackboneSpec(DecoderConfig, Decoder, padding_side="right" if model_type.startswith("qwen") else
+                                "left") for model_type in DECODER_FAMILIES},
 }
 
 

@@ -242,7 +242,8 @@ class Decoder(nnx.Module):
     def _layer_inputs(self, attention_mask, position_ids, batch: int, seq: int) -> LayerInputs:
         cfg = self.cfg
         kinds = {cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)}
-        masks = {sliding: attention_mask_BTS(attention_mask, batch, seq, cfg.effective_sliding_window if sliding else None)
+        window = cfg.effective_sliding_window
+        masks = {sliding: attention_mask_BTS(attention_mask, batch, seq, window if sliding else None)
                  for sliding in kinds}
         ropes = {cfg.layer_rope(i) for i in range(cfg.num_hidden_layers)}
         rotary = {rope: rotary_tables(rope, cfg.head_dim, position_ids, self.dtype) for rope in ropes}

@@ -53,7 +53,8 @@ class Rope:
         return cls(
             theta, rope_type, factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
             high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params.get("original_max_position_embeddings", max_position_embeddings)),
+            original_max_position_embeddings=int(
+                params.get("original_max_position_embeddings", max_position_embeddings)),
         )
 
     def scaling_to_hf(self) -> dict[str, Any] | None:
@@ -136,7 +137,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("llama", (*_COMMON, "hidden_act", "attention_bias", "mlp_bias")),
     Family("mistral", (*_COMMON, "hidden_act", "sliding_window"), qkv_bias=False, output_bias=False,
            default_layer_types="all_sliding", defaults=(("sliding_window", 4096),)),
-    Family("qwen2", (*_COMMON, "hidden_act", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+    Family("qwen2", (*_COMMON, "hidden_act", "use_sliding_window", "sliding_window", "max_window_layers",
+                     "layer_types"),
            qkv_bias=True, output_bias=False, default_layer_types="qwen", defaults=(("sliding_window", 4096),)),
     Family("qwen3", (*_COMMON, "hidden_act", "attention_bias", "use_sliding_window", "sliding_window",
                      "max_window_layers", "layer_types"), qk_norm=True, default_layer_types="qwen",
@@ -144,7 +146,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("gemma", (*_COMMON, "hidden_act", "attention_bias"), gemma_norms=True,
            default_head_dim_from_hidden=False, defaults=_GEMMA_DEFAULTS),
     Family("gemma2", (*_COMMON, "hidden_activation", *_GEMMA), activation_field="hidden_activation",
-           gemma_norms=True, sandwich_norms=True, attention_softcapping=True, default_layer_types="alternate", default_head_dim_from_hidden=False,
+           gemma_norms=True, sandwich_norms=True, attention_softcapping=True, default_layer_types="alternate",
+           default_head_dim_from_hidden=False,
            defaults=(*_GEMMA2_DEFAULTS, ("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0))),
     Family("gemma3_text", (*_COMMON, "hidden_activation", *_GEMMA), activation_field="hidden_activation",
            gemma_norms=True, sandwich_norms=True, qk_norm=True, default_layer_types="pattern",
@@ -223,8 +226,9 @@ class DecoderConfig:
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.layer_types is None:
-            object.__setattr__(self, "layer_types", default_layer_types(fam, self.num_hidden_layers, self.sliding_window,
-                                                                        self.use_sliding_window, self.max_window_layers))
+            types = default_layer_types(fam, self.num_hidden_layers, self.sliding_window, self.use_sliding_window,
+                                        self.max_window_layers)
+            object.__setattr__(self, "layer_types", types)
         if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - {FULL, SLIDING}:
             raise ValueError(
                 f"layer_types={list(self.layer_types)} must name {FULL!r} or {SLIDING!r} for each of the "

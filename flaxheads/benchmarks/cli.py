@@ -89,7 +89,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument("what", nargs="?", default="all", choices=["all", "steps", "conversion", "scaling"],
                         help="all (default): steps, then conversion")
-    parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, gpt2, xlnet, electra, albert")
+    parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, gpt2, xlnet, electra, albert, llama")
     parser.add_argument("--size", type=_csv(str), default=["minilm"], help="comma list of minilm, bert-base")
     parser.add_argument("--seq_len", type=_csv(int), default=[128], help="comma list, e.g. 128,512")
     parser.add_argument("--batch", type=int, default=16)

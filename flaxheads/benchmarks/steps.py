@@ -35,7 +35,7 @@ SIZES = {
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
 }
-ARCHS = ("bert", "roberta", "gpt2", "xlnet", "electra", "albert")
+ARCHS = ("bert", "roberta", "gpt2", "xlnet", "electra", "albert", "llama")
 ALBERT_EMBEDDING = 128
 
 
@@ -77,6 +77,10 @@ class StepBench:
         if self.arch == "albert":  # ALBERT's defaults: embeddings 128 wide, one group shared by every layer
             return dict(common, vocab_size=30000, embedding_size=ALBERT_EMBEDDING, hidden_size=d, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=ffn, attention_probs_dropout_prob=self.attention_dropout)
+        if self.arch == "llama":  # Llama's layout at these sizes (no GQA); pad id 0 never occurs in the batch
+            return dict(common, vocab_size=32000, max_position_embeddings=2048, hidden_size=d, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=ffn, pad_token_id=0,
+                        attention_dropout=self.attention_dropout)
         raise ValueError(f"arch {self.arch!r}: choose one of {ARCHS}")
 
 
@@ -94,6 +98,8 @@ def train_flops(bench: StepBench) -> float:
         attention *= 2
     if bench.arch == "albert":  # the factorised embeddings' projection to the hidden size
         per_token += ALBERT_EMBEDDING * d
+    if bench.arch == "llama":  # the gated MLP's third matrix
+        per_token += layers * d * f
     tokens = bench.batch * bench.seq_len
     return 6 * tokens * per_token + 6 * layers * bench.batch * attention
 
@@ -136,7 +142,7 @@ def _batch(bench: StepBench, vocab: int) -> dict[str, np.ndarray]:
         "token_type_ids": np.zeros((bench.batch, bench.seq_len), np.int32),
         "labels": rs.randint(0, 2, (bench.batch,)).astype(np.int32),
     }
-    if bench.arch == "gpt2":  # GPT-2 has no segments (transformers would add a token embedding)
+    if bench.arch in ("gpt2", "llama"):  # no segments (GPT-2 would add a token embedding, Llama refuses them)
         del batch["token_type_ids"]
     return batch
 
