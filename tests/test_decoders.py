@@ -10,6 +10,7 @@ sliding windows of 4-5, every weight (norms and biases included) drawn at random
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -408,3 +409,25 @@ def test_train_evaluate_predict_inspect_and_convert_commands_work_on_llama(tiny_
     assert main(["convert", str(run), str(tmp_path / "flax"), "--to", "flax"]) == 0
     assert main(["convert", str(tmp_path / "flax"), str(tmp_path / "back"), "--to", "pytorch"]) == 0
     assert_state_dicts_identical(state_dict(tmp_path / "back"), state_dict(run))
+
+
+def test_every_head_gives_finite_logits_on_decoder_hidden_states():
+    from flax import nnx
+
+    from flaxheads.heads import HEAD_NAMES, HeadInputs, build_head
+
+    config = flaxheads.ClassifierConfig(
+        backbone=DecoderConfig.from_hf_config({"model_type": "gemma2", **TINY, "num_hidden_layers": 4, "head_dim": 8}),
+        head="last_token", num_labels=3)
+    model = flaxheads.SequenceClassifier(config, rngs=nnx.Rngs(0))
+    model.eval()
+    inputs = flax_inputs(batch("left"))
+    hidden = model.backbone(**inputs).hidden_states
+    for name in HEAD_NAMES:
+        head_config = dataclasses.replace(config, head=name).head_config()
+        head = build_head(head_config, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(1))
+        head.eval()
+
+        logits = head(HeadInputs(hidden, inputs["attention_mask"], inputs["input_ids"], None))
+
+        assert logits.shape == (3, 3) and bool(jnp.isfinite(logits).all()), name

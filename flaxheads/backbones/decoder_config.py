@@ -286,9 +286,10 @@ class DecoderConfig:
     # The BackboneConfig protocol.
     @property
     def default_classifier_dropout(self) -> float:
-        """classifier_dropout if set, else 0.0: these decoders have no hidden dropout, and the
-        "last_token" head (their canonical one) has no dropout at all."""
-        return 0.0 if self.classifier_dropout is None else self.classifier_dropout
+        """classifier_dropout if set, else 0.1, as transformers' `GenericForTokenClassification`
+        chooses for these families (they have no hidden dropout). The "last_token" head, their
+        canonical one, has no dropout at all."""
+        return 0.1 if self.classifier_dropout is None else self.classifier_dropout
 
     @property
     def max_sequence_length(self) -> None:
