@@ -154,6 +154,20 @@ def test_bfloat16_logits_match_transformers_bfloat16_within_the_stated_tolerance
     assert_close(logits, torch_logits(reference, batch("left")), f"{case} bfloat16", atol=BF16_TOLERANCE, rtol=0)
 
 
+def test_explicit_position_ids_match_transformers(decoder):
+    path, reference = decoder("gemma3_text", num_labels=3)
+    inputs = batch("left")
+    # Positions counted from each row's first real token in steps of 2: RoPE is relative, so only
+    # ids that are not a shift of 0..T-1 change the logits.
+    inputs["position_ids"] = 2 * np.maximum(np.cumsum(inputs["attention_mask"], axis=1) - 1, 0)
+    model = flaxheads.from_pretrained(path)
+
+    logits = model(**flax_inputs(inputs))
+
+    assert_close(logits, torch_logits(reference, inputs), "gemma3_text explicit position_ids")
+    assert np.abs(np.asarray(logits) - np.asarray(model(**flax_inputs(batch("left"))))).max() > 1e-3
+
+
 def test_a_token_affects_only_later_positions_within_the_sliding_window(decoder):
     path, _ = decoder("mistral", "Model", num_hidden_layers=1)  # sliding_window=5: keys 0-4 back
     backbone, _ = flaxheads.load_backbone(path)
