@@ -214,6 +214,12 @@ def test_legacy_gemma3_config_with_pattern_and_local_base_reads_as_transformers(
     assert config.local_rope.theta == reference.rope_parameters["sliding_attention"]["rope_theta"] == 50.0
 
 
+def test_legacy_gemma_gelu_means_the_tanh_approximation_as_in_transformers():
+    config = DecoderConfig.from_hf_config({"model_type": "gemma", **TINY, "hidden_act": "gelu"})
+
+    assert config.hidden_act == transformers.GemmaConfig(hidden_act="gelu").hidden_act == "gelu_pytorch_tanh"
+
+
 def test_qwen2_sliding_window_without_use_sliding_window_is_ignored_as_in_transformers():
     config = DecoderConfig.from_hf_config({"model_type": "qwen2", **TINY, "sliding_window": 4})
 

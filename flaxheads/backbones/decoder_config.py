@@ -254,6 +254,10 @@ class DecoderConfig:
         if fam.activation_field != "hidden_act":
             values["hidden_act"] = hf.get(fam.activation_field) or "gelu_pytorch_tanh"
             values.pop(fam.activation_field, None)
+        if fam.model_type == "gemma" and values.get("hidden_act") == "gelu":
+            # The official Gemma releases say "gelu" but mean the tanh approximation; transformers
+            # reads it so (GemmaConfig.__post_init__, transformers PR 29402).
+            values["hidden_act"] = "gelu_pytorch_tanh"
         if "head_dim" not in hf and fam.default_head_dim_from_hidden:
             values.pop("head_dim", None)
         if "classifier_dropout" in hf:
