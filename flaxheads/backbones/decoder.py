@@ -83,10 +83,10 @@ def attention_mask_BTS(mask_BS: jax.Array | None, batch: int, seq: int, sliding_
 class LayerInputs(NamedTuple):
     """What every layer needs besides the hidden states, computed once per forward pass."""
 
-    masks: dict[bool, jax.Array]
-    """is_sliding -> (batch, query, key) bool mask."""
-    rotary: dict[Rope, tuple[jax.Array, jax.Array]]
-    """RoPE parameters -> (cos, sin) tables."""
+    masks: dict[str, jax.Array]
+    """"full" or "sliding" -> (batch, query, key) bool mask."""
+    rotary: dict[str, tuple[jax.Array, jax.Array]]
+    """"global" or "local" (Gemma3's sliding layers) -> (cos, sin) tables."""
 
 
 def _linear(cfg: DecoderConfig, d_in: int, d_out: int, use_bias: bool, *, dtype, param_dtype, rngs) -> nnx.Linear:
@@ -103,8 +103,9 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: DecoderConfig, layer: int, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg, self.dtype = cfg, dtype
-        self.sliding = cfg.is_sliding(layer)
-        self.rope = cfg.layer_rope(layer)
+        # Keys into `LayerInputs`: strings, so that the inputs stay a pytree jax can flatten (remat).
+        self.mask_kind = "sliding" if cfg.is_sliding(layer) else "full"
+        self.rope_kind = "local" if cfg.uses_local_rope(layer) else "global"
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         d, h = cfg.hidden_size, cfg.head_dim
         self.query = _linear(cfg, d, cfg.num_attention_heads * h, cfg.qkv_bias, **kw)
@@ -126,7 +127,7 @@ class Attention(nnx.Module):
         v_BTKH = self.value(x_BTD).reshape(b, t, kv_heads, cfg.head_dim)
         if cfg.family.qk_norm:
             q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
-        cos, sin = inputs.rotary[self.rope]
+        cos, sin = inputs.rotary[self.rope_kind]
         q_BTNH, k_BTKH = apply_rotary(q_BTNH, cos, sin), apply_rotary(k_BTKH, cos, sin)
         # Query head n uses key/value head n // groups (transformers' repeat_kv): split N as (K, G).
         q_BTKGH = q_BTNH.reshape(b, t, kv_heads, groups, cfg.head_dim)
@@ -134,7 +135,7 @@ class Attention(nnx.Module):
         if cfg.attention_logit_cap is not None:
             cap = jnp.asarray(cfg.attention_logit_cap, self.dtype)
             logits_BKGTS = jnp.tanh(logits_BKGTS / cap) * cap
-        mask_B11TS = inputs.masks[self.sliding][:, None, None]
+        mask_B11TS = inputs.masks[self.mask_kind][:, None, None]
         logits_BKGTS = jnp.where(mask_B11TS, logits_BKGTS, jnp.finfo(logits_BKGTS.dtype).min)
         probs_BKGTS = jax.nn.softmax(logits_BKGTS.astype(jnp.float32), axis=-1).astype(self.dtype)
         probs_BKGTS = layers.dropout(probs_BKGTS, cfg.attention_dropout, rngs, deterministic=self.deterministic)
@@ -241,12 +242,13 @@ class Decoder(nnx.Module):
 
     def _layer_inputs(self, attention_mask, position_ids, batch: int, seq: int) -> LayerInputs:
         cfg = self.cfg
-        kinds = {cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)}
+        attentions = [layer.attention for layer in self.layers]
         window = cfg.effective_sliding_window
-        masks = {sliding: attention_mask_BTS(attention_mask, batch, seq, window if sliding else None)
-                 for sliding in kinds}
-        ropes = {cfg.layer_rope(i) for i in range(cfg.num_hidden_layers)}
-        rotary = {rope: rotary_tables(rope, cfg.head_dim, position_ids, self.dtype) for rope in ropes}
+        masks = {kind: attention_mask_BTS(attention_mask, batch, seq, window if kind == "sliding" else None)
+                 for kind in {a.mask_kind for a in attentions}}
+        ropes = {"global": cfg.rope, "local": cfg.local_rope}
+        rotary = {kind: rotary_tables(ropes[kind], cfg.head_dim, position_ids, self.dtype)
+                  for kind in {a.rope_kind for a in attentions}}
         return LayerInputs(masks, rotary)
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids) -> None:

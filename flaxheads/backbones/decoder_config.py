@@ -311,8 +311,9 @@ class DecoderConfig:
     def is_sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == SLIDING and self.effective_sliding_window is not None
 
-    def layer_rope(self, layer: int) -> Rope:
-        return self.local_rope if self.family.per_layer_type_rope and self.layer_types[layer] == SLIDING else self.rope
+    def uses_local_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates with `local_rope` (Gemma3's sliding layers) rather than `rope`."""
+        return self.family.per_layer_type_rope and self.layer_types[layer] == SLIDING
 
     @property
     def attention_scale(self) -> float:
