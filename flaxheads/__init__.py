@@ -13,6 +13,8 @@
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
 from flaxheads.backbones.albert import Albert, AlbertConfig
+from flaxheads.backbones.decoder import Decoder
+from flaxheads.backbones.decoder_config import DecoderConfig
 from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
 from flaxheads.backbones.modernbert import ModernBert, ModernBertConfig
@@ -63,6 +65,8 @@ __all__ = [
     "ClassifierConfig",
     "EvalPrediction",
     "Encoder",
+    "Decoder",
+    "DecoderConfig",
     "DistilBert",
     "DistilBertConfig",
     "EncoderConfig",

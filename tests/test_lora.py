@@ -301,6 +301,8 @@ TINY_HF = {
     "modernbert": transformers.ModernBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3,
                                                 num_attention_heads=4, intermediate_size=37, local_attention=4,
                                                 global_attn_every_n_layers=2, pad_token_id=PAD),
+    "llama": transformers.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=37, pad_token_id=PAD),
 }
 
 

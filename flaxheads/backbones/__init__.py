@@ -9,6 +9,8 @@ from flax import nnx
 
 from flaxheads.backbones.albert import Albert, AlbertConfig
 from flaxheads.backbones.deberta import DebertaV2, DebertaV2Config
+from flaxheads.backbones.decoder import Decoder
+from flaxheads.backbones.decoder_config import FAMILIES as DECODER_FAMILIES, DecoderConfig
 from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
 from flaxheads.backbones.gpt2 import GPT2, GPT2Config
@@ -38,6 +40,11 @@ BACKBONES: dict[str, BackboneSpec] = {
     "albert": BackboneSpec(AlbertConfig, Albert, padding_side="right"),
     "deberta-v2": BackboneSpec(DebertaV2Config, DebertaV2, padding_side="right"),
     "modernbert": BackboneSpec(ModernBertConfig, ModernBert, padding_side="right"),
+    # Decoder LLMs: the padding side of transformers' tokenizer for each family (Llama's and
+    # Gemma's tokenizers pad left, Qwen2's right; Mistral ships Llama's). The last_token head
+    # reads the last real token on either side.
+    **{model_type: BackboneSpec(DecoderConfig, Decoder, padding_side="right" if model_type.startswith("qwen") else
+                                "left") for model_type in DECODER_FAMILIES},
 }
 
 
@@ -69,6 +76,8 @@ __all__ = [
     "DebertaV2",
     "DebertaV2Config",
     "DistilBert",
+    "Decoder",
+    "DecoderConfig",
     "DistilBertConfig",
     "Encoder",
     "EncoderConfig",

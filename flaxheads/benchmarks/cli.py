@@ -97,7 +97,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument("what", nargs="?", default="all", choices=["all", "steps", "conversion", "scaling", "load"],
                         help="all (default): steps, then conversion")
-    parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, xlm-roberta, gpt2, xlnet, electra, albert, distilbert, modernbert")
+    parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, xlm-roberta, gpt2, xlnet, electra, albert, distilbert, deberta-v3, modernbert, llama")
     parser.add_argument("--size", type=_csv(str), default=["minilm"], help="comma list of minilm, bert-base")
     parser.add_argument("--seq_len", type=_csv(int), default=[128], help="comma list, e.g. 128,512")
     parser.add_argument("--batch", type=int, default=16)

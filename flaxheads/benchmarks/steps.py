@@ -36,12 +36,13 @@ SIZES = {
     "bert-base": (768, 12, 12, 3072),
 }
 ARCHS = ("bert", "roberta", "xlm-roberta", "gpt2", "xlnet", "electra", "albert", "distilbert", "deberta-v3",
-         "modernbert")
+         "modernbert", "llama")
 ALBERT_EMBEDDING = 128
 DEBERTA_BUCKETS = 256
 """DeBERTa-v3's position_buckets: its attention also scores 2 * 256 relative positions."""
-# GPT-2 would add token_type_ids through its token embedding; DistilBERT and ModernBERT have no segments at all.
-NO_TOKEN_TYPES = ("gpt2", "distilbert", "modernbert")
+# GPT-2 would add token_type_ids through its token embedding; DistilBERT, ModernBERT and Llama have no
+# segments at all (the decoders refuse them).
+NO_TOKEN_TYPES = ("gpt2", "distilbert", "modernbert", "llama")
 
 
 def modernbert_intermediate(hidden: int) -> int:
@@ -100,6 +101,10 @@ class StepBench:
         if self.arch == "modernbert":  # ModernBERT-base's layout at these sizes: its GeGLU width, global every 3rd layer
             return dict(common, vocab_size=50368, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
                         intermediate_size=modernbert_intermediate(d), attention_dropout=self.attention_dropout)
+        if self.arch == "llama":  # Llama's layout at these sizes (no GQA); pad id 0 never occurs in the batch
+            return dict(common, vocab_size=32000, max_position_embeddings=2048, hidden_size=d, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=ffn, pad_token_id=0,
+                        attention_dropout=self.attention_dropout)
         raise ValueError(f"arch {self.arch!r}: choose one of {ARCHS}")
 
 
@@ -125,6 +130,8 @@ def train_flops(bench: StepBench) -> float:
         positions = layers * 2 * 2 * DEBERTA_BUCKETS * d * d
     if bench.arch == "modernbert":  # GeGLU: Wi (d -> 2i) and Wo (i -> d) instead of BERT's 2 * d * f
         per_token += layers * (3 * d * modernbert_intermediate(d) - 2 * d * f)
+    if bench.arch == "llama":  # the gated MLP's third matrix
+        per_token += layers * d * f
     tokens = bench.batch * bench.seq_len
     return 6 * tokens * per_token + 6 * layers * bench.batch * attention + 6 * positions
 

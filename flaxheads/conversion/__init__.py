@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 from flaxheads.conversion.albert import ALBERT
 from flaxheads.conversion.bert import BERT, ROBERTA, XLM_ROBERTA
 from flaxheads.conversion.deberta import DEBERTA_V2
+from flaxheads.conversion.decoder import DECODER_TABLES
 from flaxheads.conversion.distilbert import DISTILBERT
 from flaxheads.conversion.electra import ELECTRA
 from flaxheads.conversion.gpt2 import GPT2
@@ -18,7 +19,8 @@ from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_lay
 from flaxheads.conversion.xlnet import XLNET
 
 TABLES: dict[str, ArchitectureTable] = {
-    t.model_type: t for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT, DEBERTA_V2, MODERNBERT)
+    t.model_type: t
+    for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT, DEBERTA_V2, MODERNBERT, *DECODER_TABLES)
 }
 
 
