@@ -160,7 +160,8 @@ class Trainer:
         self.layout = Layout.create(args.mesh)
         self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
         self.batch_format = data.BatchFormat.for_task(task, tokenizer, self.max_seq_length,
-                                                      model_pad_token_id=model.config.backbone.pad_token_id)
+                                                      model_pad_token_id=model.config.backbone.pad_token_id,
+                                                      pad_to_multiple_of=args.pad_to_multiple_of)
         self.config = fit_config_to_task(model.config, task)
         self.graphdef, self.params = _split_with_config(model, self.config)
         batches_per_epoch = data.num_batches(len(task.splits["train"]), self.global_batch)
