@@ -58,14 +58,15 @@ def enable(setting: str | None = None) -> Path | None:
 
 class CompileTimer:
     """Sums what jax reports of compilation while it is installed (`start()` .. `stop()`):
-    `seconds` spent tracing, lowering and compiling (a persistent-cache hit counts only its load),
-    `compilations` backend compilations or cache loads, `cache_hits` of those loaded from the cache."""
+    `compile_seconds` in XLA's backend compilations (a persistent-cache hit counts only its load),
+    `trace_seconds` tracing and lowering to MLIR (a cache hit still does both), `compilations`
+    backend compilations or cache loads, `cache_hits` of those loaded from the cache."""
 
-    _TIMED = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-              "/jax/core/compile/backend_compile_duration")
+    _TRACE = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+    _COMPILE = "/jax/core/compile/backend_compile_duration"
 
     def __init__(self):
-        self.seconds, self.compilations, self.cache_hits = 0.0, 0, 0
+        self.compile_seconds, self.trace_seconds, self.compilations, self.cache_hits = 0.0, 0.0, 0, 0
         self._active = False
 
     def start(self) -> CompileTimer:
@@ -78,14 +79,18 @@ class CompileTimer:
         self._active = False  # jax has no public way to unregister; an inactive listener ignores events
 
     def _on_duration(self, event: str, seconds: float, **_) -> None:
-        if self._active and event in self._TIMED:
-            self.seconds += seconds
-            self.compilations += event == self._TIMED[-1]
+        if not self._active:
+            return
+        if event == self._COMPILE:
+            self.compile_seconds += seconds
+            self.compilations += 1
+        elif event in self._TRACE:
+            self.trace_seconds += seconds
 
     def _on_event(self, event: str, **_) -> None:
         if self._active and event == "/jax/compilation_cache/cache_hits":
             self.cache_hits += 1
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"compile_seconds": round(self.seconds, 2), "compilations": self.compilations,
-                "cache_hits": self.cache_hits}
+        return {"compile_s": round(self.compile_seconds, 2), "trace_lower_s": round(self.trace_seconds, 2),
+                "compilations": self.compilations, "cache_hits": self.cache_hits}

@@ -5,6 +5,7 @@
     flaxheads bench steps --hf-flax-python /path/to/env/bin/python   # + Hugging Face Flax 4.57
     flaxheads bench conversion               # MiniLM and BERT-base-size safetensors -> flaxheads
     flaxheads bench scaling                  # 1 vs 4 (fake CPU) devices, compile time per bucket
+    flaxheads bench e2e --json e2e.json      # the default train job: transformers Trainer vs flaxheads (cold, warm cache)
 
 `python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
 PyTorch (eager on CPU, bf16 autocast + SDPA on GPU) on the same config, batch and data, taking
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import tempfile
 
@@ -47,6 +49,15 @@ def steps(args) -> list[dict]:
         rows += run(bench, torch_peer=args.torch, checkpoint=minilm_path() if real else None,
                     hf_flax_python=args.hf_flax_python if arch == "bert" else None)
     return rows
+
+
+def e2e(args) -> list[dict]:
+    from flaxheads.benchmarks import e2e as bench
+
+    job = bench.E2EJob.default(max_steps=args.max_steps, max_train_samples=args.max_train_samples,
+                               max_eval_samples=args.max_eval_samples, dtype=args.dtype, model=args.model,
+                               max_seq_length=args.max_seq_length)
+    return bench.measure(job, torch_peer=args.torch, flaxheads_runs=args.flaxheads_runs)
 
 
 def scaling(args) -> list[dict]:
@@ -87,7 +98,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(
         prog="flaxheads bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", nargs="?", default="all", choices=["all", "steps", "conversion", "scaling"],
+    parser.add_argument("what", nargs="?", default="all", choices=["all", "steps", "conversion", "scaling", "e2e"],
                         help="all (default): steps, then conversion")
     parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, gpt2, xlnet, electra, albert")
     parser.add_argument("--size", type=_csv(str), default=["minilm"], help="comma list of minilm, bert-base")
@@ -102,6 +113,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="time transformers PyTorch as a peer")
     parser.add_argument("--hf-flax-python", "--hf_flax_python", dest="hf_flax_python",
                         help="python of an environment from scripts/make_hf_flax_env.sh: adds Hugging Face Flax 4.57")
+    e2e = parser.add_argument_group("e2e", "the default `flaxheads train` job, end to end")
+    e2e.add_argument("--max_steps", type=int, default=-1, help="cut the job to this many steps (default: one epoch)")
+    e2e.add_argument("--max_train_samples", type=int, help="train on the first N train examples only")
+    e2e.add_argument("--max_eval_samples", type=int, help="score the first N validation and test examples only")
+    e2e.add_argument("--max_seq_length", type=int, help="default: flaxheads train's (128)")
+    e2e.add_argument("--model", help="model folder (default: the shipped MiniLM)")
+    e2e.add_argument("--flaxheads_runs", type=int, default=2,
+                     help="flaxheads runs sharing a compilation cache that starts empty (1: cold only)")
+    e2e.add_argument("--json", help="also write the rows to this JSON file (replaced if it exists)")
     return parser
 
 
@@ -110,10 +130,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_args(args) -> int:
-    jobs = {"all": [steps, conversion], "steps": [steps], "conversion": [conversion], "scaling": [scaling]}[args.what]
+    jobs = {"all": [steps, conversion], "steps": [steps], "conversion": [conversion], "scaling": [scaling],
+            "e2e": [e2e]}[args.what]
     rows = [row for job in jobs for row in job(args)]
     for row in rows:
         print(json.dumps(row), flush=True)
+    if getattr(args, "json", None):
+        tmp = f"{args.json}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+        os.replace(tmp, args.json)
     print()
     print(markdown(rows))
     return 0

@@ -56,8 +56,9 @@ class TrainOutput(NamedTuple):
     """The trained classifier (the given one when do_train is False); None for a finished run found
     in output_dir: its model is exported there (`flaxheads.from_pretrained(output_dir)`)."""
     metrics: dict[str, Any]
-    """{"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float}
-    (validation and test where scored)."""
+    """{"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float} (validation
+    and test where scored); a training run adds "eval_seconds" (of "seconds", those spent scoring)
+    and "train_examples" (real examples trained on) of this session."""
     predictions: list | None
     """With do_predict: per test example, its label name (single-label), list of label names
     (multi-label) or score (regression); else None."""
@@ -177,11 +178,11 @@ class Trainer:
         self._scorer: SplitScorer | None = None
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig) -> Trainer:
-        """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names, the model
-        placed on the mesh as it loads."""
+    def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None) -> Trainer:
+        """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names (or `task`
+        instead of the data), the model placed on the mesh as it loads."""
         src = model_path(cfg)
-        task = load_task(cfg)
+        task = load_task(cfg) if task is None else task
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
         layout = Layout.create(cfg.mesh)
         model, loading_info = from_pretrained(
