@@ -173,8 +173,9 @@ def run_side(side: str, job: E2EJob, *, env: dict[str, str] | None = None) -> di
     if proc.returncode != 0:
         raise RuntimeError(f"the {side} side of the e2e benchmark failed (exit {proc.returncode}):\n"
                            f"{proc.stderr[-3000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
-    return dict(row, process_s=time.perf_counter() - start)
+    row = dict(json.loads(proc.stdout.strip().splitlines()[-1]), process_s=time.perf_counter() - start)
+    print(f"e2e {side}: {json.dumps(row)}", file=sys.stderr, flush=True)  # kept should a later side fail
+    return row
 
 
 def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2) -> list[dict[str, Any]]:
