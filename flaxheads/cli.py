@@ -157,8 +157,8 @@ def _read_lines(input_file: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flaxheads", description=__doc__)
     parser.add_argument("--compilation_cache", metavar="DIR|off",
-                        help="jax's persistent compilation cache, so a repeated run compiles nothing: a folder, or off; "
-                             f"default: ${compile_cache.ENV_VAR}, else {compile_cache.default_directory()}")
+                        help="jax's persistent compilation cache, so a repeated run compiles nothing: a folder, "
+                             f"or off; default: ${compile_cache.ENV_VAR}, else {compile_cache.default_directory()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_parser(name: str, **kwargs) -> argparse.ArgumentParser:

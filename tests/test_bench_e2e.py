@@ -20,7 +20,8 @@ def test_the_trainer_peer_trains_with_the_hyperparameters_of_flaxheads_train(tmp
     cfg = e2e.E2EJob.default().train_config()
     args = e2e.training_arguments(cfg, str(tmp_path))
     assert (args.learning_rate, args.weight_decay, args.max_grad_norm, args.num_train_epochs, args.seed) == (
-        cfg.learning_rate, cfg.weight_decay, cfg.max_grad_norm, cfg.num_train_epochs, cfg.seed) == (1e-4, 0.01, 1.0, 1.0, 42)
+        cfg.learning_rate, cfg.weight_decay, cfg.max_grad_norm, cfg.num_train_epochs, cfg.seed) == (
+        1e-4, 0.01, 1.0, 1.0, 42)
     assert args.per_device_train_batch_size == cfg.per_device_train_batch_size == 32
     assert args.get_warmup_steps(265) == cfg.num_warmup_steps(265) == 27
     assert str(args.lr_scheduler_type.value) == cfg.lr_scheduler_type == "linear"
@@ -41,7 +42,8 @@ def test_bench_e2e_runs_both_sides_and_the_second_flaxheads_run_compiles_nothing
     trainer, cold, warm = json.loads(out.read_text())
     assert [row["impl"] for row in (trainer, cold, warm)] == [
         "transformers Trainer (PyTorch)", "flaxheads (cold compilation cache)", "flaxheads (warm compilation cache)"]
-    assert all(row["steps"] == 2 and 0 <= row["test_accuracy"] <= 1 and row["wall_s"] > 0 for row in (trainer, cold, warm))
+    assert all(row["steps"] == 2 and 0 <= row["test_accuracy"] <= 1 and row["wall_s"] > 0
+               for row in (trainer, cold, warm))
     assert cold["cache_hits"] < cold["compilations"]
     assert warm["cache_hits"] == warm["compilations"] == cold["compilations"]
     assert "| impl |" in capsys.readouterr().out.replace("| dtype | impl |", "| impl |")

@@ -5,7 +5,7 @@
     flaxheads bench steps --hf-flax-python /path/to/env/bin/python   # + Hugging Face Flax 4.57
     flaxheads bench conversion               # MiniLM and BERT-base-size safetensors -> flaxheads
     flaxheads bench scaling                  # 1 vs 4 (fake CPU) devices, compile time per bucket
-    flaxheads bench e2e --json e2e.json      # the default train job: transformers Trainer vs flaxheads (cold, warm cache)
+    flaxheads bench e2e --json e2e.json      # the default train job: Trainer vs flaxheads (cold, warm cache)
 
 `python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
 PyTorch (eager on CPU, bf16 autocast + SDPA on GPU) on the same config, batch and data, taking

@@ -180,7 +180,8 @@ class TrainConfig:
         for name, choices in CHOICES.items():
             _check_choice(name, getattr(self, name), choices)
         if self.pad_to_multiple_of < 0:
-            raise ValueError(f"--pad_to_multiple_of must be 0 (powers of two) or positive, got {self.pad_to_multiple_of}")
+            raise ValueError(
+                f"--pad_to_multiple_of must be 0 (powers of two) or positive, got {self.pad_to_multiple_of}")
         if not 0.0 <= self.warmup_ratio <= 1.0:
             raise ValueError(f"--warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
         if self.warmup_steps < 0 or (self.warmup_steps > 1 and self.warmup_steps != int(self.warmup_steps)):
