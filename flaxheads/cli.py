@@ -10,6 +10,7 @@ import re
 import sys
 import typing
 
+from flaxheads import compile_cache
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.training.config import CHOICES, TrainConfig, field_docs
 
@@ -159,6 +160,9 @@ def _read_lines(input_file: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flaxheads", description=__doc__)
+    parser.add_argument("--compilation_cache", metavar="DIR|off",
+                        help="jax's persistent compilation cache, so a repeated run compiles nothing: a folder, "
+                             f"or off; default: ${compile_cache.ENV_VAR}, else {compile_cache.default_directory()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_parser(name: str, **kwargs) -> argparse.ArgumentParser:
@@ -238,6 +242,7 @@ def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        compile_cache.enable(args.compilation_cache)
         return args.run(args)
     except (ValueError, OSError, NotImplementedError, FloatingPointError, ModuleNotFoundError) as err:
         print(f"flaxheads {args.command}: error: {_in_flag_terms(str(err), args.command_parser)}", file=sys.stderr)

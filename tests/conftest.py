@@ -8,13 +8,19 @@ read-only: write exports into their own `tmp_path`.
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
+import tempfile
 import zlib
 from typing import NamedTuple
 
 import pytest
 import torch
 import transformers
+
+# CLI runs in tests (in this process and in subprocesses, which inherit it) share a compilation
+# cache of this session instead of writing into the user's ~/.cache.
+os.environ.setdefault("FLAXHEADS_COMPILATION_CACHE", tempfile.mkdtemp(prefix="flaxheads-test-jax-cache-"))
 
 TINY_CONFIG = dict(
     vocab_size=99,

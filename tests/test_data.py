@@ -376,18 +376,39 @@ def test_max_seq_length_beyond_the_tokenizer_limit_is_rejected(trec_task, tokeni
     "max_seq_length, buckets",
     [(128, (16, 32, 64, 128)), (100, (16, 32, 64, 100)), (16, (16,)), (8, (8,))],
 )
-def test_buckets_are_powers_of_two_from_16_ending_at_max_seq_length(max_seq_length, buckets):
-    assert bucket_lengths(max_seq_length) == buckets
+def test_buckets_without_a_multiple_are_powers_of_two_from_16_ending_at_max_seq_length(max_seq_length, buckets):
+    assert bucket_lengths(max_seq_length, 0) == buckets
+
+
+@pytest.mark.parametrize(
+    "max_seq_length, multiple, buckets",
+    [(64, 8, (16, 24, 32, 40, 48, 56, 64)), (100, 16, (16, 32, 48, 64, 80, 96, 100)), (8, 8, (8,)),
+     (40, 12, (24, 36, 40))],
+)
+def test_buckets_are_multiples_from_16_ending_at_max_seq_length(max_seq_length, multiple, buckets):
+    assert bucket_lengths(max_seq_length, multiple) == buckets
+
+
+def test_a_negative_multiple_is_refused_naming_the_setting():
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be 0"):
+        BatchFormat(max_seq_length=16, pad_token_id=0, pad_to_multiple_of=-8)
 
 
 @pytest.mark.parametrize("longest, bucket", [(1, 16), (16, 16), (17, 32), (64, 64), (65, 100), (100, 100)])
 def test_bucket_is_the_smallest_one_holding_the_longest_example(longest, bucket):
-    assert bucket_for(longest, bucket_lengths(100)) == bucket
+    assert bucket_for(longest, bucket_lengths(100, 0)) == bucket
 
 
-def test_batch_is_padded_to_the_bucket_of_its_longest_example():
+def test_batch_is_padded_to_its_longest_example_rounded_up_to_a_multiple_of_8_by_default():
     rows = _rows_of_lengths([3, 17, 5, 9])
     (first, second) = eval_batches(rows, _index_format(100), global_batch_size=2)
+    assert first["input_ids"].shape == (2, 24) and second["input_ids"].shape == (2, 16)
+
+
+def test_batch_is_padded_to_a_power_of_two_with_pad_to_multiple_of_0():
+    rows = _rows_of_lengths([3, 17, 5, 9])
+    fmt = BatchFormat(max_seq_length=100, pad_token_id=0, pad_to_multiple_of=0)
+    (first, second) = eval_batches(rows, fmt, global_batch_size=2)
     assert first["input_ids"].shape == (2, 32) and second["input_ids"].shape == (2, 16)
 
 
@@ -652,7 +673,7 @@ def test_every_process_pads_to_the_bucket_of_the_longest_row_of_the_global_batch
     for p in range(2):
         own, processes = _own_rows(split, 2, p)
         shapes = [b["input_ids"].shape for b in eval_batches(own, _index_format(), global_batch_size=2, **processes)]
-        assert shapes == [(1, 64), (1, 64)]
+        assert shapes == [(1, 40), (1, 40)]
 
 
 def test_data_shards_that_do_not_divide_the_global_batch_are_rejected(indexed_train):

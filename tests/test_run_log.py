@@ -154,17 +154,45 @@ def test_log_after_close_raises(tmp_path):
 # --- ProgressBar ----------------------------------------------------------------------------
 
 
-def test_progress_bar_shows_loss_learning_rate_and_throughput(monkeypatch):
-    clock = iter([100.0, 102.0])
+class _TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_shows_running_loss_learning_rate_and_throughput_on_a_terminal(monkeypatch):
+    clock = iter([100.0, 102.0, 103.0])
     monkeypatch.setattr(run_log, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
-    stream = io.StringIO()  # not a TTY, as in CI
+    stream = _TTY()
     bar = run_log.ProgressBar(10, is_main_process=True, file=stream)
-    bar.update(2, loss=0.123456, learning_rate=2e-5, examples=64)
-    assert bar.examples_per_second == 32.0
-    assert bar.postfix == "loss=0.1235, lr=2.00e-05, ex/s=32.0"
+    bar.update(1, loss=0.2, learning_rate=2e-5, examples=64)
+    bar.update(1, loss=0.1, learning_rate=1e-5, examples=32)
+    assert bar.examples_per_second == 32.0  # 96 examples in 3 s
+    assert bar.postfix == "loss=0.1500, lr=1.00e-05, ex/s=32.0"
     bar.close()
     assert "2/10" in stream.getvalue()
-    assert "loss=0.1235, lr=2.00e-05, ex/s=32.0" in stream.getvalue()
+
+
+def test_moving_throughput_leaves_out_steps_that_compiled_and_forgets_beyond_its_window():
+    throughput = run_log.MovingThroughput(window=2, start=0.0)
+    assert throughput.examples_per_second is None and throughput.loss is None
+    throughput.observe(32, 1.0, timed=False, now=10.0)  # compilation: restarts the clock only
+    assert throughput.examples_per_second is None and throughput.loss == 1.0
+    throughput.observe(32, 0.5, now=11.0)
+    throughput.observe(16, 0.25, now=13.0)
+    assert throughput.examples_per_second == 48 / 3
+    throughput.observe(30, float("nan"), now=14.0)  # pushes out the 32 examples of 1 s
+    assert throughput.examples_per_second == 46 / 3 and throughput.loss == (0.5 + 0.25) / 2  # NaN not counted
+
+
+def test_progress_bar_off_a_terminal_prints_a_plain_line_per_log_call_and_no_bar(monkeypatch):
+    clock = iter([0.0, 2.0, 4.0, 5.0])
+    monkeypatch.setattr(run_log, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    stream = io.StringIO()  # not a TTY, as in CI
+    with run_log.ProgressBar(4, is_main_process=True, file=stream) as bar:
+        bar.update(1, loss=0.5, learning_rate=1e-4, examples=32, timed=False)
+        bar.update(1, loss=0.25, learning_rate=5e-5, examples=32)
+        bar.log()
+    assert stream.getvalue() == "train  step 2/4  loss 0.3750  lr 5.00e-05  ex/s 16.0  elapsed 0:05  eta 0:05\n"
 
 
 def test_progress_bar_on_non_main_process_prints_nothing():

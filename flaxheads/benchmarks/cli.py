@@ -6,6 +6,7 @@
     flaxheads bench conversion               # MiniLM and BERT-base-size safetensors -> flaxheads
     flaxheads bench scaling                  # 1 vs 4 (fake CPU) devices, compile time per bucket
     flaxheads bench load                     # a random 1.3B bf16 sharded checkpoint: load s, peak RSS
+    flaxheads bench e2e --json e2e.json      # the default train job: Trainer vs flaxheads (cold, warm cache)
 
 `python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
 PyTorch (eager on CPU, bf16 autocast + SDPA on GPU) on the same config, batch and data, taking
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import tempfile
 
@@ -48,6 +50,15 @@ def steps(args) -> list[dict]:
         rows += run(bench, torch_peer=args.torch, checkpoint=minilm_path() if real else None,
                     hf_flax_python=args.hf_flax_python if arch == "bert" else None)
     return rows
+
+
+def e2e(args) -> list[dict]:
+    from flaxheads.benchmarks import e2e as bench
+
+    job = bench.E2EJob.default(max_steps=args.max_steps, max_train_samples=args.max_train_samples,
+                               max_eval_samples=args.max_eval_samples, dtype=args.dtype, model=args.model,
+                               max_seq_length=args.max_seq_length)
+    return bench.measure(job, torch_peer=args.torch, flaxheads_runs=args.flaxheads_runs)
 
 
 def scaling(args) -> list[dict]:
@@ -95,7 +106,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(
         prog="flaxheads bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", nargs="?", default="all", choices=["all", "steps", "conversion", "scaling", "load"],
+    parser.add_argument("what", nargs="?", default="all",
+                        choices=["all", "steps", "conversion", "scaling", "load", "e2e"],
                         help="all (default): steps, then conversion")
     parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, xlm-roberta, gpt2, xlnet, electra, albert, distilbert, deberta-v3, modernbert, llama")
     parser.add_argument("--size", type=_csv(str), default=["minilm"], help="comma list of minilm, bert-base")
@@ -113,6 +125,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--load_shape", help="load: the checkpoint's config.json as JSON (model_type and sizes); "
                         "default: BERT-shaped, hidden 2048, 24 layers (1.3B parameters)")
     parser.add_argument("--mesh", help='load: place the parameters on this mesh, e.g. "fsdp=4"; default: one device')
+    e2e = parser.add_argument_group("e2e", "the default `flaxheads train` job, end to end")
+    e2e.add_argument("--max_steps", type=int, default=-1, help="cut the job to this many steps (default: one epoch)")
+    e2e.add_argument("--max_train_samples", type=int, help="train on the first N train examples only")
+    e2e.add_argument("--max_eval_samples", type=int, help="score the first N validation and test examples only")
+    e2e.add_argument("--max_seq_length", type=int, help="default: flaxheads train's (128)")
+    e2e.add_argument("--model", help="model folder (default: the shipped MiniLM)")
+    e2e.add_argument("--flaxheads_runs", type=int, default=2,
+                     help="flaxheads runs sharing a compilation cache that starts empty (1: cold only)")
+    e2e.add_argument("--json", help="also write the rows to this JSON file (replaced if it exists)")
     return parser
 
 
@@ -122,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_args(args) -> int:
     jobs = {"all": [steps, conversion], "steps": [steps], "conversion": [conversion], "scaling": [scaling],
-            "load": [load]}[args.what]
+            "load": [load], "e2e": [e2e]}[args.what]
     rows = [row for job in jobs for row in job(args)]
     for row in rows:
         print(json.dumps(row), flush=True)
+    if getattr(args, "json", None):
+        tmp = f"{args.json}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+        os.replace(tmp, args.json)
     print()
     print(markdown(rows))
     return 0

@@ -12,6 +12,7 @@ import functools
 import inspect
 import math
 
+from flaxheads.data.batching import PAD_TO_MULTIPLE_OF
 from flaxheads.data.builtin import BUILTIN_DATASETS
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.lora import LoRAConfig
@@ -94,7 +95,8 @@ class TrainConfig:
     per_device_train_batch_size: int = 32
     """Training examples per device per micro-batch."""
     per_device_eval_batch_size: int = 64
-    """Evaluation examples per device per batch."""
+    """Evaluation examples per device per batch. Evaluation batches follow the data's order, so a
+    larger batch pads more: on a CPU 64 is as fast as any; on a GPU/TPU raise it as memory allows."""
     gradient_accumulation_steps: int = 1
     """Micro-batches summed into each optimizer step."""
     learning_rate: float = 1e-4
@@ -126,6 +128,10 @@ class TrainConfig:
     """Order of the training examples (transformers v5's name): "group_by_length", "random" or
     "sequential" (data order as given); default (None): "group_by_length" or "random" as
     group_by_length says."""
+    pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF
+    """Pad each batch to its longest example rounded up to a multiple of N (from 16); every length
+    is one compilation (cached across runs). 0: powers of two (16, 32, 64, ...), fewer
+    compilations but ~25% more tokens on the default job."""
     dtype: str = "float32"
     """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state."""
     bf16: bool = False
@@ -203,6 +209,9 @@ class TrainConfig:
                 raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
         for name, choices in CHOICES.items():
             _check_choice(name, getattr(self, name), choices)
+        if self.pad_to_multiple_of < 0:
+            raise ValueError(
+                f"--pad_to_multiple_of must be 0 (powers of two) or positive, got {self.pad_to_multiple_of}")
         if not 0.0 <= self.warmup_ratio <= 1.0:
             raise ValueError(f"--warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
         if self.warmup_steps < 0 or (self.warmup_steps > 1 and self.warmup_steps != int(self.warmup_steps)):

@@ -68,6 +68,15 @@ class TrainLoop:
         self.pending: list[tuple[int, dict]] = []
         """Metrics of steps run since the last flush, still on device (no sync per step)."""
         self.last_eval: dict[str, Any] = {}
+        self.eval_seconds = 0.0
+        """Seconds this session spent scoring splits (during training and at the end)."""
+        self.examples_trained = 0.0
+        """Real examples this session trained on (all processes)."""
+        self.unshown: tuple[dict, bool] | None = None
+        """The newest step's metrics (on device) and whether its time was all training; the bar
+        shows it once the next step is dispatched (see `_show_unshown`)."""
+        self.shapes: set[tuple[int, ...]] = set()
+        """Batch shapes stepped so far: a new one compiles (or loads from the cache) first."""
         position = self._restore(loading_info)
         self.train_batches = data.TrainBatches(
             train.rows, batch_format, global_batch_size=global_batch, seed=cfg.seed, start=position,
@@ -132,17 +141,34 @@ class TrainLoop:
         """One optimizer step, then whatever falls due after it: a log line, an evaluation, a save."""
         cfg = self.cfg
         batch = data.accumulation_view(next(self.train_batches), cfg.gradient_accumulation_steps)
+        compiles = batch["input_ids"].shape not in self.shapes
+        self.shapes.add(batch["input_ids"].shape)
         self.state, step_metrics = self.runner.step(self.state, batch, rng)
         self.step += 1
         self.pending.append((self.step, step_metrics))
+        self._show_unshown()
+        self.unshown = (step_metrics, not compiles)
         last = self.step == self.total_steps
-        summary = self.log_train() if self.step % cfg.logging_steps == 0 or last else {}
-        self.bar.update(1, examples=int(batch["example_mask"].sum()), loss=summary.get("loss"),
-                        learning_rate=summary.get("learning_rate"))
+        if self.step % cfg.logging_steps == 0 or last:
+            self.log_train()
         if self._evaluation_due():
             self.evaluate()
+            self.unshown = (step_metrics, False)
         if self.step % cfg.save_steps == 0 or last:
             self.save()
+            self.unshown = (step_metrics, False)
+
+    def _show_unshown(self) -> None:
+        """Advances the bar over the step before the newest, whose metrics are ready (or nearly)
+        while the newest runs: reading them never waits for the step just dispatched, so one step
+        stays queued and the bar still moves, with the running loss, every step."""
+        if self.unshown is None:
+            return
+        metrics, timed = self.unshown
+        self.unshown = None
+        values = host_values({name: metrics[name] for name in ("loss", "learning_rate", "examples")})
+        self.bar.update(1, loss=float(values["loss"]), learning_rate=float(values["learning_rate"]),
+                        examples=float(values["examples"]), timed=timed)
 
     def _evaluation_due(self) -> bool:
         strategy = self.cfg.evaluation
@@ -155,10 +181,12 @@ class TrainLoop:
     def log_train(self) -> dict[str, float]:
         """Flushes the pending steps' metrics into one train record, with the throughput since the last."""
         summary = self.flush_pending()
+        self._show_unshown()  # the flush waited for every pending step: the newest is done too
         now = time.perf_counter()
         summary["examples_per_second"] = summary.pop("examples") / max(now - self.last_log, 1e-9)
         self.last_log = now
         self._record("train", summary)
+        self.bar.log()
         return summary
 
     def _record(self, split: str, metrics: dict[str, float], *, show: bool = False) -> None:
@@ -179,6 +207,7 @@ class TrainLoop:
         # The loss of step t comes from the weights after step t - 1.
         self._confirm_before(self.pending[-1][0])
         self.pending.clear()
+        self.examples_trained += sum(float(m["examples"]) for m in fetched)
         return {"loss": float(np.mean([m["loss"] for m in fetched])),
                 "learning_rate": float(fetched[-1]["learning_rate"]),
                 "grad_norm": float(fetched[-1]["grad_norm"]),
@@ -192,7 +221,7 @@ class TrainLoop:
             return None
         if self.last_eval.get("step") == self.step:
             return self.last_eval["result"]
-        result = self.scorer.scores("validation", self.params())
+        result = self._timed_scores("validation")
         self.last_eval.update(step=self.step, result=result)
         self._record("eval", result, show=True)
         if self._improves_best(result.get(self.best["metric"])):
@@ -200,6 +229,12 @@ class TrainLoop:
             if self.output_dir is not None:
                 self.scorer.export(self.params(), self.output_dir / "best_model")
         return result
+
+    def _timed_scores(self, split: str) -> dict[str, float]:
+        start = time.perf_counter()
+        scores = self.scorer.scores(split, self.params())
+        self.eval_seconds += time.perf_counter() - start
+        return scores
 
     def _improves_best(self, value) -> bool:
         best = self.best
@@ -266,17 +301,20 @@ class TrainLoop:
     def finish(self) -> dict[str, Any]:
         """The last save, the final scores, and a finite loss that vouches for the final weights."""
         self.flush_pending()
+        self._show_unshown()
         if self.checkpoints is not None and self.checkpoints.latest_step() != self.step:
             self.save()
         results: dict[str, Any] = {"steps": self.step}
         if "validation" in self.eval_splits:
             results["validation"] = self.evaluate()
         if "test" in self.eval_splits:
-            results["test"] = self.scorer.scores("test", self.params())
+            results["test"] = self._timed_scores("test")
             self._record("test", results["test"], show=True)
         self._confirm_final(results)
         results["best"] = self.best
         results["seconds"] = self.seconds()
+        results["eval_seconds"] = self.eval_seconds
+        results["train_examples"] = self.examples_trained
         return results
 
     def _confirm_final(self, results: dict[str, Any]) -> None:

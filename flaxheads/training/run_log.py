@@ -7,6 +7,7 @@ can be tested on a single machine.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import numbers
@@ -183,12 +184,77 @@ def _is_interactive(stream: TextIO) -> bool:
         return False
 
 
-class ProgressBar:
-    """A tqdm bar over training steps whose postfix shows loss, learning rate and examples/s.
+class MovingThroughput:
+    """Examples per second and mean loss over the last `window` finished steps.
 
-    Disabled (a no-op) on non-main processes and when `disable=True`. When the stream is not a
-    terminal (CI logs, files, pipes) it redraws at most every 30 s and uses ASCII characters,
-    so logs get a readable line now and then instead of thousands of carriage returns.
+    Each `observe` says a step has finished now; its interval is the time since the previous one
+    finished. An interval that holds more than training (a compilation, an evaluation, a save) is
+    observed with `timed=False`: it restarts the clock without counting, so the rate is steady
+    from the first steps on instead of jumping from ~1 to thousands.
+    """
+
+    def __init__(self, window: int = 20, *, start: float | None = None):
+        self._seconds: collections.deque[float] = collections.deque(maxlen=window)
+        self._examples: collections.deque[float] = collections.deque(maxlen=window)
+        self._losses: collections.deque[float] = collections.deque(maxlen=window)
+        self._last = start
+
+    def observe(self, examples: float, loss: float | None = None, *, timed: bool = True,
+                now: float | None = None) -> None:
+        """A step that trained `examples` real examples (and gave `loss`) finished at `now`
+        (default: the clock's time)."""
+        now = time.perf_counter() if now is None else now
+        if timed and self._last is not None and now > self._last:
+            self._seconds.append(now - self._last)
+            self._examples.append(float(examples))
+        if loss is not None and math.isfinite(loss):
+            self._losses.append(float(loss))
+        self._last = now
+
+    @property
+    def examples_per_second(self) -> float | None:
+        """Real examples over seconds of the timed steps in the window; None before any."""
+        return sum(self._examples) / sum(self._seconds) if self._seconds else None
+
+    @property
+    def loss(self) -> float | None:
+        """Mean loss of the steps in the window; None before any."""
+        return sum(self._losses) / len(self._losses) if self._losses else None
+
+
+def progress_line(step: int, total: int | None, *, loss: float | None, learning_rate: float | None,
+                  examples_per_second: float | None, elapsed: float) -> str:
+    """The plain line printed every logging step when the output is not a terminal.
+
+    >>> progress_line(50, 265, loss=0.61234, learning_rate=9.8e-05, examples_per_second=51.23, elapsed=75.4)
+    'train  step 50/265  loss 0.6123  lr 9.80e-05  ex/s 51.2  elapsed 1:15  eta 5:24'
+    """
+    parts = ["train", f"step {step}" + (f"/{total}" if total else "")]
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
+    if learning_rate is not None:
+        parts.append(f"lr {learning_rate:.2e}")
+    if examples_per_second is not None:
+        parts.append(f"ex/s {examples_per_second:.1f}")
+    parts.append(f"elapsed {_clock(elapsed)}")
+    if total and 0 < step < total:
+        parts.append(f"eta {_clock(elapsed / step * (total - step))}")
+    return "  ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class ProgressBar:
+    """Training progress: on a terminal, a tqdm bar over steps whose postfix shows the running
+    loss, the learning rate and examples/s (`MovingThroughput`), refreshed every step; elsewhere
+    (CI logs, files, pipes), a plain `progress_line` every `log` call (every logging step) instead
+    of a bar's carriage returns.
+
+    Disabled (a no-op) on non-main processes and when `disable=True`.
     """
 
     def __init__(
@@ -200,6 +266,7 @@ class ProgressBar:
         disable: bool = False,
         is_main_process: bool | None = None,
         file: TextIO | None = None,
+        window: int = 20,
     ):
         """Starts the bar.
 
@@ -210,34 +277,33 @@ class ProgressBar:
           disable: show nothing.
           is_main_process: defaults to `jax.process_index() == 0`; other processes show nothing.
           file: the stream to draw on; defaults to stderr, leaving stdout for results.
+          window: steps the running loss and examples/s average over.
         """
         if is_main_process is None:
             is_main_process = _default_is_main_process()
-        stream = sys.stderr if file is None else file
-        interactive = _is_interactive(stream)
+        self._stream = sys.stderr if file is None else file
+        self._shown = is_main_process and not disable
+        self._interactive = _is_interactive(self._stream)
         self._bar = tqdm.tqdm(
-            total=total,
-            initial=initial,
-            desc=desc,
-            unit="step",
-            file=stream,
-            disable=disable or not is_main_process,
-            dynamic_ncols=interactive,
-            mininterval=0.1 if interactive else 30.0,
-            ascii=not interactive,
+            total=total, initial=initial, desc=desc, unit="step", file=self._stream,
+            disable=not (self._shown and self._interactive), dynamic_ncols=True, mininterval=0.1,
         )
-        self._last_update_time = time.perf_counter()
-        self.examples_per_second: float | None = None
-        """The throughput measured by the latest `update` that was given `examples`."""
+        self._total, self._step, self._start = total, initial, time.perf_counter()
+        self.throughput = MovingThroughput(window, start=self._start)
+        self.learning_rate: float | None = None
 
     @property
     def disabled(self) -> bool:
-        return bool(self._bar.disable)
+        return not self._shown
+
+    @property
+    def examples_per_second(self) -> float | None:
+        return self.throughput.examples_per_second
 
     @property
     def postfix(self) -> str:
-        """The postfix text as last set ('' when disabled or not yet set)."""
-        return "" if self.disabled else (self._bar.postfix or "")
+        """The postfix text as last set ('' when not drawn as a bar or not yet set)."""
+        return "" if self._bar.disable else (self._bar.postfix or "")
 
     def update(
         self,
@@ -245,39 +311,48 @@ class ProgressBar:
         *,
         loss: float | None = None,
         learning_rate: float | None = None,
-        examples: int | None = None,
+        examples: float | None = None,
+        timed: bool = True,
     ) -> None:
-        """Advances the bar by `steps` and refreshes the postfix.
-
-        Args:
-          steps: how many steps were taken since the previous call.
-          loss: the latest training loss.
-          learning_rate: the learning rate of the latest step.
-          examples: how many examples those `steps` consumed; examples/s is this count over
-            the wall time since the previous call (or since the bar was created).
-        """
-        now = time.perf_counter()
-        elapsed = now - self._last_update_time
-        self._last_update_time = now
-        if examples is not None and elapsed > 0:
-            self.examples_per_second = examples / elapsed
-        if self.disabled:
+        """`steps` more steps have finished (just now), training `examples` real examples; `loss`
+        and `learning_rate` are the latest step's. `timed=False` when the time since the previous
+        update held more than training (a compilation, an evaluation): not counted in examples/s."""
+        self.throughput.observe(examples or 0, loss, timed=timed and examples is not None)
+        self._step += steps
+        if learning_rate is not None:
+            self.learning_rate = float(learning_rate)
+        if self._bar.disable:
             return
         postfix = {}
-        if loss is not None:
-            postfix["loss"] = f"{float(loss):.4f}"
-        if learning_rate is not None:
-            postfix["lr"] = f"{float(learning_rate):.2e}"
-        if examples is not None and self.examples_per_second is not None:
+        if self.throughput.loss is not None:
+            postfix["loss"] = f"{self.throughput.loss:.4f}"
+        if self.learning_rate is not None:
+            postfix["lr"] = f"{self.learning_rate:.2e}"
+        if self.examples_per_second is not None:
             postfix["ex/s"] = f"{self.examples_per_second:.1f}"
         if postfix:
             # No refresh here: the update below redraws when tqdm's interval allows.
             self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(steps)
 
+    def log(self) -> None:
+        """Prints a `progress_line` of where the run stands, when the output is not a terminal
+        (on a terminal the bar shows the same)."""
+        if self._shown and not self._interactive:
+            self._print(progress_line(self._step, self._total, loss=self.throughput.loss,
+                                      learning_rate=self.learning_rate,
+                                      examples_per_second=self.examples_per_second,
+                                      elapsed=time.perf_counter() - self._start))
+
     def write(self, message: str) -> None:
         """Prints a line (e.g. an evaluation summary) above the bar without garbling it."""
-        if not self.disabled:
+        if self._shown:
+            self._print(message)
+
+    def _print(self, message: str) -> None:
+        if self._bar.disable:
+            print(message, file=self._stream, flush=True)
+        else:
             self._bar.write(message, file=self._bar.fp)
 
     def close(self) -> None:

@@ -58,8 +58,9 @@ class TrainOutput(NamedTuple):
     """The trained classifier (the given one when do_train is False); None for a finished run found
     in output_dir: its model is exported there (`flaxheads.from_pretrained(output_dir)`)."""
     metrics: dict[str, Any]
-    """{"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float}
-    (validation and test where scored)."""
+    """{"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float} (validation
+    and test where scored); a training run adds "eval_seconds" (of "seconds", those spent scoring)
+    and "train_examples" (real examples trained on) of this session."""
     predictions: list | None
     """With do_predict: per test example, its label name (single-label), list of label names
     (multi-label) or score (regression); else None."""
@@ -167,7 +168,8 @@ class Trainer:
         self.layout = Layout.create(args.mesh)
         self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
         self.batch_format = data.BatchFormat.for_task(task, tokenizer, self.max_seq_length,
-                                                      model_pad_token_id=model.config.backbone.pad_token_id)
+                                                      model_pad_token_id=model.config.backbone.pad_token_id,
+                                                      pad_to_multiple_of=args.pad_to_multiple_of)
         self.config = fit_config_to_task(model.config, task)
         self.graphdef, self.params = _split_with_config(_prepared(model, args), self.config)
         batches_per_epoch = data.num_batches(len(task.splits["train"]), self.global_batch)

@@ -1,0 +1,210 @@
+"""`flaxheads bench e2e`: one training job end to end, by flaxheads and by transformers' Trainer.
+
+The job is `flaxheads train`'s default (a `TrainConfig`: the shipped MiniLM on movie_snippets,
+seed-42 split, lr 1e-4, 10% warmup, linear decay, weight decay 0.01, clipping 1.0, max length 128,
+one epoch of batches of 32 grouped by length), optionally cut short (`max_steps`,
+`max_train_samples`, `max_eval_samples`). Each side runs in a fresh subprocess of this module and
+is timed from loading the model to the test split's scores:
+
+- flaxheads: `Trainer.from_config(cfg, task).train()` into a temporary output_dir (so with what
+  `flaxheads train` does beyond training: the final checkpoint, the best and final exports), with
+  jax's persistent compilation cache in a folder of this benchmark: empty for the first run
+  ("cold"), reused by the second ("warm"), which then compiles nothing.
+- transformers: `AutoModelForSequenceClassification` + `Trainer` with `DataCollatorWithPadding`,
+  `train_sampling_strategy="group_by_length"` and the same hyperparameters (bf16 autocast with
+  dtype bfloat16), no checkpoints, then `evaluate` on validation and test.
+
+Both read the same splits (`flaxheads.training.trainer.load_task`) and tokenise them themselves.
+Each subprocess prints one JSON line: wall seconds, train seconds, train examples/s, accuracies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+SIDES = ("transformers", "flaxheads")
+
+
+@dataclasses.dataclass(frozen=True)
+class E2EJob:
+    """The job both sides run: `config`'s data, model and hyperparameters, cut to at most
+    `max_train_samples` train and `max_eval_samples` validation and test examples when given."""
+
+    config: dict[str, Any]
+    """The TrainConfig fields (as `dataclasses.asdict` gives them)."""
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+
+    @classmethod
+    def default(cls, *, max_steps: int = -1, max_train_samples: int | None = None,
+                max_eval_samples: int | None = None, dtype: str = "float32", model: str | None = None,
+                max_seq_length: int | None = None) -> E2EJob:
+        """`flaxheads train`'s default job with these changes."""
+        from flaxheads.training.config import TrainConfig
+
+        changes = dict(max_steps=max_steps, dtype=dtype, model_name_or_path=model)
+        if max_seq_length is not None:
+            changes["max_seq_length"] = max_seq_length
+        return cls(dataclasses.asdict(TrainConfig(**changes)), max_train_samples, max_eval_samples)
+
+    def train_config(self):
+        from flaxheads.training.config import TrainConfig
+
+        return TrainConfig(**self.config)
+
+
+def load_job_task(job: E2EJob):
+    """The splits both sides train and score on."""
+    from flaxheads.training.trainer import load_task
+
+    task = load_task(job.train_config())
+    limits = {"train": job.max_train_samples, "validation": job.max_eval_samples, "test": job.max_eval_samples}
+    splits = {name: split.select(range(min(len(split), limits[name]))) if limits.get(name) else split
+              for name, split in task.splits.items()}
+    return dataclasses.replace(task, splits=type(task.splits)(splits))
+
+
+# -- the two sides, each run in its own process ---------------------------------------------------
+
+
+def run_flaxheads(job: E2EJob) -> dict[str, Any]:
+    """`flaxheads train`'s work on the job; the compilation cache is the environment's."""
+    start = time.perf_counter()
+    from flaxheads import compile_cache
+
+    cache = compile_cache.enable()
+    timer = compile_cache.CompileTimer().start()
+    from flaxheads.training.trainer import Trainer
+
+    task = load_job_task(job)
+    with tempfile.TemporaryDirectory() as output_dir:
+        cfg = dataclasses.replace(job.train_config(), output_dir=output_dir, report_to="none", disable_tqdm=True)
+        results = Trainer.from_config(cfg, task).train().metrics
+    wall = time.perf_counter() - start
+    timer.stop()
+    train_seconds = results["seconds"] - results["eval_seconds"]
+    return dict(wall_s=wall, train_s=train_seconds, train_examples_per_s=results["train_examples"] / train_seconds,
+                steps=results["steps"], validation_accuracy=results["validation"]["accuracy"],
+                test_accuracy=results["test"]["accuracy"], compilation_cache="off" if cache is None else "on",
+                **timer.as_dict())
+
+
+def run_transformers(job: E2EJob) -> dict[str, Any]:
+    """The same job with transformers' PyTorch Trainer."""
+    start = time.perf_counter()
+    import numpy as np
+    import transformers
+
+    from flaxheads.training.trainer import model_path
+
+    cfg = job.train_config()
+    task = load_job_task(job)
+    src = str(model_path(cfg))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(cfg.tokenizer_name or src)
+    hf_config = transformers.AutoConfig.from_pretrained(src)
+    max_length = min(cfg.max_seq_length, getattr(hf_config, "max_position_embeddings", cfg.max_seq_length))
+    pair = task.has_text_pair
+
+    def tokenize(rows):
+        texts = (rows["text"], rows["text_pair"]) if pair else (rows["text"],)
+        return tokenizer(*texts, truncation=True, max_length=max_length)
+
+    splits = {name: split.map(tokenize, batched=True, remove_columns=[c for c in split.column_names if c != "label"],
+                              load_from_cache_file=False)
+              for name, split in task.splits.items()}
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        src, num_labels=task.num_labels, id2label=dict(task.id2label), label2id=task.label2id,
+        problem_type=task.problem_type)
+
+    def accuracy(prediction):
+        return {"accuracy": float(np.mean(np.argmax(prediction.predictions, -1) == prediction.label_ids))}
+
+    with tempfile.TemporaryDirectory() as output_dir:
+        args = training_arguments(cfg, output_dir)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=splits["train"],
+                                       data_collator=transformers.DataCollatorWithPadding(tokenizer),
+                                       compute_metrics=accuracy)
+        train = trainer.train().metrics
+        scores = {name: trainer.evaluate(splits[name]) for name in ("validation", "test") if name in splits}
+    wall = time.perf_counter() - start
+    return dict(wall_s=wall, train_s=train["train_runtime"], train_examples_per_s=train["train_samples_per_second"],
+                steps=trainer.state.global_step, validation_accuracy=scores["validation"]["eval_accuracy"],
+                test_accuracy=scores["test"]["eval_accuracy"])
+
+
+def training_arguments(cfg, output_dir: str):
+    """transformers' TrainingArguments for the TrainConfig `cfg`: the same hyperparameters, no
+    checkpoints, no evaluation during training (the job scores validation and test after it)."""
+    import torch
+    import transformers
+
+    return transformers.TrainingArguments(
+        output_dir=output_dir, per_device_train_batch_size=cfg.per_device_train_batch_size,
+        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps, learning_rate=cfg.learning_rate,
+        weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
+        adam_epsilon=cfg.adam_epsilon, max_grad_norm=cfg.max_grad_norm, num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps, warmup_steps=cfg.warmup_steps or cfg.warmup_ratio,
+        lr_scheduler_type=cfg.lr_scheduler_type, train_sampling_strategy=cfg.sampling, seed=cfg.seed,
+        bf16=cfg.dtype == "bfloat16", eval_strategy="no", save_strategy="no", logging_steps=cfg.logging_steps,
+        report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),  # bf16 autocast on a CPU needs it said
+    )
+
+
+RUNNERS = {"flaxheads": run_flaxheads, "transformers": run_transformers}
+
+
+# -- the benchmark: both sides in subprocesses ------------------------------------------------------
+
+
+def run_side(side: str, job: E2EJob, *, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One side's row, run in a fresh Python process (its seconds from start to exit included)."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "flaxheads.benchmarks.e2e", side, json.dumps(dataclasses.asdict(job))],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {side} side of the e2e benchmark failed (exit {proc.returncode}):\n"
+                           f"{proc.stderr[-3000:]}")
+    row = dict(json.loads(proc.stdout.strip().splitlines()[-1]), process_s=time.perf_counter() - start)
+    print(f"e2e {side}: {json.dumps(row)}", file=sys.stderr, flush=True)  # kept should a later side fail
+    return row
+
+
+def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2) -> list[dict[str, Any]]:
+    """Rows of `flaxheads bench e2e`: the Trainer (when `torch_peer`), then flaxheads
+    `flaxheads_runs` times sharing a compilation cache that starts empty (run 1 cold, then warm);
+    each row's speed-up is the Trainer's wall seconds over its own."""
+    rows = []
+    dtype = job.config["dtype"]
+    if torch_peer:
+        rows.append(dict(impl="transformers Trainer (PyTorch)", **run_side("transformers", job)))
+    with tempfile.TemporaryDirectory() as cache:
+        for run in range(flaxheads_runs):
+            row = run_side("flaxheads", job, env={"FLAXHEADS_COMPILATION_CACHE": cache})
+            rows.append(dict(impl=f"flaxheads ({'cold' if run == 0 else 'warm'} compilation cache)", **row))
+    peer = rows[0]["wall_s"] if torch_peer else None
+    return [_rounded(dict(bench="e2e", dtype=dtype, **row, speedup_vs_trainer=peer / row["wall_s"] if peer else None))
+            for row in rows]
+
+
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 4 if "accuracy" in k else 2) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def main(argv: list[str]) -> int:
+    side, job = argv
+    row = RUNNERS[side](E2EJob(**json.loads(job)))
+    print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,49 @@
+"""`flaxheads bench e2e`: both sides get the same job, and it runs (never its timings)."""
+
+from __future__ import annotations
+
+import json
+
+from flaxheads.benchmarks import e2e
+from flaxheads.benchmarks.cli import main as bench_main
+from flaxheads.cli import build_parser
+
+
+def test_bench_e2e_takes_the_options_that_shorten_the_job():
+    args = build_parser().parse_args(["bench", "e2e", "--max_steps", "2", "--max_train_samples", "64",
+                                      "--max_eval_samples", "16", "--no-torch", "--json", "out.json"])
+    assert (args.what, args.max_steps, args.max_train_samples, args.max_eval_samples, args.torch, args.json) == (
+        "e2e", 2, 64, 16, False, "out.json")
+
+
+def test_the_trainer_peer_trains_with_the_hyperparameters_of_flaxheads_train(tmp_path):
+    cfg = e2e.E2EJob.default().train_config()
+    args = e2e.training_arguments(cfg, str(tmp_path))
+    assert (args.learning_rate, args.weight_decay, args.max_grad_norm, args.num_train_epochs, args.seed) == (
+        cfg.learning_rate, cfg.weight_decay, cfg.max_grad_norm, cfg.num_train_epochs, cfg.seed) == (
+        1e-4, 0.01, 1.0, 1.0, 42)
+    assert args.per_device_train_batch_size == cfg.per_device_train_batch_size == 32
+    assert args.get_warmup_steps(265) == cfg.num_warmup_steps(265) == 27
+    assert str(args.lr_scheduler_type.value) == cfg.lr_scheduler_type == "linear"
+    assert args.train_sampling_strategy == cfg.sampling == "group_by_length"
+    assert not args.bf16 and e2e.training_arguments(e2e.E2EJob.default(dtype="bfloat16").train_config(),
+                                                    str(tmp_path)).bf16
+
+
+def test_the_job_cuts_every_split_to_the_sample_limits():
+    task = e2e.load_job_task(e2e.E2EJob.default(max_train_samples=40, max_eval_samples=8))
+    assert {name: len(split) for name, split in task.splits.items()} == {"train": 40, "validation": 8, "test": 8}
+
+
+def test_bench_e2e_runs_both_sides_and_the_second_flaxheads_run_compiles_nothing(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert bench_main(["e2e", "--model", str(tiny_bert), "--max_steps", "2", "--max_train_samples", "64",
+                       "--max_eval_samples", "16", "--max_seq_length", "32", "--json", str(out)]) == 0
+    trainer, cold, warm = json.loads(out.read_text())
+    assert [row["impl"] for row in (trainer, cold, warm)] == [
+        "transformers Trainer (PyTorch)", "flaxheads (cold compilation cache)", "flaxheads (warm compilation cache)"]
+    assert all(row["steps"] == 2 and 0 <= row["test_accuracy"] <= 1 and row["wall_s"] > 0
+               for row in (trainer, cold, warm))
+    assert cold["cache_hits"] < cold["compilations"]
+    assert warm["cache_hits"] == warm["compilations"] == cold["compilations"]
+    assert "| impl |" in capsys.readouterr().out.replace("| dtype | impl |", "| impl |")

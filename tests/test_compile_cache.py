@@ -1,0 +1,50 @@
+"""jax's persistent compilation cache as the CLI turns it on (flaxheads.compile_cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from flaxheads import compile_cache
+from flaxheads.cli import build_parser
+
+
+def test_the_cache_folder_is_the_setting_the_xdg_default_or_none_when_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(compile_cache.ENV_VAR, raising=False)
+    assert compile_cache.cache_directory() == tmp_path / "xdg" / "flaxheads" / "jax"
+    monkeypatch.setenv(compile_cache.ENV_VAR, str(tmp_path / "mine"))
+    assert compile_cache.cache_directory() == tmp_path / "mine"
+    assert compile_cache.cache_directory("off") is None and compile_cache.cache_directory("0") is None
+    assert compile_cache.cache_directory(str(tmp_path / "flag")) == tmp_path / "flag"
+
+
+def test_the_cli_takes_a_compilation_cache_flag_before_the_command():
+    assert build_parser().parse_args(["--compilation_cache", "off", "bench", "e2e"]).compilation_cache == "off"
+    assert build_parser().parse_args(["bench"]).compilation_cache is None
+
+
+_COMPILE_ONCE = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp
+    from flaxheads import compile_cache
+    compile_cache.enable(sys.argv[1])
+    timer = compile_cache.CompileTimer().start()
+    jax.jit(lambda x: jnp.tanh(x @ x.T).sum())(jnp.ones((8, 8))).block_until_ready()
+    print(json.dumps(timer.as_dict()))
+""")
+
+
+def test_a_second_process_loads_every_compilation_from_the_cache_instead_of_compiling(tmp_path):
+    def run():
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        out = subprocess.run([sys.executable, "-c", _COMPILE_ONCE, str(tmp_path / "cache")], env=env,
+                             capture_output=True, text=True, timeout=300, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    first, second = run(), run()
+    assert first["compilations"] >= 1 and first["cache_hits"] == 0
+    assert second["cache_hits"] == second["compilations"] == first["compilations"]

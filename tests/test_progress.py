@@ -1,0 +1,27 @@
+"""What a training run shows while it runs (the loop's wiring of the progress bar; the bar's
+parts are tested in test_run_log.py)."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import transformers
+
+import flaxheads
+
+
+def test_a_run_off_a_terminal_prints_one_plain_progress_line_per_logging_step(tiny_bert, snippets_csv, capsys):
+    with open(snippets_csv["train"], encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    data = ([r["sentence"] for r in rows[:24]], [r["label"] for r in rows[:24]])
+    args = flaxheads.TrainConfig(output_dir=None, dataset=None, text_column="sentence", max_seq_length=16,
+                                 per_device_train_batch_size=4, max_steps=4, logging_steps=2, do_eval=False, seed=3)
+    trainer = flaxheads.Trainer(flaxheads.from_pretrained(tiny_bert, num_labels=2), args, train_dataset=data,
+                                tokenizer=transformers.AutoTokenizer.from_pretrained(tiny_bert))
+    trainer.train()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train  step")]
+    assert [line.split("  ")[1] for line in lines] == ["step 2/4", "step 4/4"]
+    # the running loss of the steps so far, the learning rate, and examples/s (one shape: step 2 on is warm)
+    assert all(re.search(r"  loss \d+\.\d{4}  lr \d\.\d\de-\d\d  ", line) for line in lines)
+    assert "ex/s" in lines[-1]
