@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx, traverse_util
 
 from flaxheads.model import SequenceClassifier
