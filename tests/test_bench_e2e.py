@@ -47,3 +47,12 @@ def test_bench_e2e_runs_both_sides_and_the_second_flaxheads_run_compiles_nothing
     assert cold["cache_hits"] < cold["compilations"]
     assert warm["cache_hits"] == warm["compilations"] == cold["compilations"]
     assert "| impl |" in capsys.readouterr().out.replace("| dtype | impl |", "| impl |")
+
+
+def test_an_existing_json_file_is_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "mine.json"
+    out.write_text("my results")
+
+    assert bench_main(["e2e", "--max_steps", "1", "--no-torch", "--json", str(out)]) == 2
+    assert out.read_text() == "my results"
+    assert "already exists" in capsys.readouterr().err

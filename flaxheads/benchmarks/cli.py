@@ -133,7 +133,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e2e.add_argument("--model", help="model folder (default: the shipped MiniLM)")
     e2e.add_argument("--flaxheads_runs", type=int, default=2,
                      help="flaxheads runs sharing a compilation cache that starts empty (1: cold only)")
-    e2e.add_argument("--json", help="also write the rows to this JSON file (replaced if it exists)")
+    e2e.add_argument("--json", help="also write the rows to this new JSON file (an existing one is refused)")
     return parser
 
 
@@ -144,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
 def run_args(args) -> int:
     jobs = {"all": [steps, conversion], "steps": [steps], "conversion": [conversion], "scaling": [scaling],
             "load": [load], "e2e": [e2e]}[args.what]
+    if getattr(args, "json", None) and os.path.exists(args.json):
+        # Checked before minutes of benchmarking, and never replaced: it may be someone's results.
+        print(f"flaxheads bench: --json {args.json} already exists; remove it or choose another path",
+              file=sys.stderr)
+        return 2
     rows = [row for job in jobs for row in job(args)]
     for row in rows:
         print(json.dumps(row), flush=True)
