@@ -115,7 +115,8 @@ def _evaluate(args) -> int:
     task = load_task(config)
     print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
     result = evaluate(model_path(config), task, args.split, max_seq_length=args.max_seq_length,
-                      batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name)
+                      batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name,
+                      packing=config.packing, max_segments_per_row=config.max_segments_per_row)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -28,7 +28,8 @@ from flaxheads.model import SequenceClassifier, from_pretrained
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.parallel import host_values
 from flaxheads.training.sharding import Layout
-from flaxheads.training.step import make_eval_step
+from flaxheads.data.packing import segments_per_row
+from flaxheads.training.step import make_eval_step, per_example
 
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
                     "tokenizer.model")
@@ -147,7 +148,8 @@ def load_trained(model_dir: str | os.PathLike, *, pad_token_id: int | None = Non
 
 
 class Evaluator:
-    """Metrics over a whole split; every process feeds its rows and gets the global result."""
+    """Metrics over a whole split; every process feeds its rows and gets the global result.
+    A packed `batch_format` scores packed rows; the metrics count only the examples in them."""
 
     def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int,
                  num_shards: int = 1):
@@ -159,8 +161,9 @@ class Evaluator:
         eval_step = make_eval_step(graphdef, problem_type)
 
         def step(params, batch):
-            # Labels and masks ride along so that, replicated, every process sees all rows.
-            return {**eval_step(params, batch), "labels": batch["labels"], "example_mask": batch["example_mask"]}
+            # Labels and masks (and packed rows' example indices) ride along, one entry per
+            # example as the logits have them, so that, replicated, every process sees all rows.
+            return {**eval_step(params, batch), **per_example(batch)}
 
         self.step = jax.jit(step, out_shardings=layout.replicated)
 
@@ -181,8 +184,10 @@ class Evaluator:
 
 
 def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 128,
-             batch_size: int = 64, tokenizer_name: str | None = None) -> dict[str, float]:
-    """Metrics of a saved (trained) classifier on one split of `task`."""
+             batch_size: int = 64, tokenizer_name: str | None = None, packing: bool = False,
+             max_segments_per_row: int | None = None) -> dict[str, float]:
+    """Metrics of a saved (trained) classifier on one split of `task`; with `packing`, scored in
+    packed rows of `max_seq_length` tokens (`batch_size` rows per batch), with the same metrics."""
     if split not in task.splits:
         raise ValueError(f"the data has no {split!r} split; it has {sorted(task.splits)}")
     tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
@@ -190,8 +195,9 @@ def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_
                          pad_token_id=pad_token_id)
     max_seq_length = fitting_max_length(model.config.backbone, max_seq_length)
     tokenized = data.tokenize_split(task.splits[split], tokenizer, max_seq_length)
-    batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length,
-                                             model_pad_token_id=model.config.backbone.pad_token_id)
+    batch_format = data.BatchFormat.for_task(
+        task, tokenizer, max_seq_length, model_pad_token_id=model.config.backbone.pad_token_id,
+        max_segments=segments_per_row(packing, max_segments_per_row, max_seq_length))
     model.eval()
     graphdef, params = nnx.split(model)
     evaluator = Evaluator(graphdef, task.problem_type, Layout.create(), batch_format, batch_size)

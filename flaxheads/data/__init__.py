@@ -16,6 +16,7 @@ from flaxheads.data.batching import (
     BatchFormat,
     DataPosition,
     TrainBatches,
+    batches_per_epoch,
     bucket_for,
     bucket_lengths,
     epoch_order,
@@ -36,6 +37,7 @@ from flaxheads.data.builtin import (
 from flaxheads.data.files import load_local_files, load_named_dataset
 from flaxheads.data.in_memory import InMemoryTask, SplitData, as_dataset, load_in_memory
 from flaxheads.data.labels import encode_labels
+from flaxheads.data.packing import RowPlan, default_max_segments
 from flaxheads.data.shards import (
     OwnSplit,
     accumulation_view,
@@ -56,15 +58,18 @@ __all__ = [
     "MULTI_LABEL",
     "OwnSplit",
     "REGRESSION",
+    "RowPlan",
     "SINGLE_LABEL",
     "SplitData",
     "TaskData",
     "TrainBatches",
     "accumulation_view",
+    "batches_per_epoch",
     "as_dataset",
     "bucket_for",
     "bucket_lengths",
     "check_data_shards",
+    "default_max_segments",
     "encode_labels",
     "epoch_order",
     "eval_batches",

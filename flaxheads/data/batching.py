@@ -34,6 +34,7 @@ import datasets
 import numpy as np
 
 from flaxheads import problem
+from flaxheads.data.packing import EMPTY, RowPlan, pack_sequences
 from flaxheads.data.task import SINGLE_LABEL, TaskData
 from flaxheads.data.tokenization import LABELS, LENGTH, pad_token_ids
 
@@ -93,16 +94,26 @@ class BatchFormat:
     pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF
     """A batch pads to its longest row rounded up to a multiple of this (from 16, at most
     max_seq_length); 0: to powers of two (fewer compiled shapes, more padding)."""
+    max_segments: int = 0
+    """Sequence packing: > 0 makes every row exactly max_seq_length tokens holding up to this many
+    examples, padded on the right (see the module docstring); 0: one example per row."""
 
     def __post_init__(self):
         if self.padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
         problem.require_known(self.problem_type)
+        if self.max_segments < 0:
+            raise ValueError(f"max_segments must be 0 (no packing) or positive, got {self.max_segments}")
+        if self.max_segments and self.problem_type == problem.PAIRWISE_REWARD:
+            raise ValueError("sequence packing (TrainConfig(packing=True), --packing) does not apply to preference "
+                             "pairs (problem_type pairwise_reward): each pair is scored as two rows. Train them "
+                             "without packing")
         bucket_lengths(self.max_seq_length, self.pad_to_multiple_of)  # its error names a bad value
 
     @classmethod
     def for_task(cls, task: TaskData, tokenizer, max_seq_length: int, padding_side: str | None = None, *,
-                 model_pad_token_id: int | None = None, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF):
+                 model_pad_token_id: int | None = None, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF,
+                 max_segments: int = 0):
         """Pad values from `tokenizer` and the model's `model_pad_token_id` (its config's
         pad_token_id) as `pad_token_ids` decides them, label layout from `task`; `padding_side`
         defaults to the tokenizer's."""
@@ -114,11 +125,16 @@ class BatchFormat:
             problem_type=task.problem_type,
             num_labels=task.num_labels,
             pad_to_multiple_of=pad_to_multiple_of,
+            max_segments=max_segments,
         )
 
     @property
     def buckets(self) -> tuple[int, ...]:
         return bucket_lengths(self.max_seq_length, self.pad_to_multiple_of)
+
+    @property
+    def packed(self) -> bool:
+        return self.max_segments > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +271,7 @@ class TrainBatches:
             process_index=process_index, process_count=process_count,
         )
         self._seed = seed
-        self.batches_per_epoch = num_batches(len(self._split.lengths), global_batch_size)
+        self.batches_per_epoch = self._split.num_batches
         self.position = start
         self._order_epoch, self._orders = None, None
 
@@ -278,6 +294,8 @@ class TrainBatches:
         return self._split.batch(self._epoch_orders(position.epoch), position.batch_in_epoch)
 
     def _epoch_orders(self, epoch: int) -> list[np.ndarray]:
+        """Per shard, the split indices of its examples (packed: the rows of its examples) in
+        the order epoch `epoch` takes them."""
         if self._order_epoch != epoch:  # one permutation per shard and epoch, not per batch
             split = self._split
             orders = []
@@ -285,12 +303,17 @@ class TrainBatches:
                 key = None if len(split.shard_ranges) == 1 else shard
                 if self.sampling == "sequential":  # the data's own order, the same every epoch
                     order = np.arange(end - first)
-                elif self.sampling == "group_by_length":
+                elif self.sampling == "group_by_length" and not split.packed:  # packed rows have one length
                     order = length_grouped_order(split.lengths[first:end], self._seed, epoch, split.part_size,
                                                  shard=key)
                 else:
                     order = epoch_order(end - first, self._seed, epoch, key)
-                orders.append(first + order)
+                order = first + order
+                if split.packed:
+                    order = split.packed_rows(shard, order)
+                    if self.sampling != "sequential":
+                        order = order[np.random.default_rng(_stream(self._seed, epoch, key, 2)).permutation(len(order))]
+                orders.append(order)
             self._order_epoch, self._orders = epoch, orders
         return self._orders
 
@@ -317,8 +340,28 @@ def eval_batches(
         process_index=process_index, process_count=process_count,
     )
     in_order = [np.arange(first, end) for first, end in split.shard_ranges]
-    for batch_index in range(num_batches(len(split.lengths), global_batch_size)):
+    if split.packed:
+        in_order = [split.packed_rows(shard, order) for shard, order in enumerate(in_order)]
+    for batch_index in range(split.num_batches):
         yield split.batch(in_order, batch_index)
+
+
+def batches_per_epoch(lengths: np.ndarray, batch_format: BatchFormat, *, global_batch_size: int,
+                      num_shards: int = 1) -> int:
+    """Global batches in an epoch (or an evaluation pass) over a split whose examples have
+    `lengths` tokens: `num_batches` of its examples, or, packed, of each shard's rows (the most
+    of any shard)."""
+    if not batch_format.packed:
+        return num_batches(len(lengths), global_batch_size)
+    lengths = np.asarray(lengths)
+    part = global_batch_size // num_shards
+    bounds = shard_bounds(len(lengths), num_shards)
+    return max(math.ceil(_plan(lengths[first:end], batch_format).num_rows / part)
+               for first, end in itertools.pairwise(bounds))
+
+
+def _plan(lengths: np.ndarray, batch_format: BatchFormat) -> RowPlan:
+    return RowPlan.build(lengths, batch_format.max_seq_length, batch_format.max_segments)
 
 
 def example_lengths(dataset: datasets.Dataset) -> np.ndarray:
@@ -362,10 +405,26 @@ class _ShardedSplit:
         self.part_size = global_batch_size // num_shards
         self._dataset, self._first_row, self._format = dataset, rows.start, batch_format
         self._process_index, self._process_count = process_index, process_count
+        self.packed = batch_format.packed
+        # Packed, every process plans every shard (from the lengths alone) to count the batches.
+        self._plans = [_plan(self.lengths[first:end], batch_format) for first, end in self.shard_ranges
+                       ] if self.packed else []
+        self.num_batches = (max(math.ceil(plan.num_rows / self.part_size) for plan in self._plans) if self.packed
+                            else num_batches(num_examples, global_batch_size))
+
+    def packed_rows(self, shard: int, order: np.ndarray) -> np.ndarray:
+        """(rows, S) split indices (`EMPTY` for none) of shard `shard`'s packed rows, whose
+        examples of equal length take the plan's slots in `order` (split indices of the shard)."""
+        first = self.shard_ranges[shard][0]
+        table = self._plans[shard].rows(order - first, self.lengths[first : self.shard_ranges[shard][1]])
+        return np.where(table == EMPTY, EMPTY, table + first)
 
     def batch(self, shard_orders: Sequence[np.ndarray], batch_index: int) -> Batch:
         """This process's rows of global batch `batch_index`, whose part s holds rows
-        `[b * B/S, (b + 1) * B/S)` of `shard_orders[s]` (split indices of shard s), then filler."""
+        `[b * B/S, (b + 1) * B/S)` of `shard_orders[s]` (split indices of shard s; packed: its
+        rows of split indices), then filler."""
+        if self.packed:
+            return self._packed_batch(shard_orders, batch_index)
         rows, real = [], []
         for shard, order in enumerate(shard_orders):
             part = order[batch_index * self.part_size : (batch_index + 1) * self.part_size]
@@ -377,6 +436,61 @@ class _ShardedSplit:
             self._format, process_index=self._process_index, process_count=self._process_count,
             first_row=self._first_row,
         )
+
+
+    def _packed_batch(self, shard_rows: Sequence[np.ndarray], batch_index: int) -> Batch:
+        tables, real = [], []
+        for shard, rows in enumerate(shard_rows):
+            part = rows[batch_index * self.part_size : (batch_index + 1) * self.part_size]
+            # A filler row holds the shard's shortest example alone, masked.
+            filler = np.full((self.part_size - len(part), rows.shape[1]), EMPTY, np.int64)
+            filler[:, 0] = self._shortest[shard]
+            tables.append(np.concatenate([part, filler]))
+            real.append(np.arange(self.part_size) < len(part))
+        table = np.concatenate(tables)
+        example_mask = ((table != EMPTY) & np.concatenate(real)[:, None]).astype(np.float32)
+        return make_packed_batch(self._dataset, table, example_mask, self._format, process_index=self._process_index,
+                                 process_count=self._process_count, first_row=self._first_row)
+
+
+def make_packed_batch(
+    dataset: datasets.Dataset,
+    table: np.ndarray,
+    example_mask: np.ndarray,
+    batch_format: BatchFormat,
+    *,
+    process_index: int = 0,
+    process_count: int = 1,
+    first_row: int = 0,
+) -> Batch:
+    """This process's slice of a global batch of packed rows: `table` (global rows, S) holds
+    the split index in each slot (`EMPTY` for none), `example_mask` (global rows, S) is 1 for the
+    real examples (0 for empty slots and filler rows). `dataset` is as for `make_batch`.
+
+    Returns, for B = global rows // process_count, T = max_seq_length and S slots: `input_ids`,
+    `attention_mask` (`segment_ids > 0`), `token_type_ids` (if the split has them) and
+    `segment_ids` (1..S, 0 for padding) int32 (B, T), padded on the right; `labels` (B, S) or
+    (B, S, num_labels) (absent if the split has none; 0 in empty slots); `example_mask` float32
+    (B, S); `example_index` int32 (B, S), the split index of each real example, else -1.
+    """
+    local_size = len(table) // process_count
+    local = slice(process_index * local_size, (process_index + 1) * local_size)
+    table, example_mask = table[local], example_mask[local]
+    present = table != EMPTY
+    records = dataset[(table[present] - first_row).tolist()]  # row-major, as pack_sequences reads them
+    fmt = batch_format
+    pad_values = {"input_ids": fmt.pad_token_id, "token_type_ids": fmt.pad_token_type_id}
+    batch = pack_sequences({name: records[name] for name in pad_values if name in records}, table,
+                           fmt.max_seq_length, {name: pad for name, pad in pad_values.items() if name in records})
+    batch["attention_mask"] = (batch["segment_ids"] > 0).astype(np.int32)
+    if LABELS in records:
+        values = _labels(records[LABELS], fmt)
+        labels = np.zeros((*table.shape, *values.shape[1:]), values.dtype)
+        labels[present] = values
+        batch["labels"] = labels
+    batch["example_mask"] = example_mask.astype(np.float32)
+    batch["example_index"] = np.where(example_mask > 0, table, EMPTY).astype(np.int32)
+    return batch
 
 
 def make_batch(

@@ -14,6 +14,7 @@ import math
 
 from flaxheads.data.batching import PAD_TO_MULTIPLE_OF
 from flaxheads.data.builtin import BUILTIN_DATASETS
+from flaxheads.data.packing import segments_per_row
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.lora import LoRAConfig
 from flaxheads.problem import PROBLEM_TYPES
@@ -132,6 +133,14 @@ class TrainConfig:
     """Pad each batch to its longest example rounded up to a multiple of N (from 16); every length
     is one compilation (cached across runs). 0: powers of two (16, 32, 64, ...), fewer
     compilations but ~25% more tokens on the default job."""
+    packing: bool = False
+    """Sequence packing: several examples back to back in every row of exactly max_seq_length
+    tokens (attention stays within each example), so every batch has one shape (one compilation
+    for the whole run) and almost no padding. A batch is per_device_train_batch_size rows, so the
+    examples per step vary (about 4.7 per row of 128 on the default job; the loss is their mean);
+    evaluation is packed too, with the same metrics. Ignores group_by_length and pad_to_multiple_of."""
+    max_segments_per_row: int | None = None
+    """Most examples in one packed row (with packing); default: max_seq_length // 8."""
     dtype: str = "float32"
     """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state."""
     bf16: bool = False
@@ -218,6 +227,7 @@ class TrainConfig:
             raise ValueError(
                 f"--warmup_steps must be a whole number of steps, or a ratio below 1, got {self.warmup_steps}"
             )
+        segments_per_row(self.packing, self.max_segments_per_row, self.max_seq_length)  # its errors name the fix
         if self.lora_r < 0:
             raise ValueError(f"--lora_r must be 0 (no LoRA) or a positive rank, got {self.lora_r}")
         if self.lora_target_modules is not None:

@@ -91,6 +91,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     if cfg.sampling != ("group_by_length" if cfg.group_by_length else "random"):
         # Recorded only where group_by_length does not say it, so earlier runs' identities hold.
         trained["sampling"] = cfg.sampling
+    if cfg.packing:  # recorded only when set, as sampling: packed and padded batches differ
+        trained["packing"] = {"max_segments_per_row": cfg.max_segments_per_row}
     if cfg.freeze_backbone or cfg.lora:  # what trains (recorded only when set, as sampling)
         lora = cfg.lora and {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
                              "target_modules": list(cfg.lora.target_modules)}  # as JSON reads it back

@@ -79,14 +79,19 @@ class SplitScorer:
             process_index=jax.process_index(), process_count=jax.process_count(),
             num_shards=evaluator.num_shards, lengths=lengths,
         )
-        kept = {"logits": [], "labels": [], "loss": []}
+        packed = evaluator.batch_format.packed
+        kept = {"logits": [], "labels": [], "loss": [], **({"example_index": []} if packed else {})}
         for batch in batches:
             out = host_values(evaluator.step(params, self.layout.put_batch(batch)))
             real = out["example_mask"] != 0
             for name, values in kept.items():
                 values.append(np.asarray(out[name])[real])
-        # Batches take the data shards side by side: put the rows back in dataset order.
-        order = data.eval_example_order(len(lengths), evaluator.num_shards, evaluator.batch_size)
+        # Batches take the data shards side by side (packed: in rows by length): put the rows
+        # back in dataset order.
+        if packed:
+            order = np.concatenate(kept.pop("example_index"))
+        else:
+            order = data.eval_example_order(len(lengths), evaluator.num_shards, evaluator.batch_size)
         in_order = {}
         for name, values in kept.items():
             gathered = np.concatenate(values)

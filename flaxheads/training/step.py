@@ -37,7 +37,30 @@ def _logits(graphdef, params, batch, *, train: bool, rngs=None, frozen=None):
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     if inputs["input_ids"].ndim == 3:
         return _pair_rewards(model, inputs, rngs)
+    if "segment_ids" in batch:  # packed rows: (B, S, C) logits, S static from the mask's shape
+        return model(**inputs, segment_ids=batch["segment_ids"], num_segments=batch["example_mask"].shape[-1],
+                     rngs=rngs)
     return model(**inputs, rngs=rngs)
+
+
+PER_EXAMPLE = ("labels", "example_mask", "example_index")
+"""Batch arrays with one entry per example: (B, ...) or, packed, (B, S, ...)."""
+
+
+def per_example(batch: dict) -> dict:
+    """The batch's `PER_EXAMPLE` arrays with one leading example axis: packed (B, S, ...) arrays
+    flattened to (B * S, ...), slot s of row b at b * S + s (absent slots keep `example_mask` 0);
+    those of other batches as they are."""
+    present = {k: batch[k] for k in PER_EXAMPLE if k in batch}
+    if "segment_ids" not in batch:
+        return present
+    return {k: v.reshape(-1, *v.shape[2:]) for k, v in present.items()}
+
+
+def per_example_logits(logits: jax.Array, batch: dict) -> jax.Array:
+    """`logits` with one row per example, aligned with `per_example(batch)`: a packed batch's
+    (B, S, C) flattened to (B * S, C)."""
+    return logits.reshape(-1, logits.shape[-1]) if "segment_ids" in batch else logits
 
 
 def _pair_rewards(model, inputs: dict, rngs):
@@ -66,8 +89,10 @@ def make_train_step(
     `state.params` are the parameters that train; `frozen` (see `flaxheads.training.trainable`)
     the rest of the model, an input only: no gradient and no optimizer state is made for it.
 
-    Every array in `batch` has a leading gradient-accumulation axis: (accum, batch, ...). The
-    gradient is the mean over all real examples (`example_mask` 1) of all micro-batches, so
+    Every array in `batch` has a leading gradient-accumulation axis: (accum, batch, ...). Packed
+    batches (with `segment_ids`) have (accum, rows, S) labels and `example_mask`, and the model
+    returns a logit row per slot. The gradient is the mean over all real examples (`example_mask`
+    1) of all micro-batches, so
     filler rows and the split into micro-batches change nothing but the reduction order.
     Dropout keys are `fold_in(fold_in(rng, step), micro_batch)`, and under pmap also folded with
     the device index so replicas drop different units.
@@ -80,8 +105,9 @@ def make_train_step(
 
     def summed_loss(params, micro_batch, key, frozen):
         logits = _logits(graphdef, params, micro_batch, train=True, rngs=nnx.Rngs(dropout=key), frozen=frozen)
-        losses = problem.per_example_loss(logits, micro_batch["labels"], problem_type)
-        return jnp.sum(losses * micro_batch["example_mask"])
+        logits, examples = per_example_logits(logits, micro_batch), per_example(micro_batch)
+        losses = problem.per_example_loss(logits, examples["labels"], problem_type)
+        return jnp.sum(losses * examples["example_mask"])
 
     def train_step(state: TrainState, batch: dict, rng: jax.Array, frozen=None) -> tuple[TrainState, dict]:
         step_key = jax.random.fold_in(rng, state.step)
@@ -124,13 +150,16 @@ def make_train_step(
 
 
 def make_eval_step(graphdef: nnx.GraphDef, problem_type: str) -> Callable[[nnx.State, dict], dict[str, Any]]:
-    """`(params, batch) -> {"logits", "loss"}` per example, deterministic (no dropout)."""
+    """`(params, batch) -> {"logits", "loss"}` per example, deterministic (no dropout); for packed
+    rows one entry per slot, (B * S, ...) as `per_example` flattens a batch (mask them with its
+    `example_mask`)."""
 
     def eval_step(params, batch):
-        logits = _logits(graphdef, params, batch, train=False)
+        logits = per_example_logits(_logits(graphdef, params, batch, train=False), batch)
+        examples = per_example(batch)
         out = {"logits": logits}
-        if "labels" in batch:
-            out["loss"] = problem.per_example_loss(logits, batch["labels"], problem_type)
+        if "labels" in examples:
+            out["loss"] = problem.per_example_loss(logits, examples["labels"], problem_type)
         return out
 
     return eval_step

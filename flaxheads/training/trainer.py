@@ -27,6 +27,7 @@ from flax import nnx
 from flaxheads import data, lora
 from flaxheads.backbones import layers
 from flaxheads.conversion.hub import resolve_checkpoint
+from flaxheads.data.packing import segments_per_row
 from flaxheads.inference import UntrainedModel, fitting_max_length, load_tokenizer
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained
 from flaxheads.shipped_model import minilm_path
@@ -167,15 +168,17 @@ class Trainer:
             raise ValueError(f"--parallel {args.parallel!r}: choose one of {sorted(PARALLEL)}")
         self.layout = Layout.create(args.mesh)
         self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
-        self.batch_format = data.BatchFormat.for_task(task, tokenizer, self.max_seq_length,
-                                                      model_pad_token_id=model.config.backbone.pad_token_id,
-                                                      pad_to_multiple_of=args.pad_to_multiple_of)
+        self.batch_format = data.BatchFormat.for_task(
+            task, tokenizer, self.max_seq_length, model_pad_token_id=model.config.backbone.pad_token_id,
+            pad_to_multiple_of=args.pad_to_multiple_of,
+            max_segments=segments_per_row(args.packing, args.max_segments_per_row, self.max_seq_length))
         self.config = fit_config_to_task(model.config, task)
         self.graphdef, self.params = _split_with_config(_prepared(model, args), self.config)
-        batches_per_epoch = data.num_batches(len(task.splits["train"]), self.global_batch)
-        self.total_steps = 0 if not args.do_train else (
-            args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * batches_per_epoch))
         self.output_dir = Path(args.output_dir) if args.output_dir else None
+        self._tokenized_train: data.OwnSplit | None = None
+        """The train split, tokenised early when its token counts decide the steps (packing)."""
+        self.total_steps = 0 if not args.do_train else (
+            args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self._batches_per_epoch()))
         self.model_name = args.model_name_or_path or "in-memory model"
         """Names the model in the run identity (`run_dir.run_identity`)."""
         self.data_identity: dict[str, Any] | None = self._fingerprints()
@@ -234,10 +237,24 @@ class Trainer:
         splits = self.task.splits
         return {"fingerprints": {name: splits[name]._fingerprint for name in self.data.given}}
 
-    def _own_splits(self, names) -> dict[str, data.OwnSplit]:
-        cache_dir = self.output_dir / "tokenized" if self.output_dir is not None else None
-        return data.tokenize_own_shards(self.task, self.tokenizer, self.max_seq_length,
-                                        data_shards=self.args.data_shards, splits=tuple(names), cache_dir=cache_dir)
+    def _batches_per_epoch(self) -> int:
+        """Global train batches per epoch. Packed, the count of rows depends on the examples'
+        token counts, so the train split is tokenised here, before the output folder is claimed
+        (in memory, not in its cache), and kept for training."""
+        if not self.batch_format.packed:
+            return data.num_batches(len(self.task.splits["train"]), self.global_batch)
+        self._tokenized_train = self._own_splits(["train"], cache=False)["train"]
+        return data.batches_per_epoch(self._tokenized_train.lengths, self.batch_format,
+                                      global_batch_size=self.global_batch, num_shards=self.args.data_shards)
+
+    def _own_splits(self, names, *, cache: bool = True) -> dict[str, data.OwnSplit]:
+        early = {"train": self._tokenized_train} if self._tokenized_train is not None else {}
+        rest = tuple(name for name in names if name not in early)
+        cache_dir = self.output_dir / "tokenized" if self.output_dir is not None and cache else None
+        own = data.tokenize_own_shards(self.task, self.tokenizer, self.max_seq_length,
+                                       data_shards=self.args.data_shards, splits=rest, cache_dir=cache_dir
+                                       ) if rest else {}
+        return {**{name: early[name] for name in names if name in early}, **own}
 
     def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str]) -> SplitScorer:
         return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, eval_batch=self.eval_batch,
