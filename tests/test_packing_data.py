@@ -1,0 +1,303 @@
+"""Sequence packing, data and training side: the packer, packed train/eval batches (resume,
+accumulation, processes), the steps on (rows, S) logits, packed evaluation in dataset order, and
+the settings packing refuses.
+
+The model side (segment_ids in every backbone and head) is tested in test_packing_model.py. Here
+the model is a stand-in that honours the packing contract: `_per_segment_call` runs the model on
+each segment moved to the start of its row, so a packed row's slot s gets exactly the logits of
+that example alone."""
+
+from __future__ import annotations
+
+import datasets
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import transformers
+from flax import nnx
+
+import flaxheads
+from flaxheads import data, problem
+from flaxheads.data.batching import BatchFormat, DataPosition, TrainBatches, eval_batches
+from flaxheads.data.packing import EMPTY, RowPlan, default_max_segments, segments_per_row
+from flaxheads.model import SequenceClassifier
+from flaxheads.training.config import TrainConfig
+from flaxheads.training.scoring import SplitScorer
+from flaxheads.training.sharding import Layout
+from flaxheads.training.step import TrainState, make_train_step
+
+T = 32
+
+
+def _split(n: int = 60, seed: int = 0, *, shortest: int = 2, longest: int = 20, num_labels: int = 3,
+           token_types: bool = False) -> datasets.Dataset:
+    """A tokenised split of `n` examples whose ids say which example and position they are."""
+    lengths = np.random.default_rng(seed).integers(shortest, longest + 1, n)
+    columns = {"input_ids": [[1000 * i + t for t in range(length)] for i, length in enumerate(lengths)],
+               "attention_mask": [[1] * length for length in lengths]}
+    if token_types:
+        columns["token_type_ids"] = [[t % 2 for t in range(length)] for length in lengths]
+    columns["labels"] = [i % num_labels for i in range(n)]
+    columns["length"] = lengths.tolist()
+    return datasets.Dataset.from_dict(columns)
+
+
+def _format(segments: int = 4, **overrides) -> BatchFormat:
+    return BatchFormat(**{**dict(max_seq_length=T, pad_token_id=7, num_labels=3, max_segments=segments), **overrides})
+
+
+def _present(batch) -> np.ndarray:
+    return batch["example_index"][batch["example_mask"] > 0]
+
+
+# -- the packer -----------------------------------------------------------------------------------
+
+
+def test_plan_places_every_example_exactly_once_within_row_length_and_max_segments():
+    lengths = np.random.default_rng(1).integers(1, T + 1, 300)
+    plan = RowPlan.build(lengths, T, 5)
+    table = plan.rows(np.random.default_rng(2).permutation(300), lengths)
+    assert sorted(table[table != EMPTY].tolist()) == list(range(300))
+    assert np.all(np.where(table != EMPTY, lengths[np.maximum(table, 0)], 0).sum(axis=1) <= T)
+    assert table.shape == (plan.num_rows, 5)
+    # Slots fill from the first: no example after an empty slot.
+    assert np.all(np.diff((table != EMPTY).astype(int), axis=1) <= 0)
+
+
+def test_row_count_is_the_same_for_every_order_of_the_examples():
+    lengths = np.random.default_rng(3).integers(1, 25, 200)
+    plan = RowPlan.build(lengths, T, 4)
+    for seed in range(3):
+        table = plan.rows(np.random.default_rng(seed).permutation(200), lengths)
+        assert len(table) == plan.num_rows and sorted(table[table != EMPTY].tolist()) == list(range(200))
+
+
+def test_fill_rate_on_a_synthetic_length_distribution_is_above_97_percent():
+    lengths = np.clip(np.random.default_rng(4).lognormal(3.2, 0.45, 5000).astype(int), 4, 128)
+    plan = RowPlan.build(lengths, 128, default_max_segments(128))
+    print(f"fill rate {plan.fill_rate(lengths):.4f}: {plan.num_rows} rows, bound {-(-lengths.sum() // 128)}")
+    assert plan.fill_rate(lengths) > 0.97
+
+
+def test_examples_without_tokens_or_longer_than_a_row_are_refused():
+    with pytest.raises(ValueError, match="no tokens"):
+        RowPlan.build(np.array([3, 0, 2]), T, 4)
+    with pytest.raises(ValueError, match="max_seq_length"):
+        RowPlan.build(np.array([3, T + 1]), T, 4)
+
+
+# -- packed batches -------------------------------------------------------------------------------
+
+
+def test_packed_rows_hold_each_example_contiguously_with_increasing_segment_ids_and_aligned_labels():
+    split = _split(token_types=True)
+    fmt = _format(pad_token_type_id=5)
+    for batch in eval_batches(split, fmt, global_batch_size=4):
+        assert batch["input_ids"].shape == batch["segment_ids"].shape == (4, T)
+        np.testing.assert_array_equal(batch["attention_mask"], batch["segment_ids"] > 0)
+        for row in range(4):
+            segments = batch["segment_ids"][row]
+            used = segments[segments > 0]
+            # 1, 1, ..., 2, 2, ..., k then only padding: contiguous, increasing from 1, right padded.
+            assert used[0] == 1 and np.all(np.diff(used) >= 0) and np.all(np.diff(used) <= 1)
+            assert np.all(segments[len(used):] == 0)
+            assert np.all(batch["input_ids"][row, len(used):] == 7) and np.all(batch["token_type_ids"][row, len(used):] == 5)
+            if batch["example_mask"][row].sum() == 0:  # a filler row: one example, masked, no index
+                assert used.max() == 1 and np.all(batch["example_index"][row] == EMPTY)
+                continue
+            for slot in range(fmt.max_segments):
+                index = batch["example_index"][row, slot]
+                assert (index != EMPTY) == (batch["example_mask"][row, slot] > 0) == (slot < used.max())
+                if index == EMPTY:
+                    continue
+                np.testing.assert_array_equal(batch["input_ids"][row][segments == slot + 1], split[int(index)]["input_ids"])
+                np.testing.assert_array_equal(batch["token_type_ids"][row][segments == slot + 1],
+                                              split[int(index)]["token_type_ids"])
+                assert batch["labels"][row, slot] == split[int(index)]["labels"]
+
+
+def test_a_packed_epoch_trains_on_every_example_once_and_ends_with_masked_filler_rows():
+    split = _split()
+    batches = TrainBatches(split, _format(), global_batch_size=4, seed=0)
+    epoch = [next(batches) for _ in range(batches.batches_per_epoch)]
+    assert sorted(np.concatenate([_present(b) for b in epoch]).tolist()) == list(range(len(split)))
+    assert batches.position == DataPosition(1, 0)
+    assert all(b["input_ids"].shape == (4, T) for b in epoch)  # one shape for the whole run
+    rows = RowPlan.build(data.example_lengths(split), T, 4).num_rows
+    assert batches.batches_per_epoch == -(-rows // 4) == data.batches_per_epoch(
+        data.example_lengths(split), _format(), global_batch_size=4)
+    filler = epoch[-1]["example_mask"].sum(axis=1) == 0
+    assert filler.sum() == 4 * batches.batches_per_epoch - rows
+    assert np.all(epoch[-1]["segment_ids"][filler].max(axis=1) == 1)  # a filler row is well formed
+
+
+def test_packed_train_batches_are_deterministic_for_a_seed_and_reshuffled_each_epoch():
+    split = _split()
+    first = TrainBatches(split, _format(), global_batch_size=4, seed=5)
+    again = TrainBatches(split, _format(), global_batch_size=4, seed=5)
+    for _ in range(first.batches_per_epoch):
+        a, b = next(first), next(again)
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+    epoch0 = TrainBatches(split, _format(), global_batch_size=4, seed=5).batch_at(DataPosition(0, 0))
+    epoch1 = first.batch_at(DataPosition(1, 0))
+    assert not np.array_equal(epoch0["example_index"], epoch1["example_index"])
+
+
+def test_packed_stream_resumed_at_a_position_yields_the_uninterrupted_batches():
+    split = _split()
+    whole = TrainBatches(split, _format(), global_batch_size=4, seed=2, num_shards=2)
+    expected = [next(whole) for _ in range(2 * whole.batches_per_epoch + 1)]
+    start = DataPosition(1, 2)
+    resumed = TrainBatches(split, _format(), global_batch_size=4, seed=2, num_shards=2, start=start)
+    for batch in expected[whole.batches_per_epoch + 2:]:
+        got = next(resumed)
+        for name in batch:
+            np.testing.assert_array_equal(got[name], batch[name])
+
+
+def test_each_process_gets_its_rows_of_the_packed_global_batch():
+    split = _split(n=61)
+    lengths = data.example_lengths(split)
+    single = TrainBatches(split, _format(), global_batch_size=4, seed=1, num_shards=2)
+    processes = []
+    for p in range(2):
+        rows = data.process_rows(len(split), 2, p, 2)
+        processes.append(TrainBatches(split.select(rows), _format(), global_batch_size=4, seed=1, num_shards=2,
+                                      process_index=p, process_count=2, lengths=lengths))
+    assert processes[0].batches_per_epoch == processes[1].batches_per_epoch == single.batches_per_epoch
+    for _ in range(single.batches_per_epoch):
+        whole, parts = next(single), [next(p) for p in processes]
+        for name in whole:
+            np.testing.assert_array_equal(np.concatenate([part[name] for part in parts]), whole[name])
+
+
+def test_accumulation_view_of_a_packed_batch_keeps_rows_and_slots():
+    batch = next(TrainBatches(_split(), _format(), global_batch_size=4, seed=0))
+    view = data.accumulation_view(batch, 2)
+    assert view["input_ids"].shape == view["segment_ids"].shape == (2, 2, T)
+    assert view["labels"].shape == view["example_mask"].shape == (2, 2, 4)
+    np.testing.assert_array_equal(view["labels"][1], batch["labels"][2:])
+
+
+def test_multi_label_packed_labels_are_rows_by_slots_by_labels():
+    split = _split().map(lambda row: {"labels": [float(row["labels"] == k) for k in range(3)]})
+    batch = next(eval_batches(split, _format(problem_type=data.MULTI_LABEL), global_batch_size=4))
+    assert batch["labels"].shape == (4, 4, 3) and batch["labels"].dtype == np.float32
+    index = batch["example_index"][0, 0]
+    np.testing.assert_array_equal(batch["labels"][0, 0], split[int(index)]["labels"])
+
+
+# -- refusals ---------------------------------------------------------------------------------------
+
+
+def test_packing_preference_pairs_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="--packing.*preference pairs"):
+        _format(problem_type=problem.PAIRWISE_REWARD, num_labels=1)
+
+
+def test_max_segments_per_row_without_packing_is_refused_naming_both_flags():
+    with pytest.raises(ValueError, match="packing=True"):
+        TrainConfig(max_segments_per_row=8)
+    with pytest.raises(ValueError, match="at least 1"):
+        TrainConfig(packing=True, max_segments_per_row=0)
+    assert segments_per_row(True, None, 128) == 16 and segments_per_row(False, None, 128) == 0
+
+
+# -- steps and evaluation with a model that honours the packing contract ----------------------------
+
+
+def _per_segment_call(original):
+    """`SequenceClassifier.__call__` that takes `segment_ids` and `num_segments` as the packing
+    contract says: slot s holds the logits of segment s + 1 moved to the start of the row and run
+    alone (right padded), i.e. exactly the unpacked example's logits."""
+
+    def call(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *, segment_ids=None,
+             num_segments=None, **kwargs):
+        if segment_ids is None:
+            return original(self, input_ids, attention_mask, token_type_ids, position_ids, **kwargs)
+        positions = jnp.arange(input_ids.shape[1])
+        slots = []
+        for segment in range(1, num_segments + 1):
+            inside = segment_ids == segment
+            start = jnp.argmax(inside, axis=1)[:, None]
+            shifted = jnp.minimum(positions[None] + start, input_ids.shape[1] - 1)
+            mask = jnp.take_along_axis(inside, shifted, axis=1) & (positions[None] + start < input_ids.shape[1])
+            mask = mask.at[:, 0].set(True)  # an absent slot still gets a finite answer
+            types = None if token_type_ids is None else jnp.take_along_axis(token_type_ids, shifted, axis=1)
+            slots.append(original(self, jnp.take_along_axis(input_ids, shifted, axis=1), mask.astype(jnp.int32),
+                                  types, **kwargs))
+        return jnp.stack(slots, axis=1)
+
+    return call
+
+
+@pytest.fixture
+def contract_model(monkeypatch, tiny_bert):
+    monkeypatch.setattr(SequenceClassifier, "__call__", _per_segment_call(SequenceClassifier.__call__))
+    model = flaxheads.from_pretrained(tiny_bert, num_labels=3)
+    model.eval()
+    return model
+
+
+def _text_split(tiny_bert, n: int = 40):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    words = ["good", "bad", "film", "plot", "very", "not", "the", "a", "actor", "scene"]
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, rng.integers(1, 12))) for _ in range(n)]
+    split = datasets.Dataset.from_dict({"text": texts, "label": [i % 3 for i in range(n)]})
+    return data.tokenize_split(split, tokenizer, T), tokenizer
+
+
+def test_packed_train_step_loss_equals_the_unpacked_loss(contract_model, tiny_bert):
+    split, tokenizer = _text_split(tiny_bert)
+    graphdef, params = nnx.split(contract_model)
+    tx = optax.sgd(0.0)
+    step = jax.jit(make_train_step(graphdef, tx, optax.constant_schedule(0.0), data.SINGLE_LABEL))
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    padded = BatchFormat(max_seq_length=T, pad_token_id=tokenizer.pad_token_id, num_labels=3)
+    packed = BatchFormat(max_seq_length=T, pad_token_id=tokenizer.pad_token_id, num_labels=3, max_segments=6)
+    packed_batch = next(eval_batches(split, packed, global_batch_size=4))
+    examples = np.sort(_present(packed_batch))
+    unpacked_batch = next(eval_batches(split.select(examples.tolist()), padded, global_batch_size=len(examples)))
+    rng = jax.random.key(0)
+    _, packed_metrics = step(state, data.accumulation_view(packed_batch, 2), rng)
+    _, unpacked_metrics = step(state, data.accumulation_view(unpacked_batch, 1), rng)
+    assert float(packed_metrics["examples"]) == len(examples)
+    np.testing.assert_allclose(float(packed_metrics["loss"]), float(unpacked_metrics["loss"]), rtol=1e-5)
+
+
+def test_packed_evaluation_gives_the_unpacked_metrics_and_logits_in_dataset_order(contract_model, tiny_bert):
+    split, tokenizer = _text_split(tiny_bert)
+    graphdef, params = nnx.split(contract_model)
+    outputs = {}
+    for segments in (0, 5):
+        fmt = BatchFormat(max_seq_length=T, pad_token_id=tokenizer.pad_token_id, num_labels=3, max_segments=segments)
+        scorer = SplitScorer(graphdef, {"test": data.OwnSplit(split, data.example_lengths(split))}, fmt,
+                             Layout.create(), eval_batch=4)
+        outputs[segments] = scorer.predict("test", params)
+    padded, packed = outputs[0], outputs[5]
+    np.testing.assert_allclose(packed.predictions, padded.predictions, atol=1e-5)
+    np.testing.assert_array_equal(packed.label_ids, padded.label_ids)
+    assert packed.metrics.keys() == padded.metrics.keys()
+    for name in padded.metrics:
+        np.testing.assert_allclose(packed.metrics[name], padded.metrics[name], rtol=1e-5)
+    evaluator = SplitScorer(graphdef, {"test": data.OwnSplit(split, data.example_lengths(split))},
+                            BatchFormat(max_seq_length=T, pad_token_id=tokenizer.pad_token_id, num_labels=3,
+                                        max_segments=5), Layout.create(), eval_batch=4).evaluator
+    np.testing.assert_allclose(evaluator(params, split)["accuracy"], padded.metrics["accuracy"])
+
+
+def test_trainer_counts_steps_per_epoch_in_packed_rows(tiny_bert, tmp_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    texts = [f"text number {i} " + "word " * (i % 9) for i in range(64)]
+    args = TrainConfig(output_dir=None, dataset=None, max_seq_length=T, per_device_train_batch_size=2,
+                       num_train_epochs=2, packing=True, disable_tqdm=True)
+    trainer = flaxheads.Trainer(flaxheads.from_pretrained(tiny_bert, num_labels=3), args,
+                                train_dataset=(texts, [str(i % 3) for i in range(64)]), tokenizer=tokenizer)
+    lengths = trainer._tokenized_train.lengths
+    rows = RowPlan.build(lengths, T, default_max_segments(T)).num_rows
+    assert trainer.batch_format.max_segments == default_max_segments(T)
+    assert trainer.total_steps == 2 * -(-rows // (2 * jax.device_count())) < 2 * 64 // (2 * jax.device_count())
