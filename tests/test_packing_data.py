@@ -320,3 +320,23 @@ def test_trainer_counts_steps_per_epoch_in_packed_rows(tiny_bert, tmp_path):
     rows = RowPlan.build(lengths, T, default_max_segments(T)).num_rows
     assert trainer.batch_format.max_segments == default_max_segments(T)
     assert trainer.total_steps == 2 * -(-rows // (2 * jax.device_count())) < 2 * 64 // (2 * jax.device_count())
+
+
+@pytest.mark.slow  # a minute or two on a 2-core CPU: the stand-in runs BERT once per slot
+def test_packed_trainer_run_trains_on_several_examples_per_row_and_predicts_in_dataset_order(
+        contract_model, tiny_bert):
+    from flaxheads.inference import TextScorer
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    texts = [f"text {i} " + "word " * (i % 7) for i in range(24)]
+    labels = [str(i % 3) for i in range(24)]
+    args = TrainConfig(output_dir=None, dataset=None, max_seq_length=T, per_device_train_batch_size=2,
+                       per_device_eval_batch_size=2, max_steps=2, packing=True, max_segments_per_row=2,
+                       learning_rate=1e-2, disable_tqdm=True, do_eval=False)
+    trainer = flaxheads.Trainer(contract_model, args, train_dataset=(texts, labels), tokenizer=tokenizer)
+    _, metrics, _ = trainer.train()
+    rows = 2 * 2 * jax.device_count()
+    assert rows < metrics["train_examples"] <= 2 * rows  # several examples in a row, at most S
+    predicted = trainer.predict((texts, labels))
+    expected = TextScorer(trainer.model, tokenizer, max_seq_length=T).logits(texts)
+    np.testing.assert_allclose(predicted.predictions, expected, atol=1e-5)
