@@ -128,7 +128,7 @@ def _predict(args) -> int:
     if not texts:
         raise ValueError("nothing to predict: give texts as arguments or --input_file (one text per line)")
     for row in predict(args.model_name_or_path, texts, max_seq_length=args.max_seq_length,
-                       tokenizer_name=args.tokenizer_name):
+                       tokenizer_name=args.tokenizer_name, packing=args.packing):
         print(json.dumps(row, ensure_ascii=False))
     return 0
 
@@ -204,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input_file", help='one text per line, UTF-8 ("-": standard input); one output row per line')
     p.add_argument("--max_seq_length", type=int, default=128, help="longest input in tokens; longer texts are truncated")
     p.add_argument("--tokenizer_name", help="folder of the model's tokenizer, when the model folder has none")
+    p.add_argument("--packing", action="store_true",
+                   help="score the texts several to a row of max_seq_length tokens (one compiled shape)")
     p.set_defaults(run=_predict)
 
     from flaxheads.benchmarks import cli as bench_cli

@@ -205,18 +205,20 @@ def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_
 
 
 def predict(model_dir: str | Path, texts: Iterable[str], *, max_seq_length: int = 128, batch_size: int = 64,
-            tokenizer_name: str | None = None) -> list[dict[str, Any]]:
+            tokenizer_name: str | None = None, packing: bool = False,
+            max_segments_per_row: int | None = None) -> list[dict[str, Any]]:
     """For each text, in order: {"text", "label", "probabilities": {label name: p}} (single-label),
     {"text", "labels", "probabilities"} (multi-label) or {"text", "score"} (regression, and the
     reward of a pairwise reward model).
 
     Raises UntrainedModel for a classifier that was never trained, FloatingPointError naming the
-    texts whose scores are not finite.
+    texts whose scores are not finite. `packing`: score the texts in packed rows (`TextScorer`).
     """
     tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
     model = load_trained(model_dir, pad_token_id=pad_token_id)
     scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
-                        source=f"the model in {model_dir}")
+                        source=f"the model in {model_dir}", packing=packing,
+                        max_segments_per_row=max_segments_per_row)
     texts = list(texts)
     return _describe_predictions(texts, scorer.logits(texts), problem_type_of(model.config),
                                  model.config.label_names)
@@ -235,12 +237,14 @@ class TextScorer:
     Texts are tokenised and batched by `flaxheads.data` (`tokenize_texts`, `eval_batches`) as
     evaluation batches them: padded on the model family's side with the pad id `pad_token_ids`
     decides, to a length bucket, in batches of `batch_size` rows (fewer for fewer texts, a power
-    of two), so the forward pass compiles once per (bucket, batch size). The model runs in eval
-    mode (dropout off) from a copy: the caller's model keeps its mode.
+    of two), so the forward pass compiles once per (bucket, batch size). With `packing`, batches
+    are packed rows of max_seq_length tokens, each holding up to `max_segments_per_row` texts
+    (default `default_max_segments`): one shape; the logits still come in the texts' order.
+    The model runs in eval mode (dropout off) from a copy: the caller's model keeps its mode.
     """
 
     def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int = 128, batch_size: int = 64,
-                 source: str = "the model"):
+                 source: str = "the model", packing: bool = False, max_segments_per_row: int | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         backbone = model.config.backbone
@@ -253,13 +257,20 @@ class TextScorer:
             pad_token_id=pad_token_ids(tokenizer, backbone.pad_token_id).input_ids,
             pad_token_type_id=getattr(tokenizer, "pad_token_type_id", 0),
             padding_side=backbone_spec(backbone.model_type).padding_side,
+            max_segments=segments_per_row(packing, max_segments_per_row, self.max_seq_length),
         )
         runnable = nnx.merge(*nnx.split(model))
         runnable.eval()
         graphdef, self._params = nnx.split(runnable)
+        segments = self.batch_format.max_segments
 
-        def forward(params, input_ids, attention_mask, token_type_ids):
-            return nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids)
+        def forward(params, input_ids, attention_mask, token_type_ids, segment_ids):
+            model = nnx.merge(graphdef, params)
+            if segment_ids is None:
+                return model(input_ids, attention_mask, token_type_ids)
+            # (B, S, C) -> (B * S, C): one row per slot, as `example_index` is flattened.
+            logits = model(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids, num_segments=segments)
+            return logits.reshape(-1, logits.shape[-1])
 
         self._forward = jax.jit(forward)
 
@@ -272,13 +283,22 @@ class TextScorer:
         if not texts:
             return np.zeros((0, self.num_labels), np.float32)
         tokenized = tokenize_texts(texts, self.tokenizer, self.max_seq_length, text_pairs)
-        rows = min(self.batch_size, 1 << (len(texts) - 1).bit_length())
-        out = []
+        # As many rows as one batch needs (packed: rows of several texts), up to batch_size.
+        needed = data.batches_per_epoch(data.example_lengths(tokenized), self.batch_format, global_batch_size=1)
+        rows = min(self.batch_size, 1 << (needed - 1).bit_length())
+        out, order = [], []
         for batch in data.eval_batches(tokenized, self.batch_format, global_batch_size=rows):
             logits = self._forward(self._params, batch["input_ids"], batch["attention_mask"],
-                                   batch.get("token_type_ids"))
-            out.append(np.asarray(logits)[batch["example_mask"] > 0])
+                                   batch.get("token_type_ids"), batch.get("segment_ids"))
+            real = batch["example_mask"].reshape(-1) > 0
+            out.append(np.asarray(logits)[real])
+            if self.batch_format.packed:
+                order.append(batch["example_index"].reshape(-1)[real])
         logits = np.concatenate(out)
+        if order:  # packed rows hold the texts by length: put them back in the texts' order
+            in_order = np.empty_like(logits)
+            in_order[np.concatenate(order)] = logits
+            logits = in_order
         self._check_finite(logits)
         return logits
 

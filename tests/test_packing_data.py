@@ -292,21 +292,29 @@ def test_packed_evaluation_gives_the_unpacked_metrics_and_logits_in_dataset_orde
     split, tokenizer = _text_split(tiny_bert)
     graphdef, params = nnx.split(contract_model)
     outputs = {}
-    for segments in (0, 5):
+    for segments in (0, 3):
         fmt = BatchFormat(max_seq_length=T, pad_token_id=tokenizer.pad_token_id, num_labels=3, max_segments=segments)
         scorer = SplitScorer(graphdef, {"test": data.OwnSplit(split, data.example_lengths(split))}, fmt,
                              Layout.create(), eval_batch=4)
         outputs[segments] = scorer.predict("test", params)
-    padded, packed = outputs[0], outputs[5]
+    padded, packed = outputs[0], outputs[3]
     np.testing.assert_allclose(packed.predictions, padded.predictions, atol=1e-5)
     np.testing.assert_array_equal(packed.label_ids, padded.label_ids)
     assert packed.metrics.keys() == padded.metrics.keys()
     for name in padded.metrics:
         np.testing.assert_allclose(packed.metrics[name], padded.metrics[name], rtol=1e-5)
-    evaluator = SplitScorer(graphdef, {"test": data.OwnSplit(split, data.example_lengths(split))},
-                            BatchFormat(max_seq_length=T, pad_token_id=tokenizer.pad_token_id, num_labels=3,
-                                        max_segments=5), Layout.create(), eval_batch=4).evaluator
-    np.testing.assert_allclose(evaluator(params, split)["accuracy"], padded.metrics["accuracy"])
+    # The streaming path (Evaluator, used during training) counts the same examples.
+    np.testing.assert_allclose(scorer.evaluator(params, split)["accuracy"], padded.metrics["accuracy"])
+
+
+def test_packed_text_scorer_returns_the_unpacked_logits_in_the_texts_order(contract_model, tiny_bert):
+    from flaxheads.inference import TextScorer
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    texts = [f"text {i} " + "word " * (i % 5) for i in range(11)]
+    packed = TextScorer(contract_model, tokenizer, max_seq_length=T, batch_size=2, packing=True,
+                        max_segments_per_row=3).logits(texts)
+    np.testing.assert_allclose(packed, TextScorer(contract_model, tokenizer, max_seq_length=T).logits(texts), atol=1e-5)
 
 
 def test_trainer_counts_steps_per_epoch_in_packed_rows(tiny_bert, tmp_path):
