@@ -244,6 +244,11 @@ class TrainBatches:
 
     `sampling`: "random", "group_by_length" or "sequential"; None: "group_by_length" when
     `group_by_length` is true, else "random".
+
+    Packed (`batch_format.max_segments` > 0), a batch is `global_batch_size` packed rows and an
+    epoch `batches_per_epoch(...)` of them: each shard's examples, in the epoch's order
+    ("group_by_length" reads as "random": rows all have one length), fill its row plan, and the
+    rows are shuffled with the same seed ("sequential": kept in plan order).
     """
 
     def __init__(
@@ -353,15 +358,19 @@ def batches_per_epoch(lengths: np.ndarray, batch_format: BatchFormat, *, global_
     of any shard)."""
     if not batch_format.packed:
         return num_batches(len(lengths), global_batch_size)
-    lengths = np.asarray(lengths)
-    part = global_batch_size // num_shards
-    bounds = shard_bounds(len(lengths), num_shards)
-    return max(math.ceil(_plan(lengths[first:end], batch_format).num_rows / part)
-               for first, end in itertools.pairwise(bounds))
+    plans = _shard_plans(np.asarray(lengths), batch_format, shard_bounds(len(lengths), num_shards))
+    return _packed_num_batches(plans, global_batch_size // num_shards)
 
 
-def _plan(lengths: np.ndarray, batch_format: BatchFormat) -> RowPlan:
-    return RowPlan.build(lengths, batch_format.max_seq_length, batch_format.max_segments)
+def _shard_plans(lengths: np.ndarray, batch_format: BatchFormat, bounds: np.ndarray) -> list[RowPlan]:
+    """The row plan of each data shard (shard s is examples `[bounds[s], bounds[s + 1])`)."""
+    return [RowPlan.build(lengths[first:end], batch_format.max_seq_length, batch_format.max_segments)
+            for first, end in itertools.pairwise(bounds)]
+
+
+def _packed_num_batches(plans: Sequence[RowPlan], part_size: int) -> int:
+    """Global batches until the shard with the most rows has given them all, `part_size` a batch."""
+    return max(math.ceil(plan.num_rows / part_size) for plan in plans)
 
 
 def example_lengths(dataset: datasets.Dataset) -> np.ndarray:
@@ -407,9 +416,8 @@ class _ShardedSplit:
         self._process_index, self._process_count = process_index, process_count
         self.packed = batch_format.packed
         # Packed, every process plans every shard (from the lengths alone) to count the batches.
-        self._plans = [_plan(self.lengths[first:end], batch_format) for first, end in self.shard_ranges
-                       ] if self.packed else []
-        self.num_batches = (max(math.ceil(plan.num_rows / self.part_size) for plan in self._plans) if self.packed
+        self._plans = _shard_plans(self.lengths, batch_format, bounds) if self.packed else []
+        self.num_batches = (_packed_num_batches(self._plans, self.part_size) if self.packed
                             else num_batches(num_examples, global_batch_size))
 
     def packed_rows(self, shard: int, order: np.ndarray) -> np.ndarray:
