@@ -348,3 +348,17 @@ def test_packed_trainer_run_trains_on_several_examples_per_row_and_predicts_in_d
     predicted = trainer.predict((texts, labels))
     expected = TextScorer(trainer.model, tokenizer, max_seq_length=T).logits(texts)
     np.testing.assert_allclose(predicted.predictions, expected, atol=1e-5)
+
+
+def test_the_run_identity_records_packing_only_when_set():
+    from flaxheads.training import run_dir
+
+    task = data.load_in_memory({"train": (["a", "b"], [0, 1])}).task
+
+    def identity(**settings):
+        cfg = TrainConfig(output_dir=None, dataset=None, **settings)
+        return run_dir.run_identity(cfg, task, {"model_type": "bert"}, "cls", 8, total_steps=10)["trained"]
+
+    assert "packing" not in identity()  # earlier runs' checkpoint identities still match
+    assert identity(packing=True)["packing"] == {"max_segments_per_row": 16}  # the default in effect
+    assert identity(packing=True, max_segments_per_row=4)["packing"] == {"max_segments_per_row": 4}

@@ -21,6 +21,7 @@ from typing import Any
 from flaxheads import data
 from flaxheads.conversion import checkpoint_io
 from flaxheads.convert import checkpoint_files
+from flaxheads.data.packing import segments_per_row
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 
@@ -92,7 +93,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
         # Recorded only where group_by_length does not say it, so earlier runs' identities hold.
         trained["sampling"] = cfg.sampling
     if cfg.packing:  # recorded only when set, as sampling: packed and padded batches differ
-        trained["packing"] = {"max_segments_per_row": cfg.max_segments_per_row}
+        trained["packing"] = {"max_segments_per_row": segments_per_row(True, cfg.max_segments_per_row,
+                                                                       cfg.max_seq_length)}
     if cfg.freeze_backbone or cfg.lora:  # what trains (recorded only when set, as sampling)
         lora = cfg.lora and {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
                              "target_modules": list(cfg.lora.target_modules)}  # as JSON reads it back
