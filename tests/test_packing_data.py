@@ -362,3 +362,41 @@ def test_the_run_identity_records_packing_only_when_set():
     assert "packing" not in identity()  # earlier runs' checkpoint identities still match
     assert identity(packing=True)["packing"] == {"max_segments_per_row": 16}  # the default in effect
     assert identity(packing=True, max_segments_per_row=4)["packing"] == {"max_segments_per_row": 4}
+
+
+_PMAP_VS_JIT = """
+import jax, numpy as np, optax
+from flax import nnx
+from flaxheads import data
+from flaxheads.training.parallel import JitParallel, PmapParallel
+from flaxheads.training.sharding import Layout
+from test_packing_data import _MeanEmbedding, _format, _split
+
+batch = data.accumulation_view(next(data.TrainBatches(_split(n=80), _format(), global_batch_size=8, seed=0)), 2)
+graphdef, params = nnx.split(_MeanEmbedding(80_000, 3, nnx.Rngs(0)))  # ids are 1000 * example + position
+losses = {}
+for runner_class in (JitParallel, PmapParallel):
+    runner = runner_class(Layout.create(), graphdef, optax.sgd(0.1), optax.constant_schedule(0.1), data.SINGLE_LABEL,
+                          params)
+    state, losses[runner_class.name] = runner.init(params), []
+    for _ in range(2):  # the second step sees the first's update
+        state, metrics = runner.step(state, batch, jax.random.key(0))
+        losses[runner_class.name].append(float(metrics["loss"]))
+assert jax.device_count() == 2, jax.devices()
+np.testing.assert_allclose(losses["pmap"], losses["jit"], rtol=1e-5)
+print(losses)
+"""
+
+
+@pytest.mark.slow  # a subprocess with two CPU devices: about a minute on a busy 2-core CPU
+def test_packed_batches_train_alike_under_pmap_and_jit_on_two_devices():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    tests = pathlib.Path(__file__).parent
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", _PMAP_VS_JIT], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
