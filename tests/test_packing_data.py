@@ -91,6 +91,27 @@ def test_examples_without_tokens_or_longer_than_a_row_are_refused():
 # -- packed batches -------------------------------------------------------------------------------
 
 
+def _assert_row_packs_its_examples(batch, row: int, split, max_segments: int) -> None:
+    segments = batch["segment_ids"][row]
+    used = segments[segments > 0]
+    # 1, 1, ..., 2, 2, ..., k then only padding: contiguous, increasing from 1, right padded.
+    assert used[0] == 1 and np.all(np.diff(used) >= 0) and np.all(np.diff(used) <= 1)
+    assert np.all(segments[len(used):] == 0)
+    assert np.all(batch["input_ids"][row, len(used):] == 7) and np.all(batch["token_type_ids"][row, len(used):] == 5)
+    if batch["example_mask"][row].sum() == 0:  # a filler row: one example, masked, no index
+        assert used.max() == 1 and np.all(batch["example_index"][row] == EMPTY)
+        return
+    for slot in range(max_segments):
+        index = batch["example_index"][row, slot]
+        assert (index != EMPTY) == (batch["example_mask"][row, slot] > 0) == (slot < used.max())
+        if index == EMPTY:
+            continue
+        example = split[int(index)]
+        for name in ("input_ids", "token_type_ids"):
+            np.testing.assert_array_equal(batch[name][row][segments == slot + 1], example[name])
+        assert batch["labels"][row, slot] == example["labels"]
+
+
 def test_packed_rows_hold_each_example_contiguously_with_increasing_segment_ids_and_aligned_labels():
     split = _split(token_types=True)
     fmt = _format(pad_token_type_id=5)
@@ -98,24 +119,7 @@ def test_packed_rows_hold_each_example_contiguously_with_increasing_segment_ids_
         assert batch["input_ids"].shape == batch["segment_ids"].shape == (4, T)
         np.testing.assert_array_equal(batch["attention_mask"], batch["segment_ids"] > 0)
         for row in range(4):
-            segments = batch["segment_ids"][row]
-            used = segments[segments > 0]
-            # 1, 1, ..., 2, 2, ..., k then only padding: contiguous, increasing from 1, right padded.
-            assert used[0] == 1 and np.all(np.diff(used) >= 0) and np.all(np.diff(used) <= 1)
-            assert np.all(segments[len(used):] == 0)
-            assert np.all(batch["input_ids"][row, len(used):] == 7) and np.all(batch["token_type_ids"][row, len(used):] == 5)
-            if batch["example_mask"][row].sum() == 0:  # a filler row: one example, masked, no index
-                assert used.max() == 1 and np.all(batch["example_index"][row] == EMPTY)
-                continue
-            for slot in range(fmt.max_segments):
-                index = batch["example_index"][row, slot]
-                assert (index != EMPTY) == (batch["example_mask"][row, slot] > 0) == (slot < used.max())
-                if index == EMPTY:
-                    continue
-                np.testing.assert_array_equal(batch["input_ids"][row][segments == slot + 1], split[int(index)]["input_ids"])
-                np.testing.assert_array_equal(batch["token_type_ids"][row][segments == slot + 1],
-                                              split[int(index)]["token_type_ids"])
-                assert batch["labels"][row, slot] == split[int(index)]["labels"]
+            _assert_row_packs_its_examples(batch, row, split, fmt.max_segments)
 
 
 def test_a_packed_epoch_trains_on_every_example_once_and_ends_with_masked_filler_rows():
