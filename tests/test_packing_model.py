@@ -194,3 +194,18 @@ def test_positions_restart_at_every_segment_and_the_padding():
 def test_attention_mask_keeps_each_segment_and_the_padding_apart():
     mask = np.asarray(segments.attention_mask(jnp.asarray([[1, 1, 2, 0]])))[0, 0]
     np.testing.assert_array_equal(mask, [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
+
+
+def test_packed_logits_under_jit_equal_eager_ones():
+    """The train/eval steps jit the model with num_segments static: the shape checks must trace."""
+    model = _model("bert", "mean", ())
+    packed = _pack(_examples(0, pairs=False), [[0, 1], [2]])
+    ids, segment_ids = jnp.asarray(packed["input_ids"]), jnp.asarray(packed["segment_ids"])
+    graphdef, state = nnx.split(model)
+
+    @functools.partial(jax.jit, static_argnames="num_segments")
+    def forward(state, ids, segment_ids, num_segments):
+        return nnx.merge(graphdef, state)(ids, segment_ids=segment_ids, num_segments=num_segments)
+
+    np.testing.assert_allclose(forward(state, ids, segment_ids, 2), model(ids, segment_ids=segment_ids, num_segments=2),
+                               atol=ATOL, rtol=0)
