@@ -82,7 +82,7 @@ CASES = [("bert", head, options) for head, options in BERT_HEADS] + [
 LENGTHS = (5, 7, 4)
 """Three examples: rows [ex0 ex1 pad pad], [ex2 pad ...] of length ROW."""
 ROW = 14
-ATOL = 2e-5
+ATOL = 1e-5
 
 
 def _case_id(case) -> str:
