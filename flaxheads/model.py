@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads import lora, problem
-from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone
+from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone, segments
 from flaxheads.conversion import loading
 from flaxheads.conversion.loading import load_backbone, save_pretrained
 from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs, build_head
@@ -217,21 +217,38 @@ class SequenceClassifier(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
+        num_segments: int | None = None,
         cls_index: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> jax.Array:
         """(batch, seq) int inputs -> (batch, num_labels) float32 logits.
 
-        `cls_index` (batch,) is read only by the "summary" head with summary_type="cls_index".
+        Packed rows: `segment_ids` (batch, seq), 1..S for the examples a row holds back to back
+        and 0 for the padding after them, with `num_segments` S (a Python int) -> (batch, S,
+        num_labels) logits, slot s - 1 equal to segment s's logits run alone and unpadded (an
+        absent segment's slot holds finite values to mask out). Attention stays within a
+        segment and positions restart per segment when position_ids is None (`backbones.segments`);
+        attention_mask is then `segment_ids > 0` whatever is passed. ValueError for segment_ids
+        without num_segments, or mismatched shapes.
+
+        `cls_index` (batch,) is read only by the "summary" head with summary_type="cls_index";
+        packed, it is (batch, S), positions counted from each segment's first token.
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode and
         is ignored in eval mode; in train mode without it (and a non-zero dropout rate) the call
         raises ValueError: pass rngs=nnx.Rngs(dropout=key), or call model.eval() for inference."""
+        if segment_ids is not None:
+            segments.check(segment_ids, num_segments, input_ids)
+            attention_mask = (segment_ids > 0).astype(jnp.int32)
+        else:
+            num_segments = None
         backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
         with lora.adapter_dropout_key(lora.lora_config(self), rngs):  # LoRA layers take no rngs argument
-            out = self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, rngs=rngs)
+            out = self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                                rngs=rngs)
         # The head gets the caller's mask, None included: "last_token" lets a given mask decide.
-        logits = self.head(HeadInputs(out.hidden_states, attention_mask, input_ids, cls_index), rngs)
-        return logits.astype(jnp.float32)
+        inputs = HeadInputs(out.hidden_states, attention_mask, input_ids, cls_index, segment_ids, num_segments)
+        return self.head(inputs, rngs).astype(jnp.float32)
 
     def loss(self, logits: jax.Array, labels: jax.Array, example_mask: jax.Array | None = None) -> jax.Array:
         """The loss for this model's problem type (inferred from the labels when unset)."""

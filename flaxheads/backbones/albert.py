@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import layers, segments
 from flaxheads.backbones.encoder import Embeddings, EncoderLayer
 from flaxheads.backbones.interface import BackboneOutput
 
@@ -174,13 +174,18 @@ class Albert(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids, position_ids: (batch, seq) ints.
 
+        `segment_ids` (batch, seq) packs several examples per row (`segments`): attention stays
+        within a segment (attention_mask is then not read) and positions restart at each one.
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
         eval mode ignores it. ValueError in train mode without it (non-zero dropout rates)."""
-        x_BTD = self.embedding_projection(self.embeddings(input_ids, token_type_ids, position_ids, rngs))
+        x_BTD = self.embedding_projection(self.embeddings(input_ids, token_type_ids, position_ids, rngs, segment_ids))
+        if segment_ids is not None:
+            attention_mask = segments.attention_mask(segment_ids)
         hidden_states = [x_BTD]
         for layer in range(self.cfg.num_hidden_layers):
             x_BTD = layers.run_layer(self, self.groups[self.cfg.group_of_layer(layer)], x_BTD, attention_mask, rngs)

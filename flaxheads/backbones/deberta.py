@@ -19,6 +19,11 @@ A DeBERTa layer is BERT's post-LayerNorm `EncoderLayer` with another attention; 
   a padded query averages every value, as torch's softmax over a row of equal scores does.
 - **ConvLayer** (`conv_kernel_size` > 0, DeBERTa-v2 xlarge): after the first layer,
   LN(layer_0 + act(conv(embeddings))) with padding zeroed before the activation and after the norm.
+
+Packed rows (`segment_ids`, see `segments`): relative positions depend on t - s alone, so the
+block-diagonal mask makes them exact; absolute positions (position_biased_input) restart per
+segment; the ConvLayer reads no neighbour across a segment's edge (as the zero padding of an
+example run alone).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import layers, segments
 from flaxheads.backbones.encoder import EncoderLayer
 from flaxheads.backbones.interface import BackboneOutput
 
@@ -268,8 +273,9 @@ class DisentangledSelfAttention(nnx.Module):
         self.deterministic = False
 
     def __call__(self, x_BTD, mask_BT, rngs, *, rel_embeddings_PD=None, relative_pos_TT=None) -> jax.Array:
-        """`mask_BT` 1 = real token; `rel_embeddings_PD` the (normalised) position table and
-        `relative_pos_TT` the (bucketed) query - key distances, with relative_attention."""
+        """`mask_BT` 1 = real token, or a (batch, 1, query, key) bool mask (packed rows);
+        `rel_embeddings_PD` the (normalised) position table and `relative_pos_TT` the (bucketed)
+        query - key distances, with relative_attention."""
         cfg = self.cfg
         b, t, _ = x_BTD.shape
         heads = (b, t, cfg.num_attention_heads, cfg.head_dim)  # hidden splits as (heads, head_dim)
@@ -278,8 +284,11 @@ class DisentangledSelfAttention(nnx.Module):
         bias_BNTT = None
         if cfg.relative_attention:
             bias_BNTT = self.position_scores(query_BTNH, key_BTNH, rel_embeddings_PD, relative_pos_TT, rngs)
-        mask_BT = mask_BT.astype(bool)
-        pair_mask_B1TT = mask_BT[:, None, :, None] & mask_BT[:, None, None, :]
+        if mask_BT.ndim == 4:
+            pair_mask_B1TT = mask_BT
+        else:
+            mask_BT = mask_BT.astype(bool)
+            pair_mask_B1TT = mask_BT[:, None, :, None] & mask_BT[:, None, None, :]
         context_BTNH = layers.attend(
             query_BTNH, key_BTNH, self.value(x_BTD).reshape(heads), pair_mask_B1TT,
             bias_BNTS=bias_BNTT,
@@ -333,11 +342,33 @@ class ConvLayer(nnx.Module):
         self.act = layers.activation(cfg.conv_act)
         self.deterministic = False
 
-    def __call__(self, x_BTD, residual_BTD, mask_BT, rngs) -> jax.Array:
+    def __call__(self, x_BTD, residual_BTD, mask_BT, rngs, segment_ids_BT=None) -> jax.Array:
         mask_BT1 = mask_BT[..., None].astype(x_BTD.dtype)
-        out_BTD = self.conv(x_BTD) * mask_BT1
+        conv_BTD = self.conv(x_BTD) if segment_ids_BT is None else self.conv_within_segments(x_BTD, segment_ids_BT)
+        out_BTD = conv_BTD * mask_BT1
         out_BTD = self.act(layers.dropout(out_BTD, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic))
         return self.layer_norm(residual_BTD + out_BTD) * mask_BT1
+
+    def conv_within_segments(self, x_BTD: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
+        """`self.conv(x)` with every tap that would read another segment reading zero instead,
+        as the conv's zero padding does at the edges of an example run alone: the same kernel,
+        applied tap by tap to shifted copies of x."""
+        kernel_KIO = self.conv.kernel[...].astype(x_BTD.dtype)
+        taps, groups = kernel_KIO.shape[0], self.cfg.conv_groups
+        b, t, d = x_BTD.shape
+        half = (taps - 1) // 2
+        # A grouped conv's output channel o reads the inputs of group o // (d / groups).
+        kernel_KIGM = kernel_KIO.reshape(taps, d // groups, groups, d // groups)
+        padded_BPD = jnp.pad(x_BTD, ((0, 0), (half, half), (0, 0)))
+        padded_ids_BP = jnp.pad(segment_ids_BT, ((0, 0), (half, half)), constant_values=-1)
+        out_BTD = jnp.zeros_like(x_BTD)
+        for tap in range(taps):
+            same_BT1 = (padded_ids_BP[:, tap:tap + t] == segment_ids_BT)[..., None]
+            shifted_BTGI = jnp.where(same_BT1, padded_BPD[:, tap:tap + t], 0).reshape(b, t, groups, d // groups)
+            out_BTD = out_BTD + jnp.einsum("BTGI,IGM->BTGM", shifted_BTGI, kernel_KIGM[tap]).reshape(b, t, d)
+        if self.conv.bias is not None:
+            out_BTD = out_BTD + self.conv.bias[...].astype(x_BTD.dtype)
+        return out_BTD
 
 
 class DebertaV2(nnx.Module):
@@ -394,22 +425,30 @@ class DebertaV2(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids, position_ids: (batch, seq) ints.
 
         position_ids move the absolute position embeddings only (with position_biased_input);
-        relative positions always count 0..T-1, as in transformers. `rngs` (an `nnx.Rngs` with a
-        `dropout` stream) draws the dropout masks in train mode; eval mode ignores it."""
+        relative positions always count 0..T-1, as in transformers. `segment_ids` (batch, seq)
+        packs several examples per row (module doc); attention_mask is then `segment_ids > 0`.
+        `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
+        eval mode ignores it."""
+        if segment_ids is not None:
+            attention_mask = (segment_ids > 0).astype(jnp.int32)
+            if position_ids is None:
+                position_ids = segments.positions(segment_ids)
         mask_BT = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
+        attention_mask_BT = mask_BT if segment_ids is None else segments.attention_mask(segment_ids)
         embedded_BTD = self.embeddings(input_ids, mask_BT, token_type_ids, position_ids, rngs)
         relative = self.relative_inputs(input_ids.shape[1])
         x_BTD = embedded_BTD
         hidden_states = [x_BTD]
         for i, layer in enumerate(self.layers):
-            x_BTD = layers.run_layer(self, layer, x_BTD, mask_BT, rngs, **relative)
+            x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask_BT, rngs, **relative)
             if i == 0 and self.conv is not None:
-                x_BTD = self.conv(embedded_BTD, x_BTD, mask_BT, rngs)
+                x_BTD = self.conv(embedded_BTD, x_BTD, mask_BT, rngs, segment_ids)
             hidden_states.append(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), None)
 

@@ -14,7 +14,8 @@ less than `sliding_window` positions (sequence indices, not position ids) behind
 query that sees no key (left padding) averages all values, as eager attention does; real
 tokens never see such rows. As in transformers, position ids default to 0..T-1 whatever the
 padding. Packed sequences (position ids restarting inside a row, without attention_mask),
-which transformers detects and masks apart, are not detected here: pass attention_mask.
+which transformers detects and masks apart, are not detected here: pass `segment_ids` (the
+block-diagonal mask and positions restarting per segment, `segments`), or attention_mask.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import layers, segments
 from flaxheads.backbones.decoder_config import DecoderConfig, Rope
 from flaxheads.backbones.interface import BackboneOutput
 
@@ -210,9 +211,14 @@ class Decoder(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
         """input_ids, attention_mask (1 = real token), position_ids: (batch, seq) ints.
+
+        `segment_ids` (batch, seq) packs several examples per row (`segments`): causal (and
+        sliding-window) attention within a segment, attention_mask then not read, and rotary
+        positions 0.. from each segment's start.
 
         `token_type_ids` must be None: these models have no token types (ValueError otherwise).
         hidden_states are transformers' `output_hidden_states`: the (scaled) embeddings, then each
@@ -222,11 +228,13 @@ class Decoder(nnx.Module):
         self._check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
         batch, seq = input_ids.shape
         if position_ids is None:
-            position_ids = jnp.broadcast_to(jnp.arange(seq), input_ids.shape)
+            position_ids = (jnp.broadcast_to(jnp.arange(seq), input_ids.shape) if segment_ids is None
+                            else segments.positions(segment_ids))
         x_BTD = self.token_embeddings(input_ids)
         if self.cfg.family.gemma_norms:
             x_BTD = x_BTD * jnp.asarray(math.sqrt(self.cfg.hidden_size), self.dtype)
-        hidden_states = self._layers(x_BTD, self._layer_inputs(attention_mask, position_ids, batch, seq), rngs)
+        inputs = self._layer_inputs(attention_mask, position_ids, batch, seq, segment_ids)
+        hidden_states = self._layers(x_BTD, inputs, rngs)
         # As transformers: the last entry of hidden_states is the output after the final norm.
         hidden_states[-1] = self.final_norm(hidden_states[-1])
         return BackboneOutput(hidden_states[-1], tuple(hidden_states))
@@ -239,12 +247,17 @@ class Decoder(nnx.Module):
             hidden_states.append(x_BTD)
         return hidden_states
 
-    def _layer_inputs(self, attention_mask, position_ids, batch: int, seq: int) -> LayerInputs:
+    def _layer_inputs(self, attention_mask, position_ids, batch: int, seq: int, segment_ids=None) -> LayerInputs:
         cfg = self.cfg
         attentions = [layer.attention for layer in self.layers]
         window = cfg.effective_sliding_window
+        if segment_ids is not None:
+            # Windows count sequence indices, which within a segment are the segment's own distances.
+            attention_mask = None
         masks = {kind: attention_mask_BTS(attention_mask, batch, seq, window if kind == "sliding" else None)
                  for kind in {a.mask_kind for a in attentions}}
+        if segment_ids is not None:
+            masks = {kind: mask_BTS & segments.attention_mask(segment_ids)[:, 0] for kind, mask_BTS in masks.items()}
         ropes = {"global": cfg.rope, "local": cfg.local_rope}
         rotary = {kind: rotary_tables(ropes[kind], cfg.head_dim, position_ids, self.dtype)
                   for kind in {a.rope_kind for a in attentions}}

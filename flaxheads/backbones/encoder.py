@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import layers, segments
 from flaxheads.backbones.interface import BackboneOutput
 
 _ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
@@ -161,16 +161,21 @@ class Embeddings(nnx.Module):
         self.deterministic = False
         """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `layers`)."""
 
-    def default_position_ids(self, input_ids_BT: jax.Array) -> jax.Array:
+    def default_position_ids(self, input_ids_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        """The family's positions; with `segment_ids` (packed rows) they restart at every segment."""
         if self.cfg.position_ids_from_padding:
             # fairseq/RoBERTa: pads keep position pad_token_id, real tokens count from pad_token_id+1.
             is_real = (input_ids_BT != self.cfg.pad_token_id).astype(jnp.int32)
-            return jnp.cumsum(is_real, axis=1) * is_real + self.cfg.pad_token_id
+            counted = jnp.cumsum(is_real, axis=1) if segment_ids_BT is None else segments.segment_cumsum(
+                is_real, segment_ids_BT)
+            return counted * is_real + self.cfg.pad_token_id
+        if segment_ids_BT is not None:
+            return segments.positions(segment_ids_BT)
         return jnp.broadcast_to(jnp.arange(input_ids_BT.shape[1]), input_ids_BT.shape)
 
-    def __call__(self, input_ids_BT, token_type_ids_BT, position_ids_BT, rngs) -> jax.Array:
+    def __call__(self, input_ids_BT, token_type_ids_BT, position_ids_BT, rngs, segment_ids_BT=None) -> jax.Array:
         if position_ids_BT is None:
-            position_ids_BT = self.default_position_ids(input_ids_BT)
+            position_ids_BT = self.default_position_ids(input_ids_BT, segment_ids_BT)
         x = self.word_embeddings(input_ids_BT)
         if self.token_type_embeddings is not None:  # summed in transformers' order: words, types, positions
             if token_type_ids_BT is None:
@@ -293,15 +298,20 @@ class Encoder(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids, position_ids: (batch, seq) ints.
 
+        `segment_ids` (batch, seq) packs several examples per row (`segments`): attention stays
+        within a segment (attention_mask is then not read) and positions restart at each one.
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
         eval mode ignores it. ValueError in train mode without it (non-zero dropout rates)."""
-        x_BTD = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
+        x_BTD = self.embeddings(input_ids, token_type_ids, position_ids, rngs, segment_ids)
         if self.embeddings_project is not None:
             x_BTD = self.embeddings_project(x_BTD)  # (B, T, embedding_size) -> (B, T, hidden)
+        if segment_ids is not None:
+            attention_mask = segments.attention_mask(segment_ids)
         hidden_states = [x_BTD]
         for layer in self.layers:
             x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask, rngs)

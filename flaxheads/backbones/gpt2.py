@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import layers, segments
 from flaxheads.backbones.interface import BackboneOutput
 
 
@@ -146,7 +146,7 @@ class SelfAttention(nnx.Module):
             deterministic=self.deterministic,
             rngs=rngs,
         )
-        if mask_BT is not None:
+        if mask_BT is not None and mask_BT.ndim == 2:  # a packed row's (B, 1, T, T) mask lets every query see itself
             # A query that sees no key (left padding before a row's first real token) gets a zero
             # context, as torch's scaled_dot_product_attention (transformers' default) gives it;
             # jax's kernel would average all values there. Real tokens are never affected, but
@@ -213,18 +213,25 @@ class GPT2(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids, position_ids: (batch, seq) ints.
 
         Position ids default to 0..T-1 whatever the padding, as transformers does; pass
         `position_ids` to count from the first real token of a left-padded row instead.
+        `segment_ids` (batch, seq) packs several examples per row (`segments`): causal attention
+        within a segment (attention_mask is then not read), positions 0.. from each segment's start.
         `token_type_ids`, when given, are looked up in the token embeddings and added (as in
         transformers). `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in
         train mode; eval mode ignores it. Raises ValueError for inputs that are not (batch, seq)
         or longer than `n_positions`, and in train mode without `rngs` (non-zero dropout rates).
         """
         self._check_inputs(input_ids, attention_mask, position_ids)
+        if segment_ids is not None:
+            attention_mask = segments.attention_mask(segment_ids)
+            if position_ids is None:
+                position_ids = segments.positions(segment_ids)
         if position_ids is None:
             position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
         x_BTD = self.token_embeddings(input_ids) + self.position_embeddings(position_ids)

@@ -16,6 +16,26 @@ class BackboneOutput(NamedTuple):
     """(batch, hidden) tanh(dense(first token)) when the backbone was built with a pooler."""
 
 
+class Backbone(Protocol):
+    """How every backbone module is called (Encoder, Albert, GPT2, XLNet, DebertaV2, ModernBert, Decoder)."""
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        token_type_ids: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+        *,
+        segment_ids: jax.Array | None = None,
+        rngs=None,
+    ) -> BackboneOutput:
+        """(batch, seq) ints in, every layer's states out. `segment_ids` (batch, seq) packs several
+        examples per row (`backbones.segments`): attention within a segment only (plus causal and
+        windows where the family has them), positions restarting per segment by the family's own
+        rule when position_ids is None; attention_mask is then not read for attention."""
+        ...
+
+
 class BackboneConfig(Protocol):
     """The fields a head may read from any backbone's config.
 

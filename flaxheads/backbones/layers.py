@@ -267,7 +267,11 @@ class Pooler(nnx.Module):
         )
 
     def __call__(self, hidden_BTD: jax.Array) -> jax.Array:
-        return jnp.tanh(self.dense(hidden_BTD[:, 0]))
+        return self.project(hidden_BTD[:, 0])
+
+    def project(self, first_token_BD: jax.Array) -> jax.Array:
+        """tanh(dense(x)) of first-token states already picked, (..., hidden) (packed rows: (B, S, D))."""
+        return jnp.tanh(self.dense(first_token_BD))
 
 
 GRADIENT_CHECKPOINTING = "gradient_checkpointing"

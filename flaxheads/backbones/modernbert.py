@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers, rope
+from flaxheads.backbones import layers, rope, segments
 from flaxheads.backbones.interface import BackboneOutput
 
 GLOBAL, SLIDING = "full_attention", "sliding_attention"
@@ -300,14 +300,23 @@ class ModernBert(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
         """input_ids, attention_mask (1 = real token), position_ids: (batch, seq) ints; ModernBERT
         has no token types (token_type_ids is ignored, as transformers' model takes none).
 
+        `segment_ids` (batch, seq) packs several examples per row (`segments`): attention within
+        a segment (attention_mask is then not read; a local window counts sequence indices, the
+        segment's own distances) and rotary positions 0.. from each segment's start.
+
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
         eval mode ignores it. ValueError in train mode without it (non-zero dropout rates)."""
         del token_type_ids
+        if segment_ids is not None:
+            attention_mask = segments.attention_mask(segment_ids)
+            if position_ids is None:
+                position_ids = segments.positions(segment_ids)
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         if position_ids is None:

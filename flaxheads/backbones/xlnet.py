@@ -16,6 +16,11 @@ XLNet differs from BERT in three places that matter here:
 
 Padding follows `XLNetModel`'s `attention_mask`: a query attends to every real key and to
 itself (its "non-target mask"), so pads see real tokens but real tokens never see pads.
+
+Packed rows (`segment_ids`, see `segments`) need only the block-diagonal mask: the position
+scores depend on the distance i - j alone (the sinusoid of the distance, whatever the row's
+length), and the token-type score on whether two tokens share a type, so a segment's tokens
+score each other as they do when the example runs alone.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import layers, segments
 from flaxheads.backbones.interface import BackboneOutput
 
 # transformers subtracts this from masked attention scores (float32/bfloat16 models).
@@ -308,9 +313,13 @@ class XLNet(nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids: (batch, seq) ints.
+
+        `segment_ids` (batch, seq) packs several examples per row: attention within a segment
+        (attention_mask is then not read); see the module doc for why nothing else changes.
 
         `hidden_states` are the embeddings' output, then every layer's; the last one has the
         final dropout applied (transformers' `last_hidden_state`). `rngs` (an `nnx.Rngs` with a
@@ -336,7 +345,9 @@ class XLNet(nnx.Module):
             None if token_type_ids is None else token_type_ids[:, :, None] != token_type_ids[:, None, :]
         )
         allowed_BTS = None
-        if attention_mask is not None:
+        if segment_ids is not None:
+            allowed_BTS = segments.attention_mask(segment_ids)[:, 0]
+        elif attention_mask is not None:
             # transformers' non-target mask for the content stream: real keys, and always oneself.
             allowed_BTS = (attention_mask != 0)[:, None, :] | jnp.eye(seq_len, dtype=bool)[None]
 

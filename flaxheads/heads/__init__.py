@@ -13,6 +13,11 @@
 | `distilbert`   | first token -> pre_classifier -> ReLU -> dropout -> classifier      | `DistilBertForSequenceClassification` |
 | `deberta`      | first token -> dropout (pooler_dropout) -> dense -> pooler_hidden_act (GELU) -> dropout -> classifier | `DebertaV2ForSequenceClassification` (`ContextPooler`) |
 | `modernbert`   | first token or masked mean (classifier_pooling) -> dense -> act -> LayerNorm -> dropout -> classifier | `ModernBertForSequenceClassification` |
+
+Packed rows (`HeadInputs.segment_ids`, several examples per row): every head reads each segment as
+its example alone and unpadded ("first token" is the segment's first, "last real token" and the
+means stay inside it) and returns (batch, num_segments, num_labels); the pooling functions
+(`pooling`, `segments`) return (batch, num_segments, features) and the layers after them are unchanged.
 """
 
 from __future__ import annotations

@@ -19,7 +19,18 @@ class HeadInputs(NamedTuple):
     input_ids: jax.Array
     """(batch, seq) token ids (the GPT-2 head finds the last non-pad token from them)."""
     cls_index: jax.Array | None = None
-    """(batch,) int position to classify from, for the "summary" head's summary_type="cls_index"."""
+    """(batch,) int position to classify from, for the "summary" head's summary_type="cls_index";
+    (batch, num_segments) positions within each segment for packed rows."""
+    segment_ids: jax.Array | None = None
+    """(batch, seq) int for packed rows: 1..S for the examples, 0 for padding (`backbones.segments`).
+    With it every head pools each segment alone and returns (batch, num_segments, num_labels)."""
+    num_segments: int | None = None
+    """S, a Python int, given with `segment_ids`: the slots of the logits per row."""
+
+    @property
+    def packed(self) -> bool:
+        """Whether the rows hold several examples (`segment_ids` given)."""
+        return self.segment_ids is not None
 
 
 @dataclasses.dataclass(frozen=True)

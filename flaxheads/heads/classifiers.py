@@ -27,7 +27,7 @@ class PoolerHead(nnx.Module):
         """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `backbones.layers`)."""
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
-        pooled = self.pooler(inputs.hidden_states[-1])
+        pooled = self.pooler.project(pooling.first_token(inputs))
         return self.classifier(layers.dropout(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
 

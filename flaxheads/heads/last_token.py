@@ -13,6 +13,11 @@ Which token is "the last real one", in this order of precedence:
 4. Neither, batch of more than one: ValueError saying what to set.
 
 A row with no real token at all reads position 0, as transformers' argmax does.
+
+Packed rows (`HeadInputs.segment_ids`): the same precedence inside each segment, the segment
+standing for the example run alone and unpadded: the rightmost position whose id is not
+`pad_token_id` (its first position when there is none), or without a pad id the segment's last
+position (rules 2 and 3: the example alone has no padding).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import layers, segments
 from flaxheads.heads.base import HeadConfig, HeadInputs
 
 
@@ -48,6 +53,13 @@ def last_real_token_index(
     return jnp.argmax(positions_BT, axis=-1).astype(jnp.int32)
 
 
+def last_real_token_index_packed(inputs: HeadInputs, pad_token_id: int | None) -> jax.Array:
+    """(batch, num_segments) int32 index of each segment's last real token (module doc)."""
+    if pad_token_id is None:
+        return segments.ends(inputs.segment_ids, inputs.num_segments)
+    return segments.last_where(inputs.input_ids != pad_token_id, inputs.segment_ids, inputs.num_segments)
+
+
 class LastTokenHead(nnx.Module):
     """Last real token's final hidden state -> `score` (linear, no bias). No dropout, as in
     `GPT2ForSequenceClassification`."""
@@ -61,6 +73,8 @@ class LastTokenHead(nnx.Module):
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         hidden_BTD = inputs.hidden_states[-1]
+        if inputs.packed:
+            return self.score(segments.gather(hidden_BTD, last_real_token_index_packed(inputs, self.cfg.pad_token_id)))
         index_B = last_real_token_index(inputs.input_ids, inputs.attention_mask, self.cfg.pad_token_id)
         last_BD = jnp.take_along_axis(hidden_BTD, index_B[:, None, None], axis=1)[:, 0]
         return self.score(last_BD)

@@ -1,21 +1,33 @@
-"""Ways to turn (batch, seq, hidden) states into one (batch, features) vector per sequence."""
+"""Ways to turn (batch, seq, hidden) states into one (batch, features) vector per sequence, or,
+for packed rows (`HeadInputs.segment_ids`), one (batch, num_segments, features) vector per
+example: the dense layers after a pooling function work on either shape unchanged."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from flaxheads.backbones import segments
 from flaxheads.heads.base import HeadInputs
+
+
+def first_token_of(inputs: HeadInputs, hidden_BTD: jax.Array) -> jax.Array:
+    """`hidden_BTD` at position 0 of each sequence (or at each segment's first token)."""
+    if inputs.packed:
+        return segments.gather(hidden_BTD, segments.starts(inputs.segment_ids, inputs.num_segments))
+    return hidden_BTD[:, 0]
 
 
 def first_token(inputs: HeadInputs) -> jax.Array:
     """The last layer's state at position 0 ([CLS] / <s>), as BERT and RoBERTa classify."""
-    return inputs.hidden_states[-1][:, 0]
+    return first_token_of(inputs, inputs.hidden_states[-1])
 
 
 def masked_mean(inputs: HeadInputs) -> jax.Array:
     """Mean of the last layer over real tokens only; padding never dilutes the average."""
     hidden_BTD = inputs.hidden_states[-1]
+    if inputs.packed:
+        return segments.mean(hidden_BTD, inputs.segment_ids, inputs.num_segments)
     mask_BT = inputs.attention_mask
     if mask_BT is None:
         mask_BT = jnp.ones(hidden_BTD.shape[:2], jnp.int32)
@@ -27,4 +39,4 @@ def masked_mean(inputs: HeadInputs) -> jax.Array:
 
 def concat_last4_first_token(inputs: HeadInputs) -> jax.Array:
     """First-token states of the last four layers, last layer first: (batch, 4 * hidden)."""
-    return jnp.concatenate([inputs.hidden_states[-k][:, 0] for k in range(1, 5)], axis=-1)
+    return jnp.concatenate([first_token_of(inputs, inputs.hidden_states[-k]) for k in range(1, 5)], axis=-1)

@@ -30,6 +30,11 @@ What each `summary_type` reads from the last layer:
   the last real token (transformers: the last position). `XLNetForSequenceClassification` never
   passes cls_index, so with that architecture transformers always reads the last position.
 
+Packed rows (`HeadInputs.segment_ids`): each segment is read as its example alone and unpadded:
+"last" its last token, "first" its first, "mean" the mean over its tokens, "cls_index" the
+position `cls_index[b, s]` (batch, num_segments) counts from the segment's first token (its
+last token without cls_index).
+
 `HeadConfig.dropout_rate` (`classifier_dropout`) does not apply: the two summary dropouts are
 this head's only dropouts, as in transformers.
 """
@@ -43,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import layers, segments
 from flaxheads.heads.base import HeadConfig, HeadInputs
 
 SUMMARY_TYPES = ("last", "first", "mean", "cls_index")
@@ -91,10 +96,12 @@ def last_real_index(attention_mask_BT: jax.Array | None, seq_len: int, batch: in
     return (seq_len - 1 - from_end_B).astype(jnp.int32)
 
 
-def _check_cls_index(cls_index_B: jax.Array, batch: int, seq_len: int) -> None:
-    if cls_index_B.shape != (batch,) or not jnp.issubdtype(cls_index_B.dtype, jnp.integer):
+def _check_cls_index(cls_index_B: jax.Array, batch: int, seq_len: int, num_segments: int | None = None) -> None:
+    shape, per = ((batch,), "one per row") if num_segments is None else (
+        (batch, num_segments), "one per segment, counted from the segment's first token")
+    if cls_index_B.shape != shape or not jnp.issubdtype(cls_index_B.dtype, jnp.integer):
         raise ValueError(
-            f"cls_index must be integer positions of shape ({batch},), one per row; got shape "
+            f"cls_index must be integer positions of shape {shape}, {per}; got shape "
             f"{tuple(cls_index_B.shape)} and dtype {cls_index_B.dtype}"
         )
     if isinstance(cls_index_B, jax.core.Tracer):
@@ -109,6 +116,8 @@ def pick(inputs: HeadInputs, summary_type: str) -> jax.Array:
     """(batch, hidden): the vector `summary_type` reads from the last layer (module doc)."""
     hidden_BTD = inputs.hidden_states[-1]
     batch, seq_len = hidden_BTD.shape[:2]
+    if inputs.packed:
+        return _pick_packed(inputs, summary_type)
     if summary_type == "first":
         return hidden_BTD[:, 0]
     if summary_type == "mean":
@@ -120,6 +129,20 @@ def pick(inputs: HeadInputs, summary_type: str) -> jax.Array:
         _check_cls_index(cls_index_B, batch, seq_len)
         index_B = cls_index_B
     return jnp.take_along_axis(hidden_BTD, index_B[:, None, None], axis=1)[:, 0]
+
+
+def _pick_packed(inputs: HeadInputs, summary_type: str) -> jax.Array:
+    """(batch, num_segments, hidden): `pick` for each segment of packed rows (module doc)."""
+    hidden_BTD, ids_BT, count = inputs.hidden_states[-1], inputs.segment_ids, inputs.num_segments
+    if summary_type == "mean":
+        return segments.mean(hidden_BTD, ids_BT, count)
+    if summary_type == "first":
+        return segments.gather(hidden_BTD, segments.starts(ids_BT, count))
+    if summary_type == "cls_index" and inputs.cls_index is not None:
+        _check_cls_index(inputs.cls_index, *ids_BT.shape, num_segments=count)
+        index_BS = segments.starts(ids_BT, count) + inputs.cls_index.astype(jnp.int32)
+        return segments.gather(hidden_BTD, jnp.minimum(index_BS, ids_BT.shape[1] - 1))
+    return segments.gather(hidden_BTD, segments.ends(ids_BT, count))
 
 
 class SummaryHead(nnx.Module):
