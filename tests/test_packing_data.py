@@ -22,7 +22,6 @@ import flaxheads
 from flaxheads import data, problem
 from flaxheads.data.batching import BatchFormat, DataPosition, TrainBatches, eval_batches
 from flaxheads.data.packing import EMPTY, RowPlan, default_max_segments, segments_per_row
-from flaxheads.model import SequenceClassifier
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.scoring import SplitScorer
 from flaxheads.training.sharding import Layout
@@ -213,34 +212,9 @@ def test_max_segments_per_row_without_packing_is_refused_naming_both_flags():
 # -- steps and evaluation with a model that honours the packing contract ----------------------------
 
 
-def _per_segment_call(original):
-    """`SequenceClassifier.__call__` that takes `segment_ids` and `num_segments` as the packing
-    contract says: slot s holds the logits of segment s + 1 moved to the start of the row and run
-    alone (right padded), i.e. exactly the unpacked example's logits."""
-
-    def call(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *, segment_ids=None,
-             num_segments=None, **kwargs):
-        if segment_ids is None:
-            return original(self, input_ids, attention_mask, token_type_ids, position_ids, **kwargs)
-        positions = jnp.arange(input_ids.shape[1])
-        slots = []
-        for segment in range(1, num_segments + 1):
-            inside = segment_ids == segment
-            start = jnp.argmax(inside, axis=1)[:, None]
-            shifted = jnp.minimum(positions[None] + start, input_ids.shape[1] - 1)
-            mask = jnp.take_along_axis(inside, shifted, axis=1) & (positions[None] + start < input_ids.shape[1])
-            mask = mask.at[:, 0].set(True)  # an absent slot still gets a finite answer
-            types = None if token_type_ids is None else jnp.take_along_axis(token_type_ids, shifted, axis=1)
-            slots.append(original(self, jnp.take_along_axis(input_ids, shifted, axis=1), mask.astype(jnp.int32),
-                                  types, **kwargs))
-        return jnp.stack(slots, axis=1)
-
-    return call
-
-
 @pytest.fixture
-def contract_model(monkeypatch, tiny_bert):
-    monkeypatch.setattr(SequenceClassifier, "__call__", _per_segment_call(SequenceClassifier.__call__))
+def contract_model(tiny_bert):
+    """A real tiny BERT: `SequenceClassifier` honours the packing contract (tests/test_packing_model.py)."""
     model = flaxheads.from_pretrained(tiny_bert, num_labels=3)
     model.eval()
     return model
