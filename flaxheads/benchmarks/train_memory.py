@@ -1,5 +1,6 @@
 """Memory of one train step as XLA plans it: full fine-tuning vs LoRA vs a frozen backbone, with
-and without gradient checkpointing, for any backbone config, without allocating the model.
+and without gradient checkpointing, float32 or bfloat16 parameters, for any backbone config,
+without allocating the model.
 
     python -m flaxheads.benchmarks.train_memory            # a 1.3B BERT-shaped model, batch 8 x 512
 
@@ -43,6 +44,8 @@ class Setup:
     lora: lora.LoRAConfig | None = None
     freeze_backbone: bool = False
     gradient_checkpointing: bool = False
+    param_dtype: str = "float32"
+    """"bfloat16": parameters and gradients in bf16 (compute too), AdamW state float32 (--param_dtype)."""
 
 
 def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int) -> dict[str, Any]:
@@ -50,7 +53,8 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
     backbone = backbone_config_from_hf(hf_config)
     head = architecture_table(backbone.model_type).canonical_head
     config = ClassifierConfig(backbone, head, num_labels=2)
-    model = nnx.eval_shape(lambda: SequenceClassifier(config, rngs=nnx.Rngs(0)))
+    dtype = jnp.dtype(setup.param_dtype)  # bf16 parameters compute in bf16, as TrainConfig implies
+    model = nnx.eval_shape(lambda: SequenceClassifier(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
     if setup.lora is not None:
         model = lora.with_lora(model, setup.lora)
     if setup.gradient_checkpointing:
@@ -72,6 +76,7 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
         "setup": setup.name,
         "trainable_params": count(trainable),
         "all_params": count(trainable) + count(frozen),
+        "param_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((trainable, frozen))),
         "optimizer_state_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.opt_state)),
         "argument_bytes": memory.argument_size_in_bytes,
         "temp_bytes": memory.temp_size_in_bytes,
@@ -93,6 +98,7 @@ SETUPS = (
     Setup("LoRA r=16 query,value, gradient checkpointing",
           lora=lora.LoRAConfig(r=16, alpha=32, target_modules=("query", "value")), gradient_checkpointing=True),
     Setup("frozen backbone (linear probe)", freeze_backbone=True),
+    Setup("full, bf16 parameters and compute, float32 AdamW state", param_dtype="bfloat16"),
 )
 
 
