@@ -6,6 +6,10 @@ Tiny random BERT (tests/conftest.py) and Llama (tests/test_decoders.py) models, 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -167,3 +171,40 @@ def test_llama_trains_with_bfloat16_parameters_and_float32_lora_adapters(tiny_ll
     assert _safetensors_dtypes(tmp_path) == {"BF16"}
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
     assert reference.dtype == torch.bfloat16
+
+
+_FSDP_STATE = textwrap.dedent(
+    """
+    import sys, jax, optax
+    import flaxheads
+    from flax import nnx
+    from flaxheads.training.optim import make_optimizer
+    from flaxheads.training.parallel import JitParallel
+    from flaxheads.training.sharding import Layout
+    from flaxheads.training.trainable import split_trainable
+    layout = Layout.create("fsdp=2")
+    model = flaxheads.from_pretrained(sys.argv[1], num_labels=2, dtype="bfloat16", param_dtype="bfloat16",
+                                      placement=layout.param_sharding)
+    graphdef, params = nnx.split(model)
+    trainable, frozen = split_trainable(params)
+    schedule = optax.constant_schedule(1e-3)
+    state = JitParallel(layout, graphdef, make_optimizer(schedule), schedule, "single_label_classification",
+                        trainable, frozen).init(trainable)
+    def find(tree):
+        return next(x for path, x in jax.tree_util.tree_leaves_with_path(tree)
+                    if "layers.0.intermediate.kernel" in jax.tree_util.keystr(path, simple=True, separator="."))
+    kernel, mu = find(state.params), find(state.opt_state[1][0].mu)
+    print(kernel.dtype, kernel.sharding.spec, mu.dtype, mu.sharding.spec, sep="|")
+    """
+)
+
+
+def test_fsdp_shards_bfloat16_parameters_and_their_float32_moments_alike_on_two_fake_devices(tiny_bert):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    out = subprocess.run([sys.executable, "-c", _FSDP_STATE, str(tiny_bert)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    kernel_dtype, kernel_spec, mu_dtype, mu_spec = out.stdout.strip().splitlines()[-1].split("|")
+    print("intermediate kernel and its Adam mu:", out.stdout.strip().splitlines()[-1])
+    assert (kernel_dtype, mu_dtype) == ("bfloat16", "float32")
+    assert "fsdp" in kernel_spec and kernel_spec == mu_spec
