@@ -10,7 +10,10 @@ state, frozen weights, batch), temporaries (activations kept for the backward pa
 workspace) and the peak = arguments + temporaries + outputs not aliased to donated arguments.
 Compiled memory, not RSS: what the step needs on the device it is compiled for. XLA:CPU's
 buffer assignment barely profits from rematerialisation (a plain jax.checkpoint'ed MLP chain shows
-the same), so measure gradient checkpointing's saving on a GPU/TPU.
+the same), so measure gradient checkpointing's saving on a GPU/TPU. Likewise for bf16 parameters:
+XLA:CPU computes bf16 matmuls in float32, so its temporaries hold float32 copies of the weights
+(measured: LoRA's temporaries grew by about the weights' float32 size); read the arguments
+(parameters, optimizer state) there, and the temporaries on a GPU/TPU.
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ SETUPS = (
           lora=lora.LoRAConfig(r=16, alpha=32, target_modules=("query", "value")), gradient_checkpointing=True),
     Setup("frozen backbone (linear probe)", freeze_backbone=True),
     Setup("full, bf16 parameters and compute, float32 AdamW state", param_dtype="bfloat16"),
+    Setup("LoRA r=16 query,value, bf16 parameters and compute",
+          lora=lora.LoRAConfig(r=16, alpha=32, target_modules=("query", "value")), param_dtype="bfloat16"),
 )
 
 
