@@ -133,8 +133,8 @@ class TrainConfig:
     is one compilation (cached across runs). 0: powers of two (16, 32, 64, ...), fewer
     compilations but ~25% more tokens on the default job."""
     dtype: str = "float32"
-    """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state (unless param_dtype is
-bfloat16)."""
+    """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state unless param_dtype
+    is bfloat16."""
     bf16: bool = False
     """Same as dtype="bfloat16"."""
     param_dtype: str = "float32"
