@@ -110,7 +110,9 @@ class LoRALinear(nnx.Module):
 
     def __init__(self, base: nnx.Linear, config: LoRAConfig, *, index: int, deterministic: bool, rngs: nnx.Rngs):
         self.base = base
-        param_dtype = base.kernel.dtype
+        # float32 adapters on bf16 (or f16) weights, as peft's autocast_adapter_dtype=True default:
+        # they are what trains, and they are small.
+        param_dtype = jnp.promote_types(base.kernel.dtype, jnp.float32)
         bound = 1.0 / math.sqrt(base.in_features)  # torch's kaiming_uniform_(a=sqrt(5)) on (r, in)
         self.lora_a = nnx.LoRAParam(
             jax.random.uniform(rngs.params(), (base.in_features, config.r), jnp.float32, -bound, bound)

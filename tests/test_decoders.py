@@ -202,6 +202,41 @@ def test_config_json_of_either_transformers_dialect_reads_the_same_and_round_tri
     assert {w for w in windows} - {None} <= {config.effective_sliding_window}
 
 
+def test_mistral_config_with_layer_types_matches_transformers_ministral_and_exports_them(tmp_path):
+    # Ministral-8B ships as model_type "mistral" with layer_types; transformers' AutoConfig then
+    # builds Ministral (sliding windows on the named layers only).
+    layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
+    config = transformers.MinistralConfig(**{**TINY, "num_key_value_heads": 2, "head_dim": 8, "sliding_window": 5,
+                                             "layer_types": layer_types, "num_labels": 3})
+    torch.manual_seed(0)
+    source = transformers.MinistralForSequenceClassification(config).eval()
+    _randomize_(source, 14, gemma=False)
+    source.save_pretrained(tmp_path / "source")
+    written = json.loads((tmp_path / "source" / "config.json").read_text())
+    (tmp_path / "source" / "config.json").write_text(json.dumps({**written, "model_type": "mistral"}))
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "source", attn_implementation="eager").eval()
+
+    model = flaxheads.from_pretrained(tmp_path / "source")
+
+    assert type(reference).__name__ == "MinistralForSequenceClassification"
+    assert [model.config.backbone.is_sliding(i) for i in range(3)] == [True, False, True]
+    for padding in ("right", "left"):
+        assert_close(model(**flax_inputs(batch(padding))), torch_logits(reference, batch(padding)),
+                     f"mistral with layer_types {padding}")
+    model.save_pretrained(tmp_path / "export")
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["model_type"] == "mistral" and exported["layer_types"] == layer_types
+    assert_state_dicts_identical(state_dict(tmp_path / "export"), state_dict(tmp_path / "source"))
+
+
+def test_plain_mistral_config_exports_without_layer_types_so_transformers_keeps_it_mistral():
+    config = DecoderConfig.from_hf_config({"model_type": "mistral", **TINY, "sliding_window": 5})
+
+    assert "layer_types" not in config.to_hf_config()
+    assert DecoderConfig.from_hf_config(config.to_hf_config()) == config
+
+
 def test_legacy_gemma3_config_with_pattern_and_local_base_reads_as_transformers():
     legacy = {"model_type": "gemma3_text", **TINY, "head_dim": 8, "rope_theta": 5000.0, "rope_local_base_freq": 50.0,
               "sliding_window_pattern": 3, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}

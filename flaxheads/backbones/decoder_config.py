@@ -116,6 +116,10 @@ class Family:
     Gemma3 attention never passes it on, so it is kept for the round trip only."""
     per_layer_type_rope: bool = False
     """Sliding layers have their own RoPE (Gemma3's rope_local_base_freq)."""
+    layer_types_only_when_set: bool = False
+    """Mistral: transformers 5 reads a mistral config.json that has layer_types as Ministral
+    (`AutoConfig`: per-layer sliding windows, otherwise the same model), so an export writes
+    layer_types only when they differ from the default; plain Mistral exports stay Mistral."""
     default_theta: float = 10000.0
     default_head_dim_from_hidden: bool = True
     defaults: tuple[tuple[str, Any], ...] = ()
@@ -135,8 +139,8 @@ _GEMMA2_DEFAULTS = (*_GEMMA_DEFAULTS, ("sliding_window", 4096), ("query_pre_attn
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("llama", (*_COMMON, "hidden_act", "attention_bias", "mlp_bias")),
-    Family("mistral", (*_COMMON, "hidden_act", "sliding_window"), qkv_bias=False, output_bias=False,
-           default_layer_types="all_sliding", defaults=(("sliding_window", 4096),)),
+    Family("mistral", (*_COMMON, "hidden_act", "sliding_window", "layer_types"), qkv_bias=False, output_bias=False,
+           default_layer_types="all_sliding", layer_types_only_when_set=True, defaults=(("sliding_window", 4096),)),
     Family("qwen2", (*_COMMON, "hidden_act", "use_sliding_window", "sliding_window", "max_window_layers",
                      "layer_types"),
            qkv_bias=True, output_bias=False, default_layer_types="qwen", defaults=(("sliding_window", 4096),)),
@@ -243,13 +247,11 @@ class DecoderConfig:
     def from_hf_config(cls, hf: dict[str, Any]) -> "DecoderConfig":
         """Reads a Hugging Face `config.json` dict of any of the `FAMILIES`, in the 4.x or 5.x dialect.
         NotImplementedError for features flaxheads does not implement (other RoPE types,
-        Gemma3's bidirectional attention, Mistral configs with layer_types)."""
+        Gemma3's bidirectional attention). A Mistral config.json with layer_types reads as
+        transformers' AutoConfig reads it, as Ministral: sliding windows on the layers it names."""
         fam = family(hf.get("model_type"))
         if hf.get("use_bidirectional_attention"):
             raise NotImplementedError("use_bidirectional_attention=True is not implemented by flaxheads' decoders")
-        if fam.model_type == "mistral" and hf.get("layer_types"):
-            raise NotImplementedError("Mistral with layer_types (alternating attention) is not implemented; "
-                                      "transformers itself routes these to Ministral")
         values = {**dict(fam.defaults), **{k: v for k, v in hf.items() if k in fam.fields}}
         if fam.activation_field != "hidden_act":
             values["hidden_act"] = hf.get(fam.activation_field) or "gelu_pytorch_tanh"
@@ -277,6 +279,9 @@ class DecoderConfig:
         for name in fam.fields:
             source = "hidden_act" if name == fam.activation_field else name
             value = getattr(self, source)
+            if name == "layer_types" and fam.layer_types_only_when_set and value == default_layer_types(
+                    fam, self.num_hidden_layers, self.sliding_window, self.use_sliding_window, self.max_window_layers):
+                continue
             out[name] = list(value) if isinstance(value, tuple) else value
         out["rope_theta"] = self.rope.theta
         if self.rope.scaling_to_hf() is not None:

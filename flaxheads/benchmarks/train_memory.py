@@ -1,5 +1,6 @@
 """Memory of one train step as XLA plans it: full fine-tuning vs LoRA vs a frozen backbone, with
-and without gradient checkpointing, for any backbone config, without allocating the model.
+and without gradient checkpointing, float32 or bfloat16 parameters, for any backbone config,
+without allocating the model.
 
     python -m flaxheads.benchmarks.train_memory            # a 1.3B BERT-shaped model, batch 8 x 512
 
@@ -9,7 +10,10 @@ state, frozen weights, batch), temporaries (activations kept for the backward pa
 workspace) and the peak = arguments + temporaries + outputs not aliased to donated arguments.
 Compiled memory, not RSS: what the step needs on the device it is compiled for. XLA:CPU's
 buffer assignment barely profits from rematerialisation (a plain jax.checkpoint'ed MLP chain shows
-the same), so measure gradient checkpointing's saving on a GPU/TPU.
+the same), so measure gradient checkpointing's saving on a GPU/TPU. Likewise for bf16 parameters:
+XLA:CPU computes bf16 matmuls in float32, so its temporaries hold float32 copies of the weights
+(measured: LoRA's temporaries grew by about the weights' float32 size); read the arguments
+(parameters, optimizer state) there, and the temporaries on a GPU/TPU.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class Setup:
     lora: lora.LoRAConfig | None = None
     freeze_backbone: bool = False
     gradient_checkpointing: bool = False
+    param_dtype: str = "float32"
+    """"bfloat16": parameters and gradients in bf16 (compute too), AdamW state float32 (--param_dtype)."""
 
 
 def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int) -> dict[str, Any]:
@@ -50,7 +56,8 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
     backbone = backbone_config_from_hf(hf_config)
     head = architecture_table(backbone.model_type).canonical_head
     config = ClassifierConfig(backbone, head, num_labels=2)
-    model = nnx.eval_shape(lambda: SequenceClassifier(config, rngs=nnx.Rngs(0)))
+    dtype = jnp.dtype(setup.param_dtype)  # bf16 parameters compute in bf16, as TrainConfig implies
+    model = nnx.eval_shape(lambda: SequenceClassifier(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
     if setup.lora is not None:
         model = lora.with_lora(model, setup.lora)
     if setup.gradient_checkpointing:
@@ -72,6 +79,7 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
         "setup": setup.name,
         "trainable_params": count(trainable),
         "all_params": count(trainable) + count(frozen),
+        "param_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((trainable, frozen))),
         "optimizer_state_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.opt_state)),
         "argument_bytes": memory.argument_size_in_bytes,
         "temp_bytes": memory.temp_size_in_bytes,
@@ -93,6 +101,9 @@ SETUPS = (
     Setup("LoRA r=16 query,value, gradient checkpointing",
           lora=lora.LoRAConfig(r=16, alpha=32, target_modules=("query", "value")), gradient_checkpointing=True),
     Setup("frozen backbone (linear probe)", freeze_backbone=True),
+    Setup("full, bf16 parameters and compute, float32 AdamW state", param_dtype="bfloat16"),
+    Setup("LoRA r=16 query,value, bf16 parameters and compute",
+          lora=lora.LoRAConfig(r=16, alpha=32, target_modules=("query", "value")), param_dtype="bfloat16"),
 )
 
 

@@ -142,9 +142,15 @@ class TrainConfig:
     max_segments_per_row: int | None = None
     """Most examples in one packed row (with packing); default: max_seq_length // 8."""
     dtype: str = "float32"
-    """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state."""
+    """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state unless param_dtype
+    is bfloat16."""
     bf16: bool = False
     """Same as dtype="bfloat16"."""
+    param_dtype: str = "float32"
+    """Storage dtype of the parameters. "bfloat16" (implies dtype bfloat16) stores them, and so their
+    gradients, in bf16: half the memory of each, for models too large otherwise; the AdamW moments and
+    the update stay float32, but an update smaller than bf16's resolution (8 bits of mantissa) is lost,
+    so it may train worse than float32 parameters: not the default. LoRA adapters stay float32 (as peft's)."""
     seed: int = 42
     """Seed of the new parameters, dropout, data order and built-in splits."""
 
@@ -232,7 +238,9 @@ class TrainConfig:
             raise ValueError(f"--lora_r must be 0 (no LoRA) or a positive rank, got {self.lora_r}")
         if self.lora_target_modules is not None:
             object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))  # frozen: normalised here
-        if self.bf16:
+        if self.bf16 or self.param_dtype == "bfloat16":
+            # bf16 storage with float32 compute would convert every weight at every use; bf16
+            # parameters go with bf16 compute, as in every pure-bf16 recipe.
             object.__setattr__(self, "dtype", "bfloat16")  # frozen: normalised once, here
         if self.eval_steps is not None and self.eval_steps <= 0:
             raise ValueError(f"--eval_steps must be positive, got {self.eval_steps}")
@@ -286,6 +294,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_scheduler_type": SCHEDULES,
     "train_sampling_strategy": SAMPLING_STRATEGIES,
     "dtype": DTYPES,
+    "param_dtype": DTYPES,
     "parallel": tuple(PARALLEL),
     "eval_strategy": EVAL_STRATEGIES,
     "report_to": REPORT_TO,

@@ -274,7 +274,9 @@ class TrainLoop:
         advice = "Lower --learning_rate"
         if self.cfg.max_grad_norm <= 0:
             advice += ", set --max_grad_norm (e.g. 1.0)"
-        if self.cfg.dtype != "float32":
+        if self.cfg.param_dtype != "float32":
+            advice += ", or use --param_dtype float32 --dtype float32"
+        elif self.cfg.dtype != "float32":
             advice += ", or use --dtype float32"
         lines.append(advice + ".")
         raise NonFiniteLoss(" ".join(lines))

@@ -1,11 +1,13 @@
 """The optimizer: AdamW with warmup then linear or cosine decay, global-norm clipping, and no
-weight decay on biases or LayerNorm parameters."""
+weight decay on biases or LayerNorm parameters; its state is float32 whatever the parameters'
+dtype (`float32_state`)."""
 
 from __future__ import annotations
 
 import re
 
 import jax
+import jax.numpy as jnp
 import optax
 
 SCHEDULES = ("linear", "cosine", "constant")
@@ -72,6 +74,37 @@ def _dotted_name(path) -> str:
     return ".".join(parts)
 
 
+def _as_float32(tree):
+    """`tree` with every floating array of fewer than 32 bits upcast to float32 (exact)."""
+    def upcast(x):
+        if x is None or not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits >= 32:
+            return x
+        return x.astype(jnp.float32)
+
+    return jax.tree.map(upcast, tree, is_leaf=lambda x: x is None)
+
+
+def float32_state(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`inner` computing in float32 for parameters stored in a narrower dtype (bfloat16): `init`
+    and `update` see the parameters and gradients upcast to float32, so every state `inner`
+    keeps (Adam's mu and nu) is float32 and the update is computed, and returned, in float32.
+    `optax.apply_updates(params, updates)` then adds it in float32 and rounds the sum to the
+    parameter's dtype once. The wrapper keeps no state of its own (the state is `inner`'s, so
+    checkpoints are the same with or without it) and changes nothing for float32 parameters.
+
+    What bfloat16 storage still costs: a parameter moves only when its update exceeds half its
+    bfloat16 spacing (8 bits of mantissa), so small updates to large weights are lost; no
+    float32 master copy is kept (that is what saves the memory)."""
+
+    def init(params):
+        return inner.init(_as_float32(params))
+
+    def update(updates, state, params=None):
+        return inner.update(_as_float32(updates), state, _as_float32(params))
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(
     schedule: optax.Schedule,
     *,
@@ -81,10 +114,12 @@ def make_optimizer(
     adam_b2: float = 0.999,
     adam_eps: float = 1e-8,
 ) -> optax.GradientTransformation:
+    """Global-norm clipping then AdamW (decay masked by `decay_mask`), with float32 state and
+    updates for parameters of any floating dtype (`float32_state`)."""
     steps = []
     if max_grad_norm:
         steps.append(optax.clip_by_global_norm(max_grad_norm))
     steps.append(
         optax.adamw(schedule, b1=adam_b1, b2=adam_b2, eps=adam_eps, weight_decay=weight_decay, mask=decay_mask)
     )
-    return optax.chain(*steps)
+    return float32_state(optax.chain(*steps))

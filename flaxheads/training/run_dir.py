@@ -4,9 +4,9 @@ pretrained checkpoint itself is never written over without `--overwrite_output_d
 
 A run records who it is in `<output_dir>/run.json`: its identity (everything that changes the
 trained weights: model, head, labels, data files and a hash of their content, batch, sequence
-length, optimiser and schedule settings, seed, steps, dtype) and whether it finished. The same
-command again resumes, or reports the finished run; any other command is refused with each
-differing setting named.
+length, optimiser and schedule settings, seed, steps, compute and parameter dtypes) and whether
+it finished. The same command again resumes, or reports the finished run; any other command is
+refused with each differing setting named.
 """
 
 from __future__ import annotations
@@ -95,6 +95,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     if cfg.packing:  # recorded only when set, as sampling: packed and padded batches differ
         trained["packing"] = {"max_segments_per_row": segments_per_row(True, cfg.max_segments_per_row,
                                                                        cfg.max_seq_length)}
+    if cfg.param_dtype != "float32":  # the dtype the weights live in (recorded only when set, as sampling)
+        trained["param_dtype"] = cfg.param_dtype
     if cfg.freeze_backbone or cfg.lora:  # what trains (recorded only when set, as sampling)
         lora = cfg.lora and {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
                              "target_modules": list(cfg.lora.target_modules)}  # as JSON reads it back

@@ -135,7 +135,9 @@ def make_train_step(
         if axis_name is not None:
             grads, loss_sum, examples = jax.lax.psum((grads, loss_sum, examples), axis_name)
         count = jnp.maximum(examples, 1.0)
-        grads = jax.tree.map(lambda g: g / count, grads)
+        # kept in the gradients' dtype: bf16 ones (param_dtype bfloat16) stay half size until the
+        # optimizer upcasts them inside its fused update; float32 ones are unchanged
+        grads = jax.tree.map(lambda g: (g / count).astype(g.dtype), grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {

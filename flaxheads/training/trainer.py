@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads import data, lora
@@ -173,6 +174,7 @@ class Trainer:
             pad_to_multiple_of=args.pad_to_multiple_of,
             max_segments=segments_per_row(args.packing, args.max_segments_per_row, self.max_seq_length))
         self.config = fit_config_to_task(model.config, task)
+        check_param_dtype(model, args.param_dtype)
         self.graphdef, self.params = _split_with_config(_prepared(model, args), self.config)
         self.output_dir = Path(args.output_dir) if args.output_dir else None
         self._tokenized_train: data.OwnSplit | None = None
@@ -198,7 +200,7 @@ class Trainer:
         model, loading_info = from_pretrained(
             src, pad_token_id=pad_token_id, num_labels=task.num_labels, head=cfg.head,
             problem_type=task.problem_type, id2label=[task.id2label[i] for i in range(task.num_labels)],
-            classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, seed=cfg.seed,
+            classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, param_dtype=cfg.param_dtype, seed=cfg.seed,
             ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
             placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
         )
@@ -434,6 +436,20 @@ class Trainer:
 
 ADAPTER_DIR = "adapter"
 """Where a LoRA run with lora_export="both" writes its peft adapter folder, inside output_dir."""
+
+
+def check_param_dtype(model: SequenceClassifier, param_dtype: str) -> None:
+    """ValueError unless every floating parameter of `model` (LoRA adapters aside: float32 by
+    design) is stored in `param_dtype`, the dtype the run identity records and resumes with."""
+    params = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    found = sorted({str(v[...].dtype) for _, v in params
+                    if not isinstance(v, nnx.LoRAParam) and jnp.issubdtype(v[...].dtype, jnp.floating)})
+    if found and found != [param_dtype]:
+        raise ValueError(
+            f"the model's parameters are {' and '.join(found)} but TrainConfig(param_dtype={param_dtype!r}) "
+            f"(--param_dtype): load the model with from_pretrained(..., dtype={param_dtype!r}, "
+            f"param_dtype={param_dtype!r}), or pass the param_dtype its parameters have"
+        )
 
 
 def _prepared(model: SequenceClassifier, args: TrainConfig) -> SequenceClassifier:
