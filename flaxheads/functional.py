@@ -75,8 +75,12 @@ class FunctionalClassifier:
         dropout_rng: jax.Array | None = None,
         train: bool = False,
         cls_index: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        num_segments: int | None = None,
     ) -> ClassifierOutput:
-        """(batch, seq) int inputs -> ClassifierOutput((batch, num_labels) float32 logits).
+        """(batch, seq) int inputs -> ClassifierOutput((batch, num_labels) float32 logits); packed
+        rows (`segment_ids`, `num_segments`: see `SequenceClassifier.__call__`) give (batch,
+        num_segments, num_labels).
 
         A pure function of its arguments (`params` default: `self.params`), usable as a
         `TrainState`'s `apply_fn` under `jax.jit` and `jax.pmap`. `train=True` turns dropout on,
@@ -89,7 +93,7 @@ class FunctionalClassifier:
             )
         model = self.to_model(self.params if params is None else params)
         inputs = dict(attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids,
-                      cls_index=cls_index)
+                      cls_index=cls_index, segment_ids=segment_ids, num_segments=num_segments)
         if train:
             model.train()
             return ClassifierOutput(model(input_ids, **inputs, rngs=nnx.Rngs(dropout=dropout_rng)))

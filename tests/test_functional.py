@@ -257,3 +257,12 @@ def test_decay_mask_gives_the_same_answer_for_frozen_flat_and_nnx_state_params(c
     _, state = nnx.split(classifier.to_model(), nnx.Param)
     state_mask = {tuple(map(str, path)): var.get_value() for path, var in nnx.to_flat_state(flaxheads.decay_mask(state))}
     assert state_mask == expected
+
+
+def test_packed_call_returns_each_segments_logits_as_the_model_does(classifier):
+    input_ids = jnp.asarray([[2, 11, 12, 3, 2, 13, 3, 0, 0]])
+    segment_ids = jnp.asarray([[1, 1, 1, 1, 2, 2, 2, 0, 0]])
+    packed = classifier(input_ids, segment_ids=segment_ids, num_segments=3).logits
+    alone = [classifier(input_ids[:, :4]).logits[0], classifier(input_ids[:, 4:7]).logits[0]]
+    assert packed.shape == (1, 3, 3)
+    np.testing.assert_allclose(packed[0, :2], jnp.stack(alone), atol=1e-5)
