@@ -3,6 +3,7 @@ and without gradient checkpointing, float32 or bfloat16 parameters, for any back
 without allocating the model.
 
     python -m flaxheads.benchmarks.train_memory            # a 1.3B BERT-shaped model, batch 8 x 512
+    python -m flaxheads.benchmarks.train_memory --shape llama --setups 0 2 4   # a 1.0B Llama shape
 
 The model is built abstractly (`nnx.eval_shape`), the train step of `flaxheads.training.step`
 lowered for it and compiled, and XLA's `memory_analysis()` read: arguments (parameters, optimizer
@@ -39,6 +40,20 @@ from flaxheads.training.trainable import split_trainable
 BERT_1B = dict(model_type="bert", vocab_size=30522, hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
                intermediate_size=8192, max_position_embeddings=512)
 """BERT-shaped, 1.27B parameters (BERT-large widened to 2048)."""
+LLAMA_1B = dict(model_type="llama", vocab_size=32000, hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
+                num_key_value_heads=4, intermediate_size=5632, max_position_embeddings=2048)
+"""Llama-shaped (TinyLlama's shape), 1.03B parameters without the LM head."""
+SHAPES = {"bert": BERT_1B, "llama": LLAMA_1B}
+
+QUERY_VALUE = ("query", "value")
+"""LoRA's targets in the setups: attention's query and value projections, by BERT's names;
+`lora_targets` renames them for other families (peft's usual choice for each)."""
+_QUERY_VALUE_BY_FAMILY = {"llama": ("q_proj", "v_proj")}
+
+
+def lora_targets(model_type: str, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """`targets` in `model_type`'s module names (the query/value default becomes q_proj/v_proj on Llama)."""
+    return _QUERY_VALUE_BY_FAMILY.get(model_type, targets) if targets == QUERY_VALUE else targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +74,8 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
     dtype = jnp.dtype(setup.param_dtype)  # bf16 parameters compute in bf16, as TrainConfig implies
     model = nnx.eval_shape(lambda: SequenceClassifier(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
     if setup.lora is not None:
-        model = lora.with_lora(model, setup.lora)
+        targets = lora_targets(backbone.model_type, tuple(setup.lora.target_modules))
+        model = lora.with_lora(model, dataclasses.replace(setup.lora, target_modules=targets))
     if setup.gradient_checkpointing:
         layers.set_gradient_checkpointing(model.backbone)
     graphdef, params = nnx.split(model)
@@ -68,9 +84,11 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
     tx = make_optimizer(schedule, weight_decay=0.01)
     state = jax.eval_shape(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), _abstract(trainable))
     ids = jax.ShapeDtypeStruct((1, batch, seq), jnp.int32)
-    batch_spec = {"input_ids": ids, "attention_mask": ids, "token_type_ids": ids,
+    batch_spec = {"input_ids": ids, "attention_mask": ids,
                   "labels": jax.ShapeDtypeStruct((1, batch), jnp.int32),
                   "example_mask": jax.ShapeDtypeStruct((1, batch), jnp.float32)}
+    if getattr(backbone, "type_vocab_size", 0):  # decoders refuse token types
+        batch_spec["token_type_ids"] = ids
     step = jax.jit(make_train_step(graphdef, tx, schedule, "single_label_classification"), donate_argnums=0)
     compiled = step.lower(state, batch_spec, jax.random.key(0), _abstract(frozen)).compile()
     memory = compiled.memory_analysis()
@@ -97,13 +115,13 @@ def _abstract(tree):
 SETUPS = (
     Setup("full fine-tuning"),
     Setup("full, gradient checkpointing", gradient_checkpointing=True),
-    Setup("LoRA r=16 query,value", lora=lora.LoRAConfig(r=16, alpha=32, target_modules=("query", "value"))),
+    Setup("LoRA r=16 query,value", lora=lora.LoRAConfig(r=16, alpha=32, target_modules=QUERY_VALUE)),
     Setup("LoRA r=16 query,value, gradient checkpointing",
-          lora=lora.LoRAConfig(r=16, alpha=32, target_modules=("query", "value")), gradient_checkpointing=True),
+          lora=lora.LoRAConfig(r=16, alpha=32, target_modules=QUERY_VALUE), gradient_checkpointing=True),
     Setup("frozen backbone (linear probe)", freeze_backbone=True),
     Setup("full, bf16 parameters and compute, float32 AdamW state", param_dtype="bfloat16"),
     Setup("LoRA r=16 query,value, bf16 parameters and compute",
-          lora=lora.LoRAConfig(r=16, alpha=32, target_modules=("query", "value")), param_dtype="bfloat16"),
+          lora=lora.LoRAConfig(r=16, alpha=32, target_modules=QUERY_VALUE), param_dtype="bfloat16"),
 )
 
 
@@ -112,9 +130,12 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--setups", nargs="*", type=int, help="indices into SETUPS; default: all")
+    parser.add_argument("--shape", default="bert",
+                        help=f"the model: {' or '.join(SHAPES)} (about 1B parameters each), or a config.json as JSON")
     args = parser.parse_args(argv)
+    shape = SHAPES[args.shape] if args.shape in SHAPES else json.loads(args.shape)
     for index in args.setups if args.setups is not None else range(len(SETUPS)):
-        print(json.dumps(step_memory(BERT_1B, SETUPS[index], batch=args.batch, seq=args.seq)), flush=True)
+        print(json.dumps(step_memory(shape, SETUPS[index], batch=args.batch, seq=args.seq)), flush=True)
 
 
 if __name__ == "__main__":
