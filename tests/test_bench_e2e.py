@@ -38,14 +38,17 @@ def test_the_job_cuts_every_split_to_the_sample_limits():
 def test_bench_e2e_runs_both_sides_and_the_second_flaxheads_run_compiles_nothing(tiny_bert, tmp_path, capsys):
     out = tmp_path / "e2e.json"
     assert bench_main(["e2e", "--model", str(tiny_bert), "--max_steps", "2", "--max_train_samples", "64",
-                       "--max_eval_samples", "16", "--max_seq_length", "32", "--json", str(out)]) == 0
-    trainer, cold, warm = json.loads(out.read_text())
-    assert [row["impl"] for row in (trainer, cold, warm)] == [
-        "transformers Trainer (PyTorch)", "flaxheads (cold compilation cache)", "flaxheads (warm compilation cache)"]
+                       "--max_eval_samples", "16", "--max_seq_length", "32", "--packing", "--packed_batch_size", "2",
+                       "--json", str(out)]) == 0
+    trainer, cold, warm, packed_cold, packed_warm = json.loads(out.read_text())
+    assert [row["impl"] for row in (trainer, cold, warm, packed_cold, packed_warm)] == [
+        "transformers Trainer (PyTorch)", "flaxheads (cold compilation cache)", "flaxheads (warm compilation cache)",
+        "flaxheads --packing (cold compilation cache)", "flaxheads --packing (warm compilation cache)"]
     assert all(row["steps"] == 2 and 0 <= row["test_accuracy"] <= 1 and row["wall_s"] > 0
-               for row in (trainer, cold, warm))
-    assert cold["cache_hits"] < cold["compilations"]
-    assert warm["cache_hits"] == warm["compilations"] == cold["compilations"]
+               for row in (trainer, cold, warm, packed_cold, packed_warm))
+    for first, second in ((cold, warm), (packed_cold, packed_warm)):
+        assert first["cache_hits"] < first["compilations"]
+        assert second["cache_hits"] == second["compilations"] == first["compilations"]
     assert "| impl |" in capsys.readouterr().out.replace("| dtype | impl |", "| impl |")
 
 

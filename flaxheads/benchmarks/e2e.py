@@ -54,6 +54,12 @@ class E2EJob:
             changes["max_seq_length"] = max_seq_length
         return cls(dataclasses.asdict(TrainConfig(**changes)), max_train_samples, max_eval_samples)
 
+    def packed(self, rows_per_batch: int) -> E2EJob:
+        """This job with sequence packing (`flaxheads train --packing`): batches of
+        `rows_per_batch` rows of max_seq_length, several examples a row."""
+        return dataclasses.replace(self, config={**self.config, "packing": True,
+                                                 "per_device_train_batch_size": rows_per_batch})
+
     def train_config(self):
         from flaxheads.training.config import TrainConfig
 
@@ -178,18 +184,22 @@ def run_side(side: str, job: E2EJob, *, env: dict[str, str] | None = None) -> di
     return row
 
 
-def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2) -> list[dict[str, Any]]:
+def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2,
+            packed_job: E2EJob | None = None) -> list[dict[str, Any]]:
     """Rows of `flaxheads bench e2e`: the Trainer (when `torch_peer`), then flaxheads
-    `flaxheads_runs` times sharing a compilation cache that starts empty (run 1 cold, then warm);
-    each row's speed-up is the Trainer's wall seconds over its own."""
+    `flaxheads_runs` times sharing a compilation cache that starts empty (run 1 cold, then warm),
+    then as many runs of `packed_job` (when given) with a cache of their own; each row's speed-up
+    is the Trainer's wall seconds over its own."""
     rows = []
     dtype = job.config["dtype"]
     if torch_peer:
         rows.append(dict(impl="transformers Trainer (PyTorch)", **run_side("transformers", job)))
-    with tempfile.TemporaryDirectory() as cache:
-        for run in range(flaxheads_runs):
-            row = run_side("flaxheads", job, env={"FLAXHEADS_COMPILATION_CACHE": cache})
-            rows.append(dict(impl=f"flaxheads ({'cold' if run == 0 else 'warm'} compilation cache)", **row))
+    variants = [("flaxheads", job)] + ([("flaxheads --packing", packed_job)] if packed_job else [])
+    for name, variant in variants:
+        with tempfile.TemporaryDirectory() as cache:
+            for run in range(flaxheads_runs):
+                row = run_side("flaxheads", variant, env={"FLAXHEADS_COMPILATION_CACHE": cache})
+                rows.append(dict(impl=f"{name} ({'cold' if run == 0 else 'warm'} compilation cache)", **row))
     peer = rows[0]["wall_s"] if torch_peer else None
     return [_rounded(dict(bench="e2e", dtype=dtype, **row, speedup_vs_trainer=peer / row["wall_s"] if peer else None))
             for row in rows]
