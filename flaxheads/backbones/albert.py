@@ -186,9 +186,8 @@ class Albert(nnx.Module):
         x_BTD = self.embedding_projection(self.embeddings(input_ids, token_type_ids, position_ids, rngs, segment_ids))
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
-        hidden_states = [x_BTD]
-        for layer in range(self.cfg.num_hidden_layers):
-            x_BTD = layers.run_layer(self, self.groups[self.cfg.group_of_layer(layer)], x_BTD, attention_mask, rngs)
-            hidden_states.append(x_BTD)
+        stack = [self.groups[self.cfg.group_of_layer(layer)] for layer in range(self.cfg.num_hidden_layers)]
+        hidden_states = layers.run_layers(self, stack, x_BTD, attention_mask, rngs=rngs)
+        x_BTD = hidden_states[-1]
         pooled = None if self.pooler is None else self.pooler(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), pooled)

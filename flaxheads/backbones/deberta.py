@@ -443,13 +443,12 @@ class DebertaV2(nnx.Module):
         attention_mask_BT = mask_BT if segment_ids is None else segments.attention_mask(segment_ids)
         embedded_BTD = self.embeddings(input_ids, mask_BT, token_type_ids, position_ids, rngs)
         relative = self.relative_inputs(input_ids.shape[1])
-        x_BTD = embedded_BTD
-        hidden_states = [x_BTD]
-        for i, layer in enumerate(self.layers):
-            x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask_BT, rngs, **relative)
-            if i == 0 and self.conv is not None:
-                x_BTD = self.conv(embedded_BTD, x_BTD, mask_BT, rngs, segment_ids)
-            hidden_states.append(x_BTD)
+        x_BTD = layers.run_layer(self, self.layers[0], embedded_BTD, attention_mask_BT, rngs, **relative)
+        if self.conv is not None:  # after the first layer only
+            x_BTD = self.conv(embedded_BTD, x_BTD, mask_BT, rngs, segment_ids)
+        hidden_states = [embedded_BTD] + layers.run_layers(
+            self, self.layers[1:], x_BTD, attention_mask_BT, rngs=rngs, **relative)
+        x_BTD = hidden_states[-1]
         return BackboneOutput(x_BTD, tuple(hidden_states), None)
 
 

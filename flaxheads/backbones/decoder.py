@@ -234,18 +234,10 @@ class Decoder(nnx.Module):
         if self.cfg.family.gemma_norms:
             x_BTD = x_BTD * jnp.asarray(math.sqrt(self.cfg.hidden_size), self.dtype)
         inputs = self._layer_inputs(attention_mask, position_ids, batch, seq, segment_ids)
-        hidden_states = self._layers(x_BTD, inputs, rngs)
+        hidden_states = layers.run_layers(self, self.layers, x_BTD, inputs, rngs=rngs)
         # As transformers: the last entry of hidden_states is the output after the final norm.
         hidden_states[-1] = self.final_norm(hidden_states[-1])
         return BackboneOutput(hidden_states[-1], tuple(hidden_states))
-
-    def _layers(self, x_BTD: jax.Array, inputs: LayerInputs, rngs) -> list[jax.Array]:
-        """The layer loop, kept apart so that per-layer rematerialisation wraps one call."""
-        hidden_states = [x_BTD]
-        for layer in self.layers:
-            x_BTD = layers.run_layer(self, layer, x_BTD, inputs, rngs)
-            hidden_states.append(x_BTD)
-        return hidden_states
 
     def _layer_inputs(self, attention_mask, position_ids, batch: int, seq: int, segment_ids=None) -> LayerInputs:
         cfg = self.cfg

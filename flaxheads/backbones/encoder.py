@@ -312,9 +312,7 @@ class Encoder(nnx.Module):
             x_BTD = self.embeddings_project(x_BTD)  # (B, T, embedding_size) -> (B, T, hidden)
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
-        hidden_states = [x_BTD]
-        for layer in self.layers:
-            x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask, rngs)
-            hidden_states.append(x_BTD)
+        hidden_states = layers.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
+        x_BTD = hidden_states[-1]
         pooled = None if self.pooler is None else self.pooler(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), pooled)

@@ -238,10 +238,8 @@ class GPT2(nnx.Module):
         if token_type_ids is not None:
             x_BTD = x_BTD + self.token_embeddings(token_type_ids)
         x_BTD = layers.dropout(x_BTD, self.cfg.embd_pdrop, rngs, deterministic=self.deterministic)
-        hidden_states = [x_BTD]
-        for layer in self.layers:
-            x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask, rngs)
-            hidden_states.append(x_BTD)
+        hidden_states = layers.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
+        x_BTD = hidden_states[-1]
         # As transformers: the last entry of hidden_states is the output after ln_f.
         x_BTD = self.final_norm(x_BTD)
         hidden_states[-1] = x_BTD

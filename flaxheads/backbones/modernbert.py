@@ -322,11 +322,8 @@ class ModernBert(nnx.Module):
         if position_ids is None:
             position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
         x_BTD = self.embeddings(input_ids, rngs)
-        hidden_states = [x_BTD]
-        for layer in self.layers:
-            x_BTD = layers.run_layer(self, layer, x_BTD, attention_mask, position_ids, rngs)
-            hidden_states.append(x_BTD)
-        x_BTD = self.final_norm(x_BTD)
+        hidden_states = layers.run_layers(self, self.layers, x_BTD, attention_mask, position_ids, rngs=rngs)
+        x_BTD = self.final_norm(hidden_states[-1])
         hidden_states[-1] = x_BTD  # as transformers: the last hidden state is after the final norm
         return BackboneOutput(x_BTD, tuple(hidden_states))
 

@@ -351,9 +351,7 @@ class XLNet(nnx.Module):
             # transformers' non-target mask for the content stream: real keys, and always oneself.
             allowed_BTS = (attention_mask != 0)[:, None, :] | jnp.eye(seq_len, dtype=bool)[None]
 
-        hidden_states = [h_BTD]
-        for layer in self.layers:
-            h_BTD = layers.run_layer(self, layer, h_BTD, positions_BPD, other_segment_BTS, allowed_BTS, rngs)
-            hidden_states.append(h_BTD)
-        hidden_states[-1] = drop(h_BTD)
+        hidden_states = layers.run_layers(self, self.layers, h_BTD, positions_BPD, other_segment_BTS, allowed_BTS,
+                                          rngs=rngs)
+        hidden_states[-1] = drop(hidden_states[-1])
         return BackboneOutput(hidden_states[-1], tuple(hidden_states))

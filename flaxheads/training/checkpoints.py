@@ -54,15 +54,23 @@ class CheckpointMismatch(ValueError):
 
 
 class RunCheckpoints:
-    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None, identity: dict[str, Any]):
+    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None, identity: dict[str, Any],
+                 asynchronous: bool = True):
         """`identity` describes what is being trained (backbone config, head, labels); a restore
         refuses checkpoints whose identity differs. `max_to_keep` newest steps are kept, plus
-        always the newest confirmed one (None: keep every step)."""
+        always the newest confirmed one (None: keep every step).
+
+        `asynchronous`: `save` returns once Orbax holds its own copy of the arrays and writes the
+        files in a background thread while training goes on; the next save, any look at the steps
+        on disk (`all_steps` and what uses it) and `close` wait for it first."""
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be positive or None, got {max_to_keep}")
         self.identity = identity
         self.directory = os.path.abspath(directory)
         self.max_to_keep = max_to_keep
+        self.asynchronous = asynchronous
+        self._writing = False  # a save is being written in the background
+        self._unpruned = False  # ... and once written, the steps beyond max_to_keep are still to go
         self.set_aside_directory = self.directory + "_set_aside"
         self._record_path = os.path.join(self.directory, RECORD_NAME)
         self.manager = ocp.CheckpointManager(
@@ -70,7 +78,9 @@ class RunCheckpoints:
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=None,  # Orbax's collection could delete the only confirmed step: see save
                 create=True,
-                enable_async_checkpointing=False,  # the train state is donated right after saving
+                # The train state is donated right after saving: Orbax copies the arrays before
+                # save returns (tests/test_checkpoint_faults.py checks that the saved state is intact).
+                enable_async_checkpointing=asynchronous,
                 cleanup_tmp_directories=True,
             ),
             item_names=("state", "meta"),
@@ -80,7 +90,10 @@ class RunCheckpoints:
     # Steps.
 
     def all_steps(self) -> list[int]:
-        """Checkpoint steps on disk, oldest first."""
+        """Checkpoint steps on disk, oldest first (a save being written is waited for)."""
+        # Pruning is collective (every process decides first): with several processes it waits
+        # for the next save or close, which every process calls.
+        self._settle(prune=jax.process_count() == 1)
         self.manager.reload()  # another process may have moved some aside
         return list(self.manager.all_steps())
 
@@ -125,7 +138,8 @@ class RunCheckpoints:
     def save(self, state: TrainState, step: int, meta: dict[str, Any]) -> None:
         """Saves `state` (global arrays; every process calls this) as checkpoint `step`,
         unconfirmed, then deletes the steps beyond the `max_to_keep` newest except the newest
-        confirmed one."""
+        confirmed one (asynchronous: once the step is written, see `__init__`)."""
+        self._settle()
         # Recorded before Orbax writes: a step on disk without a record would count as confirmed.
         self._write_record(set(self.confirmed_steps()) - {step})
         self.manager.save(
@@ -136,8 +150,18 @@ class RunCheckpoints:
             ),
             force=True,
         )
-        self.manager.wait_until_finished()
-        self._prune()
+        self._writing = True
+        if not self.asynchronous:
+            self._settle()
+
+    def _settle(self, *, prune: bool = True) -> None:
+        """Waits for the save being written; then (`prune`) deletes the surplus steps."""
+        if self._writing:
+            self.manager.wait_until_finished()
+            self._writing, self._unpruned = False, True
+        if prune and self._unpruned:
+            self._unpruned = False
+            self._prune()
 
     def confirm(self, step: int) -> None:
         """Records that a loss computed from the weights of checkpoint `step` was finite. Steps
@@ -254,6 +278,8 @@ class RunCheckpoints:
         )
 
     def close(self) -> None:
+        """Finishes the save being written (every process calls this), then closes Orbax's manager."""
+        self._settle()
         self.manager.close()
 
     # Internals.

@@ -453,16 +453,17 @@ def check_param_dtype(model: SequenceClassifier, param_dtype: str) -> None:
 
 
 def _prepared(model: SequenceClassifier, args: TrainConfig) -> SequenceClassifier:
-    """`model` as `args` train it: with LoRA adapters (`args.lora`) and per-layer
-    rematerialisation (`args.gradient_checkpointing`); a new module tree over the same weights
-    when either is asked for, so the caller's model is left as it is."""
+    """`model` as `args` train it: with LoRA adapters (`args.lora`), per-layer rematerialisation
+    (`args.gradient_checkpointing`) and scanned layers (`args.scan_layers`); a new module tree over
+    the same weights when any is asked for, so the caller's model is left as it is."""
     if args.lora is not None:
         model = lora.with_lora(model, args.lora, seed=args.seed)
-    if args.gradient_checkpointing:
+    if args.gradient_checkpointing or args.scan_layers:
         if args.lora is None:
             graphdef, state = nnx.split(model)
             model = nnx.merge(graphdef, state)
-        layers.set_gradient_checkpointing(model.backbone)
+        layers.set_gradient_checkpointing(model.backbone, args.gradient_checkpointing)
+        layers.set_scan_layers(model.backbone, args.scan_layers)
     return model
 
 
