@@ -46,7 +46,23 @@ def _saved(output_dir: Path, steps, **kwargs) -> RunCheckpoints:
     checkpoints = _checkpoints(output_dir, **kwargs)
     for step in steps:
         checkpoints.save(_state(step), step, {"data_position": step})
+    checkpoints.wait()  # the files on disk, for the tests that damage them
     return checkpoints
+
+
+def test_an_asynchronous_save_keeps_the_state_it_was_given_though_training_donates_it(tmp_path):
+    checkpoints = _checkpoints(tmp_path, max_to_keep=2)
+    assert checkpoints.asynchronous
+    donate = jax.jit(lambda s: jax.tree.map(lambda x: x * 0 - 7, s), donate_argnums=0)
+    for step in (1, 2, 3):
+        state = _state(step)
+        checkpoints.save(state, step, {"data_position": step})
+        jax.block_until_ready(donate(state))  # what the train step does right after a save
+    assert checkpoints.all_steps() == [2, 3]  # waits for step 3, then prunes to max_to_keep
+    restored, meta = checkpoints.restore(_abstract(_state(3)), 3)
+    _assert_state(restored, 3)
+    assert meta["data_position"] == 3
+    checkpoints.close()
 
 
 def _assert_state(restored: TrainState, step: int) -> None:

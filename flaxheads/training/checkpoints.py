@@ -154,6 +154,11 @@ class RunCheckpoints:
         if not self.asynchronous:
             self._settle()
 
+    def wait(self) -> None:
+        """Returns once the save being written is on disk and the surplus steps are deleted
+        (every process calls this)."""
+        self._settle()
+
     def _settle(self, *, prune: bool = True) -> None:
         """Waits for the save being written; then (`prune`) deletes the surplus steps."""
         if self._writing:
