@@ -78,3 +78,16 @@ def test_the_flax_peer_names_the_fix_when_its_python_is_missing_or_wrong(tmp_pat
 def test_the_flax_peer_is_refused_for_other_architectures_before_anything_runs():
     with pytest.raises(ValueError, match="runs BERT only, not 'gpt2'"):
         run(StepBench(arch="gpt2"), hf_flax_python="/x/python")
+
+
+def test_the_scan_runner_times_the_scanned_model(monkeypatch):
+    from flaxheads.backbones import layers
+    from flaxheads.benchmarks.steps import flaxheads_runners
+
+    scanned = []
+    real = layers.set_scan_layers
+    monkeypatch.setattr(layers, "set_scan_layers", lambda backbone, on=True: scanned.append(on) or real(backbone, on))
+    runners = flaxheads_runners(StepBench(size="minilm", seq_len=8, batch=2), scan=True)
+    assert [r.impl for r in runners] == ["flaxheads (scan over layers)"] * 2
+    assert scanned == [True]
+    runners[0].run(1)

@@ -111,6 +111,7 @@ _KILLER = textwrap.dedent(
         saves += 1
         real_save(self, *args)
         if mode == "after_save" and saves == kill_at:
+            self.wait()  # the asynchronous save is on disk
             os.kill(os.getpid(), signal.SIGKILL)
 
     checkpoints.RunCheckpoints.save = save

@@ -3,6 +3,7 @@
     flaxheads bench                          # steps (BERT, MiniLM, seq 128) + conversion
     flaxheads bench steps --arch bert,gpt2,xlnet --size minilm,bert-base --seq_len 128,512
     flaxheads bench steps --hf-flax-python /path/to/env/bin/python   # + Hugging Face Flax 4.57
+    flaxheads bench steps --size bert-base,minilm-24l --scan_layers --no-torch   # loop vs scan over layers
     flaxheads bench conversion               # MiniLM and BERT-base-size safetensors -> flaxheads
     flaxheads bench scaling                  # 1 vs 4 (fake CPU) devices, compile time per bucket
     flaxheads bench load                     # a random 1.3B bf16 sharded checkpoint: load s, peak RSS
@@ -49,7 +50,7 @@ def steps(args) -> list[dict]:
                           steps=args.steps, repeats=args.repeats)
         real = args.real_weights and arch == "bert" and size == "minilm"
         rows += run(bench, torch_peer=args.torch, checkpoint=minilm_path() if real else None,
-                    hf_flax_python=args.hf_flax_python if arch == "bert" else None)
+                    hf_flax_python=args.hf_flax_python if arch == "bert" else None, scan_layers=args.scan_layers)
     return rows
 
 
@@ -112,7 +113,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         choices=["all", "steps", "conversion", "scaling", "load", "e2e"],
                         help="all (default): steps, then conversion")
     parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, xlm-roberta, gpt2, xlnet, electra, albert, distilbert, deberta-v3, modernbert, llama")
-    parser.add_argument("--size", type=_csv(str), default=["minilm"], help="comma list of minilm, bert-base")
+    parser.add_argument("--size", type=_csv(str), default=["minilm"],
+                        help="comma list of minilm, bert-base, minilm-24l (MiniLM's width, 24 layers)")
+    parser.add_argument("--scan_layers", action="store_true",
+                        help="steps: also time flaxheads with its layers scanned (first step = compile time)")
     parser.add_argument("--seq_len", type=_csv(int), default=[128], help="comma list, e.g. 128,512")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -34,6 +34,7 @@ SIZES = {
     # (hidden, layers, heads, intermediate)
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
+    "minilm-24l": (384, 24, 12, 1536),  # MiniLM's width, 24 layers: where compile time grows with depth
 }
 ARCHS = ("bert", "roberta", "xlm-roberta", "gpt2", "xlnet", "electra", "albert", "distilbert", "deberta-v3",
          "modernbert", "llama")
@@ -179,14 +180,15 @@ def _batch(bench: StepBench, vocab: int) -> dict[str, np.ndarray]:
     return batch
 
 
-def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None) -> list[Runner]:
+def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None, *, scan: bool = False) -> list[Runner]:
+    """flaxheads' jitted train and eval steps; `scan`: with the layers scanned (`--scan_layers`)."""
     import jax
     import jax.numpy as jnp
     import optax
     from flax import nnx
 
     from flaxheads import conversion
-    from flaxheads.backbones import backbone_config_from_hf
+    from flaxheads.backbones import backbone_config_from_hf, layers
     from flaxheads.model import ClassifierConfig, SequenceClassifier
     from flaxheads.model import from_pretrained
     from flaxheads.training.optim import make_optimizer
@@ -199,6 +201,7 @@ def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None) ->
         head = conversion.architecture_table(hf["model_type"]).canonical_head
         config = ClassifierConfig(backbone=backbone_config_from_hf(hf), head=head, num_labels=2)
         model = SequenceClassifier(config, dtype=jnp.dtype(bench.dtype), rngs=nnx.Rngs(0))
+    layers.set_scan_layers(model.backbone, scan)
     graphdef, params = nnx.split(model)
     schedule = optax.constant_schedule(2e-5)
     tx = make_optimizer(schedule, weight_decay=0.01, max_grad_norm=1.0)
@@ -222,7 +225,8 @@ def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None) ->
         jax.block_until_ready(out)
 
     device = jax.devices()[0].device_kind
-    return [Runner("flaxheads", "train", device, run_train), Runner("flaxheads", "eval", device, run_eval)]
+    impl = "flaxheads (scan over layers)" if scan else "flaxheads"
+    return [Runner(impl, "train", device, run_train), Runner(impl, "eval", device, run_eval)]
 
 
 def torch_runners(bench: StepBench, checkpoint: str | Path | None = None) -> list[Runner]:
@@ -320,9 +324,10 @@ def published_peak(device_kind: str, dtype: str) -> float | None:
 
 
 def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = None,
-        hf_flax_python: str | None = None) -> list[dict[str, Any]]:
-    """flaxheads and transformers PyTorch interleaved in this process, then the Flax peer in its own
-    interpreter, then the matmul peak: every row of one call comes from the same machine state."""
+        hf_flax_python: str | None = None, scan_layers: bool = False) -> list[dict[str, Any]]:
+    """flaxheads (and with `scan_layers` flaxheads with scanned layers too) and transformers PyTorch
+    interleaved in this process, then the Flax peer in its own interpreter, then the matmul peak:
+    every row of one call comes from the same machine state."""
     import jax
 
     if hf_flax_python:  # refuse before the minutes of timing, not after
@@ -330,6 +335,8 @@ def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = N
 
         require_bert(bench)
     runners = flaxheads_runners(bench, checkpoint)
+    if scan_layers:
+        runners += flaxheads_runners(bench, checkpoint, scan=True)
     if torch_peer:
         runners += torch_runners(bench, checkpoint)
     rows = timed(runners, bench)
