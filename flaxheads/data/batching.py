@@ -461,6 +461,13 @@ class _ShardedSplit:
                                  process_count=self._process_count, first_row=self._first_row)
 
 
+def process_slice(global_rows: int, process_index: int, process_count: int) -> slice:
+    """The rows of a global batch of `global_rows` that process `process_index` of
+    `process_count` holds: an equal, contiguous share."""
+    local_size = global_rows // process_count
+    return slice(process_index * local_size, (process_index + 1) * local_size)
+
+
 def make_packed_batch(
     dataset: datasets.Dataset,
     table: np.ndarray,
@@ -481,8 +488,7 @@ def make_packed_batch(
     (B, S, num_labels) (absent if the split has none; 0 in empty slots); `example_mask` float32
     (B, S); `example_index` int32 (B, S), the split index of each real example, else -1.
     """
-    local_size = len(table) // process_count
-    local = slice(process_index * local_size, (process_index + 1) * local_size)
+    local = process_slice(len(table), process_index, process_count)
     table, example_mask = table[local], example_mask[local]
     present = table != EMPTY
     records = dataset[(table[present] - first_row).tolist()]  # row-major, as pack_sequences reads them
@@ -527,8 +533,7 @@ def make_batch(
     for real rows.
     """
     padded_length = bucket_for(int(lengths[rows].max()), batch_format.buckets)
-    local_size = len(rows) // process_count
-    local = slice(process_index * local_size, (process_index + 1) * local_size)
+    local = process_slice(len(rows), process_index, process_count)
     records = dataset[(rows[local] - first_row).tolist()]
     return _collate(records, padded_length, example_mask[local], batch_format)
 

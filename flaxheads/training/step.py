@@ -92,8 +92,8 @@ def make_train_step(
     Every array in `batch` has a leading gradient-accumulation axis: (accum, batch, ...). Packed
     batches (with `segment_ids`) have (accum, rows, S) labels and `example_mask`, and the model
     returns a logit row per slot. The gradient is the mean over all real examples (`example_mask`
-    1) of all micro-batches, so
-    filler rows and the split into micro-batches change nothing but the reduction order.
+    1) of all micro-batches, so filler rows and the split into micro-batches change nothing but
+    the reduction order.
     Dropout keys are `fold_in(fold_in(rng, step), micro_batch)`, and under pmap also folded with
     the device index so replicas drop different units.
 
