@@ -91,3 +91,12 @@ def test_the_scan_runner_times_the_scanned_model(monkeypatch):
     assert [r.impl for r in runners] == ["flaxheads (scan over layers)"] * 2
     assert scanned == [True]
     runners[0].run(1)
+
+
+def test_the_checkpoint_bench_saves_both_ways_and_reports_the_blocked_seconds(tiny_bert):
+    from flaxheads.benchmarks.checkpoint_save import measure
+
+    assert build_parser().parse_args(["bench", "checkpoint"]).what == "checkpoint"
+    rows = measure(tiny_bert, saves=2, pause=0.0)
+    assert [row["asynchronous"] for row in rows] == [False, True]
+    assert all(row["saves"] == 2 and 0 < row["blocked_s_min"] <= row["blocked_s_max"] for row in rows)

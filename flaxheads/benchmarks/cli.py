@@ -9,6 +9,7 @@
     flaxheads bench load                     # a random 1.3B bf16 sharded checkpoint: load s, peak RSS
     flaxheads bench e2e --json e2e.json      # the default train job: Trainer vs flaxheads (cold, warm cache)
     flaxheads bench e2e --packing            # ... and flaxheads with sequence packing
+    flaxheads bench checkpoint               # seconds a save blocks training: synchronous vs asynchronous
 
 `python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
 PyTorch (eager on CPU, bf16 autocast + SDPA on GPU) on the same config, batch and data, taking
@@ -70,6 +71,12 @@ def scaling(args) -> list[dict]:
     return measure(1, "data=1") + measure(4, "data=4") + measure(4, "data=2,fsdp=2")
 
 
+def checkpoint(args) -> list[dict]:
+    from flaxheads.benchmarks.checkpoint_save import measure
+
+    return measure(args.model)
+
+
 def load(args) -> list[dict]:
     from flaxheads.benchmarks import loading
 
@@ -110,7 +117,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         prog="flaxheads bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("what", nargs="?", default="all",
-                        choices=["all", "steps", "conversion", "scaling", "load", "e2e"],
+                        choices=["all", "steps", "conversion", "scaling", "load", "e2e", "checkpoint"],
                         help="all (default): steps, then conversion")
     parser.add_argument("--arch", type=_csv(str), default=["bert"], help="comma list of bert, roberta, xlm-roberta, gpt2, xlnet, electra, albert, distilbert, deberta-v3, modernbert, llama")
     parser.add_argument("--size", type=_csv(str), default=["minilm"],
@@ -136,7 +143,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e2e.add_argument("--max_train_samples", type=int, help="train on the first N train examples only")
     e2e.add_argument("--max_eval_samples", type=int, help="score the first N validation and test examples only")
     e2e.add_argument("--max_seq_length", type=int, help="default: flaxheads train's (128)")
-    e2e.add_argument("--model", help="model folder (default: the shipped MiniLM)")
+    e2e.add_argument("--model", help="model folder for e2e and checkpoint (default: the shipped MiniLM)")
     e2e.add_argument("--packing", action="store_true",
                      help="also run flaxheads with sequence packing (`flaxheads train --packing`)")
     e2e.add_argument("--packed_batch_size", type=int, default=8,
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_args(args) -> int:
     jobs = {"all": [steps, conversion], "steps": [steps], "conversion": [conversion], "scaling": [scaling],
-            "load": [load], "e2e": [e2e]}[args.what]
+            "load": [load], "e2e": [e2e], "checkpoint": [checkpoint]}[args.what]
     if getattr(args, "json", None) and os.path.exists(args.json):
         # Checked before minutes of benchmarking, and never replaced: it may be someone's results.
         print(f"flaxheads bench: --json {args.json} already exists; remove it or choose another path",
