@@ -305,8 +305,8 @@ SCAN_LAYERS = "scan_layers"
 def set_scan_layers(backbone: nnx.Module, enabled: bool = True) -> None:
     """Run `backbone`'s repeating layers as one `jax.lax.scan` instead of a Python loop (off by
     default). Same values either way (tested per family). The scan traces and compiles one layer
-    instead of all of them: a 24-layer MiniLM-wide train step compiles in 4.1 s instead of 14.8 s
-    on the 2-core CPU. But XLA:CPU runs the scanned step 20-25% slower (its stacked residual and
+    instead of all of them: a 24-layer MiniLM-wide train step compiles in 15.7 s instead of 26.9 s
+    on the 2-core CPU. But XLA:CPU runs the scanned step 14-23% slower (its stacked residual and
     gradient buffers are written by dynamic-update-slice copies), so on a CPU it pays only for deep
     models and short runs; see docs/benchmarks.md."""
     setattr(backbone, SCAN_LAYERS, enabled)
