@@ -324,43 +324,45 @@ def run_layers(backbone: nnx.Module, stack: Sequence[nnx.Module], x: jax.Array, 
     run as a loop. The dropout stream is carried through the scan, so the masks equal the loop's.
     A layer object listed several times (ALBERT's shared layers) is passed once, not stacked.
     LoRA adapters differ per layer (their dropout index), so a model with them runs as a loop.
-    With gradient checkpointing each group is rematerialised in the backward pass (`run_layer`)."""
+    With gradient checkpointing each scanned group is rematerialised in the backward pass (the
+    scan body under `jax.checkpoint`), each layer outside the scan by `run_layer`."""
     stack = list(stack)
     hidden = [x]
-    start, period = _scan_plan(backbone, stack)
+    graphdefs = [nnx.graphdef(layer) for layer in stack] if getattr(backbone, SCAN_LAYERS, False) else []
+    start, period = _scan_plan(graphdefs)
     end = start + (len(stack) - start) // period * period if period else 0
     for layer in stack[:start]:
         hidden.append(run_layer(backbone, layer, hidden[-1], *args, rngs, **kwargs))
     if period:
-        hidden += _scan(backbone, stack[start:end], period, hidden[-1], args, rngs, kwargs)
+        hidden += _scan(backbone, stack[start:end], graphdefs[start:start + period], hidden[-1], args, rngs, kwargs)
     for layer in stack[end:]:
         hidden.append(run_layer(backbone, layer, hidden[-1], *args, rngs, **kwargs))
     return hidden
 
 
-def _scan_plan(backbone: nnx.Module, stack: list[nnx.Module]) -> tuple[int, int | None]:
-    """(start, p): from layer `start` on, layer i has the structure of layer start + (i - start) % p,
-    over two groups of p at least; the smallest start, then the smallest p. (0, None) when scanning
-    is off or nothing repeats (ModernBERT's first layer has no attention norm: start 1)."""
-    if not getattr(backbone, SCAN_LAYERS, False):
-        return 0, None
-    graphdefs = [nnx.graphdef(layer) for layer in stack]
-    for start in range(len(stack)):
-        for period in range(1, (len(stack) - start) // 2 + 1):
-            whole = (len(stack) - start) // period * period
+def _scan_plan(graphdefs: list[nnx.GraphDef]) -> tuple[int, int | None]:
+    """(start, p) for the layers of structures `graphdefs`: from layer `start` on, layer i has the
+    structure of layer start + (i - start) % p, over two groups of p at least; the smallest start,
+    then the smallest p. (0, None) when nothing repeats (or no layers: scanning is off).
+    ModernBERT's first layer has no attention norm: start 1."""
+    for start in range(len(graphdefs)):
+        for period in range(1, (len(graphdefs) - start) // 2 + 1):
+            whole = (len(graphdefs) - start) // period * period
             if all(graphdefs[start + i] == graphdefs[start + i % period] for i in range(whole)):
                 return start, period
     return 0, None
 
 
-def _scan(backbone, stack, period, x, args, rngs, kwargs) -> list[jax.Array]:
-    graphdefs = [nnx.graphdef(layer) for layer in stack[:period]]
-    shared = all(layer is stack[i % period] for i, layer in enumerate(stack))
-    states = [nnx.state(layer) for layer in stack]
-    if shared:  # one set of parameters serves every group: a constant of the scan, not stacked
+def _scan(backbone, stack, graphdefs, x, args, rngs, kwargs) -> list[jax.Array]:
+    """The hidden states of `stack` (whole groups of p = len(graphdefs) layers, the structures of
+    one group) run by one `jax.lax.scan`."""
+    period = len(graphdefs)
+    if all(layer is stack[i % period] for i, layer in enumerate(stack)):
+        # One set of parameters serves every group: a constant of the scan, not stacked.
         group_states = None
-        constant = states[:period]
+        constant = [nnx.state(layer) for layer in stack[:period]]
     else:
+        states = [nnx.state(layer) for layer in stack]
         groups = [states[start:start + period] for start in range(0, len(stack), period)]
         group_states = jax.tree.map(lambda *leaves: jnp.stack(leaves), *groups)
         constant = None

@@ -147,7 +147,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e2e.add_argument("--packing", action="store_true",
                      help="also run flaxheads with sequence packing (`flaxheads train --packing`)")
     e2e.add_argument("--packed_batch_size", type=int, default=8,
-                     help="rows of max_seq_length in a packed batch (default 8: ~40 examples at length 128)")
+                     help="rows of max_seq_length in a packed batch (default 8: ~38 examples at length 128 on the default job)")
     e2e.add_argument("--flaxheads_runs", type=int, default=2,
                      help="flaxheads runs sharing a compilation cache that starts empty (1: cold only)")
     e2e.add_argument("--json", help="also write the rows to this new JSON file (an existing one is refused)")
