@@ -24,12 +24,15 @@ from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import ShapeMismatch
 from flaxheads.functional import ClassifierOutput, FunctionalClassifier
 from flaxheads.heads import HEAD_NAMES
-from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, load_backbone, save_pretrained
+from flaxheads.model import (
+    ClassifierConfig, SequenceClassifier, UntrainedModel, from_pretrained, load_backbone, save_pretrained,
+)
 # Imported here, not lazily: the submodule flaxheads.pipeline, once imported anywhere, would
 # otherwise shadow the function of the same name.
 from flaxheads.pipeline import TextClassificationPipeline, pipeline
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
 from flaxheads.training.optim import decay_mask
+from flaxheads.version import __version__
 
 _LAZY = {
     "EvalPrediction": "flaxheads.training.trainer",
@@ -49,9 +52,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'flaxheads' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
 
 __all__ = [
+    "__version__",
     "HEAD_NAMES",
     "MULTI_LABEL",
     "PROBLEM_TYPES",
@@ -83,6 +86,7 @@ __all__ = [
     "TrainConfig",
     "TrainOutput",
     "Trainer",
+    "UntrainedModel",
     "XLNet",
     "XLNetConfig",
     "decay_mask",

@@ -16,9 +16,10 @@ from flaxheads.training.config import CHOICES, TrainConfig, field_docs
 
 
 def _convert(args) -> int:
+    from flaxheads.conversion.formats import canonical_name
     from flaxheads.convert import convert, default_direction
 
-    to = args.to or default_direction(args.src)
+    to = canonical_name(args.to or default_direction(args.src))
     info, seconds = convert(args.src, args.dst, to=to, head=args.head, num_labels=args.num_labels,
                             ignore_mismatched_sizes=args.ignore_mismatched_sizes, overwrite=args.overwrite)
     print(info)
@@ -108,13 +109,13 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
+    from flaxheads.data import load_task
     from flaxheads.inference import evaluate
-    from flaxheads.training.trainer import load_task, model_path
 
     config = train_config(args)
-    task = load_task(config)
+    task = load_task(**config.data_source())
     print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
-    result = evaluate(model_path(config), task, args.split, max_seq_length=args.max_seq_length,
+    result = evaluate(config.model_folder(), task, args.split, max_seq_length=args.max_seq_length,
                       batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name,
                       packing=config.packing, max_segments_per_row=config.max_segments_per_row)
     print(json.dumps(result, indent=2))
@@ -172,7 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("convert", help="convert a checkpoint directory between Hugging Face PyTorch and flaxheads")
     p.add_argument("src", help="checkpoint folder to read (Hugging Face PyTorch or flaxheads)")
     p.add_argument("dst", help="folder to write the converted checkpoint and the tokenizer files to")
-    p.add_argument("--to", choices=["pytorch", "flax"], help="default: pytorch for flaxheads sources, else flax")
+    p.add_argument("--to", choices=["pytorch", "flaxheads", "flax"],
+                   help="weight format to write: pytorch (what transformers loads) or flaxheads (flaxheads' own; "
+                        "'flax' is its earlier name); default: pytorch for flaxheads sources, else flaxheads")
     p.add_argument("--head", choices=HEAD_NAMES, help="default: the checkpoint's own head")
     p.add_argument("--num_labels", type=int, help="labels of the head; default: the checkpoint's")
     p.add_argument("--ignore_mismatched_sizes", action="store_true",

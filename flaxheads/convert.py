@@ -3,37 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
-from flaxheads import conversion
-from flaxheads.conversion import checkpoint_io, hf_flax
+from flaxheads import atomic, conversion
+from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion.formats import FLAXHEADS, PYTORCH, checkpoint_files, tokenizer_files
 from flaxheads.conversion.hub import resolve_checkpoint
-from flaxheads.conversion.loading import FORMATS, flat_variables, open_checkpoint, weight_format
+from flaxheads.conversion.loading import flat_variables, open_checkpoint, weight_format, writable_format
 from flaxheads.model import from_pretrained, save_pretrained
-
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
-)
-WEIGHT_FILES = (
-    checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME, checkpoint_io.BIN_NAME,
-    checkpoint_io.BIN_INDEX_NAME, checkpoint_io.FLAX_NAME, *hf_flax.WEIGHT_NAMES, "tf_model.h5",
-)
-"""Every weight file name a loader (flaxheads or transformers) might read from a checkpoint directory."""
-_SHARD = re.compile(r"(model|pytorch_model|flax_model|tf_model)-\d+-of-\d+\.(safetensors|bin|msgpack|h5)")
-_WEIGHTS_WRITTEN = {"pytorch": checkpoint_io.SAFETENSORS_NAME, "flax": checkpoint_io.FLAX_NAME}
-"""The weight file `save_pretrained` writes for each format."""
-
-
-def tokenizer_files(src: str | os.PathLike) -> list[str]:
-    """The names of the tokenizer files `src` has."""
-    return [name for name in TOKENIZER_FILES if (Path(src) / name).is_file()]
-
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
     """Copies whatever tokenizer files `src` has into `dst`; returns their names."""
@@ -43,21 +24,10 @@ def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list
     return copied
 
 
-def checkpoint_files(folder: str | os.PathLike) -> list[str]:
-    """The names in `folder` that belong to a checkpoint: config.json, weights (shards too),
-    tokenizer files. Other files (notes, a README) are not listed. [] for a missing folder."""
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return []
-    known = {checkpoint_io.CONFIG_NAME, *WEIGHT_FILES, *TOKENIZER_FILES}
-    return sorted(name for name in names if name in known or _SHARD.fullmatch(name))
-
-
 def default_direction(src: str | os.PathLike) -> str:
-    """flaxheads-native sources convert to pytorch, everything else to flax."""
+    """flaxheads-native sources convert to "pytorch", everything else to "flaxheads"."""
     fmt = weight_format(src)
-    return "pytorch" if fmt is not None and fmt.name == "flaxheads" else "flax"
+    return PYTORCH.name if fmt is FLAXHEADS else FLAXHEADS.name
 
 
 def convert(
@@ -83,16 +53,14 @@ def convert(
     """
     start = time.perf_counter()
     src = resolve_checkpoint(src)  # a folder, or a hub id in the huggingface_hub cache
-    to = to or default_direction(src)
-    if to not in FORMATS:
-        raise ValueError(f"to={to!r}; choose one of {FORMATS}")
-    _check_destination(src, dst, {checkpoint_io.CONFIG_NAME, _WEIGHTS_WRITTEN[to], *tokenizer_files(src)}, overwrite)
+    fmt = writable_format(to or default_direction(src), argument="to")
+    _check_destination(src, dst, {checkpoint_io.CONFIG_NAME, fmt.written_as, *tokenizer_files(src)}, overwrite)
     model, info = from_pretrained(
         src, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
         output_loading_info=True,
     )
-    with checkpoint_io.staged_into(dst) as staging:
-        save_pretrained(model, staging, format=to)
+    with atomic.staged_into(dst, describe=f"converting {src} to {fmt.name}") as staging:
+        save_pretrained(model, staging, format=fmt.name)
         copy_tokenizer_files(src, staging)
         _check_destination(src, dst, set(os.listdir(staging)), overwrite)  # again: dst may have changed meanwhile
     return info, time.perf_counter() - start

@@ -1,7 +1,5 @@
 """Evaluation and prediction with a saved classifier: the library functions behind `flaxheads
-evaluate | predict`, the one inference path they and `flaxheads.pipeline` take (`TextScorer`),
-and the pieces training shares with them (the tokenizer a model reads its text with, the
-longest input it can take, the split evaluator).
+evaluate | predict`, and the one inference path they and `flaxheads.pipeline` take (`TextScorer`).
 
 All refuse to answer from weights that were never trained, from a folder without the model's
 tokenizer, and with non-finite scores: a confident-looking wrong answer is worse than an error.
@@ -9,9 +7,7 @@ tokenizer, and with non-finite scores: a confident-looking wrong answer is worse
 
 from __future__ import annotations
 
-import itertools
 import os
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -20,113 +16,14 @@ import numpy as np
 from flax import nnx
 
 from flaxheads import data, problem
-from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, backbone_spec
-from flaxheads.conversion import checkpoint_io
-from flaxheads.conversion.hub import resolve_checkpoint
-from flaxheads.data.tokenization import pad_token_ids, tokenize_texts
-from flaxheads.model import SequenceClassifier, from_pretrained
-from flaxheads.training import metrics as metrics_lib
-from flaxheads.training.parallel import host_values
-from flaxheads.training.sharding import Layout
+from flaxheads.backbones import backbone_spec
 from flaxheads.data.packing import segments_per_row
-from flaxheads.training.step import make_eval_step, per_example
-
-VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
-                    "tokenizer.model")
-"""Files that carry a tokenizer's vocabulary; a folder with none of them has no tokenizer."""
-
-
-class UntrainedModel(ValueError):
-    """A classifier whose head (or part of it) would be newly initialised: its answers are noise."""
-
-
-def _note(message: str) -> None:
-    if jax.process_index() == 0:
-        print(f"note: {message}", file=sys.stderr)
-
-
-def load_tokenizer(model_dir: str | os.PathLike, tokenizer_name: str | os.PathLike | None = None):
-    """(tokenizer, pad_token_id to load the model with) for the model in `model_dir`.
-
-    The tokenizer comes from `tokenizer_name` when given, else from `model_dir`; either folder
-    must hold tokenizer files: transformers would otherwise build an empty fallback tokenizer that
-    reads every word as unknown. It pads on the side the model's family expects, and with the
-    model's pad id (`model_pad_token_id`): a tokenizer without a pad token (GPT-2) gets the
-    model's, so the tokenizer saved with a trained model pads in transformers as flaxheads does.
-
-    Raises ValueError naming `tokenizer_name=` for a folder without tokenizer files, and for a
-    tokenizer whose ids do not fit the model's vocabulary (it is not the model's tokenizer).
-    """
-    model_dir = resolve_checkpoint(model_dir)  # a folder, or a hub id in the huggingface_hub cache
-    backbone = backbone_config_from_hf(checkpoint_io.read_config(model_dir))
-    if tokenizer_name:
-        tokenizer = read_tokenizer(tokenizer_name)
-    elif not _has_vocabulary(model_dir):
-        raise ValueError(
-            f"{model_dir} holds no tokenizer (none of {', '.join(VOCABULARY_FILES)}), and text read with "
-            "another tokenizer gives meaningless predictions. Pass the folder of the tokenizer the model was "
-            "trained with as tokenizer_name=, or save it next to the model (tokenizer.save_pretrained)"
-        )
-    else:
-        tokenizer = read_tokenizer(model_dir)
-    check_tokenizer_fits(tokenizer, backbone, f"the model in {model_dir}")
-    tokenizer.padding_side = backbone_spec(backbone.model_type).padding_side
-    pad_token_id = pad_token_ids(tokenizer, backbone.pad_token_id).model
-    pad_token = None if pad_token_id is None else tokenizer.convert_ids_to_tokens(pad_token_id)
-    if tokenizer.pad_token_id is None and pad_token is not None:
-        tokenizer.pad_token = pad_token
-    if backbone.pad_token_id is None and pad_token_id is not None:
-        _note(f"{model_dir} sets no pad_token_id; using the tokenizer's {tokenizer.pad_token!r} "
-              f"(id {pad_token_id}), saved with the model")
-    return tokenizer, pad_token_id
-
-
-def read_tokenizer(folder: str | os.PathLike):
-    """The transformers tokenizer saved in `folder`; ValueError if it holds none."""
-    import transformers
-
-    folder = resolve_checkpoint(folder)
-    if not _has_vocabulary(folder):
-        raise ValueError(f"{folder} holds no tokenizer (none of {', '.join(VOCABULARY_FILES)}); pass the folder "
-                         "of the tokenizer the model was trained with")
-    try:
-        return transformers.AutoTokenizer.from_pretrained(str(folder))
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load a tokenizer from {folder}: {err}") from None
-
-
-def _has_vocabulary(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in VOCABULARY_FILES)
-
-
-def check_tokenizer_fits(tokenizer, backbone: BackboneConfig, model: str) -> None:
-    """ValueError if `tokenizer` has ids past the vocabulary of `model` (described in words):
-    it is not that model's tokenizer, and its ids would index past the embeddings."""
-    vocab_size = getattr(backbone, "vocab_size", None)
-    if vocab_size is not None and len(tokenizer) > vocab_size:
-        raise ValueError(
-            f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has {len(tokenizer)} tokens and {model} "
-            f"embeds only {vocab_size}: it is not this model's tokenizer. Pass the model's own tokenizer as "
-            "tokenizer_name="
-        )
-
-
-def model_pad_token_id(model_dir: str | os.PathLike, tokenizer) -> int | None:
-    """The pad_token_id to load the model in `model_dir` with, to read `tokenizer`'s batches."""
-    backbone = backbone_config_from_hf(checkpoint_io.read_config(resolve_checkpoint(model_dir)))
-    return pad_token_ids(tokenizer, backbone.pad_token_id).model
-
-
-def fitting_max_length(backbone: BackboneConfig, requested: int) -> int:
-    """`requested` tokens, or the model's position limit (with a printed note) when it is shorter:
-    positions past the learned embeddings have no meaning (transformers fails on them; an
-    unchecked gather would silently clamp them)."""
-    limit = backbone.max_sequence_length
-    if limit is None or requested <= limit:
-        return requested
-    _note(f"max_seq_length {requested} is longer than the {limit} positions the model's embeddings cover; "
-          f"texts are truncated to {limit} tokens")
-    return limit
+from flaxheads.data.tokenization import tokenize_texts
+from flaxheads.model import SequenceClassifier, from_pretrained, require_trained
+from flaxheads.tokenizer import check_tokenizer_fits, fitting_max_length, load_tokenizer, pad_token_ids
+from flaxheads.training import metrics as metrics_lib
+from flaxheads.training.scoring import Evaluator
+from flaxheads.training.sharding import Layout
 
 
 def load_trained(model_dir: str | os.PathLike, *, pad_token_id: int | None = None, **options) -> SequenceClassifier:
@@ -136,51 +33,9 @@ def load_trained(model_dir: str | os.PathLike, *, pad_token_id: int | None = Non
     pretrained encoder such as `BertModel` has no classifier): fine-tune it first.
     """
     model, info = from_pretrained(model_dir, pad_token_id=pad_token_id, output_loading_info=True, **options)
-    new = list(info.newly_initialized) + [name for name, *_ in info.mismatched]
-    if new:
-        raise UntrainedModel(
-            f"{model_dir} has no trained {model.config.head!r} classifier: {len(new)} parameter(s) would start "
-            f"from random values ({', '.join(new[:4])}{', ...' if len(new) > 4 else ''}), so its answers would "
-            f"be noise. Fine-tune it first (flaxheads train --model_name_or_path {model_dir}) and use the "
-            "trained output folder"
-        )
+    require_trained(info, model, model_dir, fix=f"Fine-tune it first (flaxheads train --model_name_or_path {model_dir}) "
+                    "and use the trained output folder")
     return model
-
-
-class Evaluator:
-    """Metrics over a whole split; every process feeds its rows and gets the global result.
-    A packed `batch_format` scores packed rows; the metrics count only the examples in them."""
-
-    def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int,
-                 num_shards: int = 1):
-        self.problem_type = problem_type
-        self.num_shards = num_shards
-        self.layout = layout
-        self.batch_format = batch_format
-        self.batch_size = eval_batch_size
-        eval_step = make_eval_step(graphdef, problem_type)
-
-        def step(params, batch):
-            # Labels and masks (and packed rows' example indices) ride along, one entry per
-            # example as the logits have them, so that, replicated, every process sees all rows.
-            return {**eval_step(params, batch), **per_example(batch)}
-
-        self.step = jax.jit(step, out_shardings=layout.replicated)
-
-    def __call__(self, params, rows, lengths: np.ndarray | None = None, *,
-                 max_batches: int | None = None) -> dict[str, float]:
-        """`rows`: the split, or this process's rows of it with `lengths` of the whole split;
-        `max_batches`: only the first batches (every process takes the same ones)."""
-        acc = metrics_lib.MetricAccumulator(self.problem_type)
-        batches = data.eval_batches(
-            rows, self.batch_format, global_batch_size=self.batch_size,
-            process_index=jax.process_index(), process_count=jax.process_count(),
-            num_shards=self.num_shards, lengths=lengths,
-        )
-        for batch in itertools.islice(batches, max_batches):
-            out = host_values(self.step(params, self.layout.put_batch(batch)))
-            acc.add(out["logits"], out["labels"], out["example_mask"], loss=out["loss"])
-        return acc.compute()
 
 
 def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 128,

@@ -1,14 +1,13 @@
-"""LoRA (Hu et al. 2021) as peft applies it, on any backbone whose conversion table names its
-Linear layers.
+"""LoRA (Hu et al. 2021) as peft applies it: the layer, and adding and merging adapters.
 
-    model = flaxheads.lora.with_lora(model, LoRAConfig(r=8, alpha=16, target_modules=("query", "value")))
-    model.save_pretrained("merged")              # adapters merged: a plain transformers checkpoint
-    flaxheads.lora.save_adapter(model, "adapter", base_model_name_or_path="bert-base-uncased")  # peft folder
+    model = model.with_lora(LoRAConfig(r=8, alpha=16, target_modules=("query", "value")))
+    model.save_pretrained("merged")        # adapters merged: a plain transformers checkpoint
+    flaxheads.conversion.peft.save_adapter(model, "adapter", base_model_name_or_path="bert-base-uncased")
 
-Targets are named as peft names them: Hugging Face module names matched against the model's
-`*ForSequenceClassification` module paths (a name matches a path equal to it or ending in
-"." + name; "all-linear" means every Linear of the backbone). The conversion table is what
-knows both names, so every family with a table gets LoRA without a list of its own.
+This module is model code: it knows Linear layers by their flax paths. Targets are named as peft
+names them (Hugging Face module names, "all-linear"); turning those names into paths, and the
+peft adapter folder, are the peft format's (`flaxheads.conversion.peft`), which every family with
+a conversion table gets without a list of its own.
 
 Each targeted `nnx.Linear` at path P becomes a `LoRALinear` at P holding the original layer as
 `P.base` (its weights untouched) and the adapters `P.lora_a` (in, r) and `P.lora_b` (r, out),
@@ -24,28 +23,14 @@ import contextlib
 import contextvars
 import dataclasses
 import math
-from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads import conversion
-from flaxheads.backbones import layers
-from flaxheads.conversion import checkpoint_io
-from flaxheads.conversion.table import CONV1D, LINEAR, flax_to_hf
-
-ALL_LINEAR = "all-linear"
-"""peft's name for every Linear layer of the backbone (the classifier excluded)."""
-
-ADAPTER_CONFIG_NAME = "adapter_config.json"
-ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
-PEFT_PREFIX = "base_model.model."
-"""peft's prefix of every key in an adapter file (the PeftModel's path to the transformers model)."""
-PEFT_CLASSIFIER_MODULES = ("classifier", "score")
-"""The modules peft's SEQ_CLS task always adds to modules_to_save."""
+from flaxheads.backbones import dropout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,18 +54,6 @@ class LoRAConfig:
     @property
     def scaling(self) -> float:
         return self.alpha / self.r
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A Linear layer of the backbone that an adapter can wrap."""
-
-    hf_module: str
-    """Its module path in transformers' `*ForSequenceClassification` ("bert.encoder.layer.0.attention.self.query")."""
-    flax_module: str
-    """Its path in the flaxheads model ("backbone.layers.0.attention.query")."""
-    conv1d: bool
-    """transformers stores it as a `Conv1D` (weight (in, out)); peft's `fan_in_fan_out`."""
 
 
 # -- the module ------------------------------------------------------------------------------
@@ -129,7 +102,7 @@ class LoRALinear(nnx.Module):
         y = self.base(x)
         key = _ADAPTER_KEY.get()
         rngs = None if key is None else nnx.Rngs(dropout=jax.random.fold_in(key, self.index))
-        h = layers.dropout(x, self.dropout_rate, rngs, deterministic=self.deterministic)
+        h = dropout.apply(x, self.dropout_rate, rngs, deterministic=self.deterministic)
         dtype = self.base.dtype or y.dtype
         update = (h.astype(dtype) @ self.lora_a[...].astype(dtype)) @ self.lora_b[...].astype(dtype)
         return y + (update * self.scaling).astype(y.dtype)
@@ -141,50 +114,7 @@ class LoRALinear(nnx.Module):
         return (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
 
 
-# -- which layers --------------------------------------------------------------------------------
-
-
-def linear_targets(model_config) -> list[Target]:
-    """Every backbone Linear (or Conv1D) the model's conversion table names, in table order."""
-    table = conversion.architecture_table(model_config.backbone.model_type)
-    rules = conversion.backbone_rules(table, model_config.backbone, f"{table.base_prefix}.")
-    return [
-        Target(r.hf.removesuffix(".weight"), r.flax.removesuffix(".kernel"), r.transform is CONV1D)
-        for r in rules
-        if r.transform in (LINEAR, CONV1D) and r.hf.endswith(".weight") and r.flax.endswith(".kernel")
-    ]
-
-
-def _matches(name: str, targets: tuple[str, ...]) -> bool:
-    """peft's rule for a list of target_modules: the name itself, or a suffix after a dot."""
-    return ALL_LINEAR in targets or name in targets or any(name.endswith(f".{t}") for t in targets)
-
-
-def resolve_targets(model_config, target_modules: tuple[str, ...]) -> list[Target]:
-    """The backbone Linears `target_modules` names. Raises ValueError when a name matches no
-    Linear of this backbone (listing the ones there are), or names another kind of module."""
-    candidates = linear_targets(model_config)
-    short_names = sorted({t.hf_module.rsplit(".", 1)[-1] for t in candidates})
-    model_type = model_config.backbone.model_type
-    if not target_modules:
-        raise ValueError(
-            f"LoRA needs target modules: pass lora_target_modules (--lora_target_modules), names of the "
-            f"{model_type} model's Linear layers as transformers names them: {', '.join(short_names)}, or {ALL_LINEAR}"
-        )
-    chosen = [t for t in candidates if _matches(t.hf_module, target_modules)]
-    matched = {name for name in target_modules
-               if name == ALL_LINEAR or any(_matches(t.hf_module, (name,)) for t in chosen)}
-    unmatched = [name for name in target_modules if name not in matched]
-    if unmatched:
-        raise ValueError(
-            f"lora_target_modules {unmatched} match no Linear layer of the {model_type} backbone; LoRA can wrap "
-            f"{', '.join(short_names)} (or {ALL_LINEAR}). Embeddings, norms and the classifier are not LoRA targets"
-        )
-    return chosen
-
-
 # -- adding and merging ------------------------------------------------------------------------
-
 
 def _parent_and_name(model: nnx.Module, path: str) -> tuple[nnx.Module, str]:
     *parents, name = path.split(".")
@@ -204,23 +134,25 @@ def _in_eval_mode(model: nnx.Module) -> bool:
     return any(getattr(module, "deterministic", False) for _, module in nnx.iter_modules(model))
 
 
-def with_lora(model: nnx.Module, config: LoRAConfig, *, seed: int = 0) -> nnx.Module:
-    """A copy of the classifier `model` whose targeted backbone Linears carry fresh adapters
-    (logits unchanged until they train); `model` is left as it is, and its weights are shared,
-    not copied. The copy's `lora` attribute records `config`. ValueError for a model that has
-    adapters already, or targets as `resolve_targets` says."""
+def add_adapters(model: nnx.Module, config: LoRAConfig, module_paths: Sequence[str], *, seed: int = 0) -> nnx.Module:
+    """A copy of the classifier `model` whose Linear layers at `module_paths` (flax paths,
+    "backbone.layers.0.attention.query") carry fresh adapters (logits unchanged until they
+    train); `model` is left as it is, and its weights are shared, not copied. The copy's `lora`
+    attribute records `config`. Which paths a peft `target_modules` list names is the peft
+    format's business: `SequenceClassifier.with_lora` resolves them (`conversion.peft`).
+
+    ValueError for a model that has adapters already, or a path that is not a Linear."""
     if lora_config(model) is not None:
         raise ValueError("the model has LoRA adapters already; merge them first (flaxheads.lora.merged(model))")
-    targets = resolve_targets(model.config, config.target_modules)
     copy = _shallow_copy(model)
     deterministic = _in_eval_mode(model)
     rngs = nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), 0x10A))
-    for index, target in enumerate(targets):
-        parent, name = _parent_and_name(copy, target.flax_module)
+    for index, path in enumerate(module_paths):
+        parent, name = _parent_and_name(copy, path)
         base = getattr(parent, name)
         if not isinstance(base, nnx.Linear):
-            raise ValueError(f"{target.hf_module} is a {type(base).__name__} in flaxheads, not a Linear; LoRA "
-                             "cannot wrap it: leave it out of lora_target_modules")
+            raise ValueError(f"{path} is a {type(base).__name__} in flaxheads, not a Linear; LoRA cannot wrap it: "
+                             "leave it out of lora_target_modules")
         setattr(parent, name, LoRALinear(base, config, index=index, deterministic=deterministic, rngs=rngs))
     copy.lora = config
     return copy
@@ -252,84 +184,6 @@ def merged(model: nnx.Module) -> nnx.Module:
     return copy
 
 
-# -- the peft adapter folder ---------------------------------------------------------------------
-
-
-def peft_adapter(model: nnx.Module, *, base_model_name_or_path: str | None = None
-                 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """(adapter_config.json, adapter_model.safetensors tensors) as peft's `save_pretrained` writes
-    them for a LoRA model of task type SEQ_CLS: the adapters under
-    `base_model.model.<hf module>.lora_A.weight` (r, in) / `lora_B.weight` (out, r), and the
-    classification head (trained in full) under `base_model.model.<hf name>` with its modules in
-    `modules_to_save`. ValueError for a model without adapters, or with a head transformers'
-    `*ForSequenceClassification` does not have (export it merged instead)."""
-    config = lora_config(model)
-    if config is None:
-        raise ValueError("the model has no LoRA adapters; save it with save_pretrained instead")
-    table = conversion.architecture_table(model.config.backbone.model_type)
-    if not conversion.is_canonical(table, model.config.head):
-        raise ValueError(
-            f"a peft adapter is applied to transformers' {table.classification_architecture}, whose head is "
-            f"{table.canonical_head!r}, not {model.config.head!r}: save this model merged "
-            "(model.save_pretrained(path), or --lora_export merged)"
-        )
-    by_flax = {t.flax_module: t for t in linear_targets(model.config)}
-    tensors: dict[str, np.ndarray] = {}
-    targets = []
-    for path, adapter in adapters(model).items():
-        target = by_flax[path]
-        targets.append(target)
-        # peft's lora_A / lora_B are nn.Linear weights, (out, in): the flax (in, out) arrays transposed.
-        module = f"{PEFT_PREFIX}{target.hf_module}"
-        tensors[f"{module}.lora_A.weight"] = np.ascontiguousarray(np.asarray(adapter.lora_a[...]).T)
-        tensors[f"{module}.lora_B.weight"] = np.ascontiguousarray(np.asarray(adapter.lora_b[...]).T)
-    head = {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model.head))}
-    base = f"{table.base_prefix}."
-    head_tensors = flax_to_hf({f"head.{k}": v for k, v in head.items()},
-                              conversion.head_rules(table, model.config.head, list(head), base))
-    tensors.update({PEFT_PREFIX + name: array for name, array in head_tensors.items()})
-    adapter_config = {
-        "peft_type": "LORA",
-        "task_type": "SEQ_CLS",
-        "base_model_name_or_path": base_model_name_or_path,
-        "r": config.r,
-        "lora_alpha": config.alpha,
-        "lora_dropout": config.dropout,
-        "target_modules": list(config.target_modules) if ALL_LINEAR not in config.target_modules else ALL_LINEAR,
-        "modules_to_save": _modules_to_save(head_tensors, base),
-        "fan_in_fan_out": any(t.conv1d for t in targets),
-        "bias": "none",
-        "use_rslora": False,
-        "use_dora": False,
-        "init_lora_weights": True,
-        "inference_mode": True,
-    }
-    return adapter_config, tensors
-
-
-def _modules_to_save(head_tensors: dict[str, np.ndarray], base: str) -> list[str]:
-    """The head's modules as peft's modules_to_save names them: peft always adds "classifier" and
-    "score"; a head module inside the base model (BERT's pooler) is named by its path there."""
-    modules = set(PEFT_CLASSIFIER_MODULES)
-    for name in head_tensors:
-        module = name.rsplit(".", 1)[0].removeprefix(base)
-        if module.split(".")[0] not in PEFT_CLASSIFIER_MODULES:
-            modules.add(module)
-    return sorted(modules)
-
-
-def save_adapter(model: nnx.Module, path, *, base_model_name_or_path: str | None = None) -> Path:
-    """Writes the peft adapter folder of the LoRA `model` (see `peft_adapter`) into `path`, all
-    files or none (a temporary folder, then renames); returns the folder. Load it with
-    `peft.PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base,
-    num_labels=...), path)`."""
-    adapter_config, tensors = peft_adapter(model, base_model_name_or_path=base_model_name_or_path)
-    with checkpoint_io.staged_into(path) as staging:
-        checkpoint_io.write_safetensors(staging / ADAPTER_WEIGHTS_NAME, tensors, metadata={"format": "pt"})
-        checkpoint_io.write_json(staging / ADAPTER_CONFIG_NAME, adapter_config)
-    return Path(path)
-
-
 def trainable_summary(trainable: nnx.State, frozen: nnx.State) -> str:
     """peft's print_trainable_parameters line."""
     count = lambda state: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))  # noqa: E731
@@ -338,5 +192,5 @@ def trainable_summary(trainable: nnx.State, frozen: nnx.State) -> str:
             f"trainable%: {100 * n_trainable / max(n_all, 1):.4f}")
 
 
-__all__ = ["ALL_LINEAR", "LoRAConfig", "LoRALinear", "Target", "adapter_dropout_key", "adapters", "linear_targets",
-           "lora_config", "merged", "peft_adapter", "resolve_targets", "save_adapter", "with_lora"]
+__all__ = ["LoRAConfig", "LoRALinear", "adapter_dropout_key", "adapters", "add_adapters", "lora_config", "merged",
+           "trainable_summary"]

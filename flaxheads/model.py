@@ -1,4 +1,10 @@
-"""A backbone and a head: the sequence classifier users load, train, call and save."""
+"""A backbone and a head: the sequence classifier users load, train, call and save.
+
+The module itself (`SequenceClassifier`) is model code; its `from_pretrained`, `save_pretrained`
+and `with_lora` are the loader's and the peft format's functions, which are generic over the
+model class (`cls.config_class` reads config.json), so this module imports `conversion` and
+never the other way round.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,9 @@ from flax import nnx
 
 from flaxheads import lora, problem
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone, segments
-from flaxheads.conversion import loading
-from flaxheads.conversion.loading import load_backbone, save_pretrained
+from flaxheads.conversion import loading, peft
+from flaxheads.conversion.loading import load_backbone
+from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs, build_head
 
 FLAXHEADS_CONFIG_KEY = "flaxheads"
@@ -260,22 +267,60 @@ class SequenceClassifier(nnx.Module):
             example_mask=example_mask,
         )
 
-    # The loader's own functions, so signatures and docstrings live in one place: the classmethod
+    def with_lora(self, config: lora.LoRAConfig, *, seed: int = 0) -> SequenceClassifier:
+        """A copy whose backbone Linears named by `config.target_modules` (peft's names: Hugging
+        Face module names, or "all-linear") carry fresh LoRA adapters; this model is left as it
+        is and shares its weights with the copy. ValueError naming the Linears there are when a
+        name matches none (`conversion.peft.resolve_targets`)."""
+        targets = peft.resolve_targets(self.config, config.target_modules)
+        return lora.add_adapters(self, config, [t.flax_module for t in targets], seed=seed)
+
+    # The loader's own function, so its signature and docstring live in one place: the classmethod
     # builds whichever class it is called on (`cls.config_class` reads config.json).
     from_pretrained = classmethod(loading.from_pretrained)
-    save_pretrained = loading.save_pretrained
+
+    def save_pretrained(self, path, *, format: str = "pytorch", tokenizer=None) -> None:
+        """`flaxheads.save_pretrained(self, path, ...)`: see there."""
+        save_pretrained(self, path, format=format, tokenizer=tokenizer)
+
+
+def save_pretrained(model: SequenceClassifier, path, *, format: str = "pytorch", tokenizer=None) -> None:
+    """Saves `model` as a checkpoint folder that transformers loads (`format="pytorch"`: config.json
+    + model.safetensors) or in flaxheads' own format (`"flaxheads"`); LoRA adapters are merged
+    first, so the folder holds the plain model they compute (`conversion.peft.save_adapter` writes
+    the adapters alone). With `tokenizer` its files are saved too. Written into a temporary folder
+    and moved in only when complete (`conversion.loading.save_pretrained`)."""
+    loading.save_pretrained(lora.merged(model), path, format=format, tokenizer=tokenizer)
 
 
 from_pretrained = SequenceClassifier.from_pretrained
 """`flaxheads.from_pretrained(path, ...)`: `SequenceClassifier.from_pretrained` as a function."""
 
 
+class UntrainedModel(ValueError):
+    """A classifier whose head (or part of it) would be newly initialised: its answers are noise."""
+
+
+def require_trained(info: LoadingInfo, model: SequenceClassifier, source, *, fix: str) -> None:
+    """UntrainedModel naming the parameters of `model` (loaded from `source` with `info`) that
+    would start from random values, and `fix`, the way out; nothing when every one is trained."""
+    new = info.untrained
+    if new:
+        raise UntrainedModel(
+            f"{source} has no trained {model.config.head!r} classifier: {len(new)} parameter(s) would start from "
+            f"random values ({', '.join(new[:4])}{', ...' if len(new) > 4 else ''}), so its answers would be "
+            f"noise. {fix}"
+        )
+
+
 __all__ = [
     "FLAXHEADS_CONFIG_KEY",
     "ClassifierConfig",
     "SequenceClassifier",
+    "UntrainedModel",
     "from_pretrained",
     "label_names_from",
     "load_backbone",
+    "require_trained",
     "save_pretrained",
 ]

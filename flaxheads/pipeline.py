@@ -17,14 +17,9 @@ from typing import Any
 import numpy as np
 
 from flaxheads import problem
-from flaxheads.inference import (
-    TextScorer,
-    load_tokenizer,
-    load_trained,
-    model_pad_token_id,
-    read_tokenizer,
-)
+from flaxheads.inference import TextScorer, load_trained
 from flaxheads.model import SequenceClassifier
+from flaxheads.tokenizer import load_tokenizer, longest_input, model_pad_token_id, read_tokenizer
 
 TASKS = ("text-classification", "sentiment-analysis")
 """transformers' names of this task ("sentiment-analysis" is its alias)."""
@@ -87,7 +82,7 @@ class TextClassificationPipeline:
                  batch_size: int = 64, source: str = "the model"):
         self.model, self.tokenizer = model, tokenizer
         if max_seq_length is None:
-            max_seq_length = _longest_input(model, tokenizer)
+            max_seq_length = longest_input(model.config.backbone, tokenizer)
         self.scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
                                  source=source)
 
@@ -123,15 +118,6 @@ class TextClassificationPipeline:
         if config.problem_type == problem.MULTI_LABEL or config.num_labels == 1:
             return "sigmoid"
         return "softmax"
-
-
-def _longest_input(model: SequenceClassifier, tokenizer, fallback: int = 512) -> int:
-    """The most tokens a text may keep when the caller sets no limit: as many as the model's
-    positions cover (transformers does not truncate, and fails past them), or the tokenizer's."""
-    limits = [model.config.backbone.max_sequence_length, tokenizer.model_max_length]
-    # Tokenizers without a known limit report an enormous model_max_length.
-    known = [limit for limit in limits if limit is not None and limit < 1_000_000]
-    return min(known) if known else fallback
 
 
 def _texts(inputs) -> tuple[list[str], list[str] | None, bool]:

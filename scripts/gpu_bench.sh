@@ -6,7 +6,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import jax, flax, optax, torch, transformers; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, jax.devices())"
 python3 - "$@" <<'PY'
 import json, sys, os
-from flaxheads.benchmarks.steps import run, StepBench
+from flaxheads.benchmarks.step_shapes import StepBench
+from flaxheads.benchmarks.steps import run
 out = open(os.path.join(os.environ.get("OUT", "."), "gpu_bench.jsonl"), "w")
 configs = [
     StepBench(size="bert-base", seq_len=128, batch=128, dtype="bfloat16", steps=10, repeats=5),

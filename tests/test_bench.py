@@ -16,7 +16,8 @@ from flaxheads import conversion
 from flaxheads.backbones import backbone_config_from_hf
 from flaxheads.benchmarks import cli as bench_cli
 from flaxheads.benchmarks.hf_flax import hf_flax_steps
-from flaxheads.benchmarks.steps import ARCHS, StepBench, run, train_flops
+from flaxheads.benchmarks.step_shapes import ARCHS, StepBench
+from flaxheads.benchmarks.steps import run, train_flops
 from flaxheads.cli import build_parser
 from flaxheads.model import ClassifierConfig, SequenceClassifier
 
@@ -81,12 +82,12 @@ def test_the_flax_peer_is_refused_for_other_architectures_before_anything_runs()
 
 
 def test_the_scan_runner_times_the_scanned_model(monkeypatch):
-    from flaxheads.backbones import layers
+    from flaxheads.backbones import stacking
     from flaxheads.benchmarks.steps import flaxheads_runners
 
     scanned = []
-    real = layers.set_scan_layers
-    monkeypatch.setattr(layers, "set_scan_layers", lambda backbone, on=True: scanned.append(on) or real(backbone, on))
+    real = stacking.set_scan_layers
+    monkeypatch.setattr(stacking, "set_scan_layers", lambda backbone, on=True: scanned.append(on) or real(backbone, on))
     runners = flaxheads_runners(StepBench(size="minilm", seq_len=8, batch=2), scan=True)
     assert [r.impl for r in runners] == ["flaxheads (scan over layers)"] * 2
     assert scanned == [True]

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -265,44 +266,51 @@ def test_second_acquire_is_refused_naming_the_holder(tmp_path):
     assert "--output_dir" in str(err.value)
 
 
-def _write_lock(output_dir: Path, **holder) -> Path:
-    path = output_dir / LOCK_NAME
-    path.write_text(json.dumps({"host": socket.gethostname(), "started": "2024-01-01T00:00:00+00:00",
-                                "command": "flaxheads train", **holder}))
-    return path
+_HOLD_LOCK = """
+import sys, time
+from flaxheads.training.run_lock import RunLock
+RunLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+_RACE = """
+import sys, time
+from flaxheads.training.run_lock import RunLock, RunLocked
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+try:
+    RunLock(sys.argv[1]).acquire()
+except RunLocked:
+    print("refused", flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(3)
+"""
 
 
-def test_lock_of_a_dead_process_is_taken_over(tmp_path, capsys):
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    path = _write_lock(tmp_path, pid=gone.pid)
-    lock = RunLock(tmp_path).acquire()
-    assert json.loads(path.read_text())["pid"] == os.getpid()
-    assert f"pid {gone.pid}" in capsys.readouterr().err
-    lock.release()
-    assert not path.exists()
-
-
-def test_unreadable_lock_is_taken_over_only_once_it_is_old(tmp_path):
-    path = tmp_path / LOCK_NAME
-    path.write_text("{")
-    with pytest.raises(RunLocked, match="cannot be read yet"):
+def test_a_lock_left_by_a_killed_run_is_free_at_once_and_exactly_one_of_four_racers_gets_it(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(RunLocked, match=f"pid {holder.pid}"):
         RunLock(tmp_path).acquire()
-    os.utime(path, (0, 0))
-    with RunLock(tmp_path):
-        assert json.loads(path.read_text())["pid"] == os.getpid()
+    holder.kill()  # SIGKILL: the lock file stays, the kernel lock does not
+    holder.wait()
+    assert (tmp_path / LOCK_NAME).exists()
+
+    start = time.time() + 3.0  # every racer is running (imports done) before the start
+    racers = [subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path), str(start)], stdout=subprocess.PIPE,
+                               text=True) for _ in range(4)]
+    outcomes = sorted(r.communicate(timeout=120)[0].strip() for r in racers)
+
+    assert outcomes == ["held", "refused", "refused", "refused"]
 
 
-def test_lock_from_another_host_is_refused_naming_the_file_to_delete(tmp_path):
-    path = _write_lock(tmp_path, pid=1234, host="some-other-host")
-    with pytest.raises(RunLocked, match="some-other-host") as err:
-        RunLock(tmp_path).acquire()
-    print(err.value)
-    assert "cannot be checked" in str(err.value) and f"delete {path}" in str(err.value)
-
-
-def test_release_leaves_someone_elses_lock_alone(tmp_path):
+def test_release_removes_only_the_file_it_locked(tmp_path):
     lock = RunLock(tmp_path).acquire()
-    path = _write_lock(tmp_path, pid=os.getppid())  # taken over by another run meanwhile
-    lock.release()
-    assert json.loads(path.read_text())["pid"] == os.getppid()
+    (tmp_path / LOCK_NAME).unlink()  # someone deleted the lock file by hand
+    with RunLock(tmp_path):  # a new run locks a new file meanwhile
+        lock.release()
+        assert (tmp_path / LOCK_NAME).exists()
+    assert not (tmp_path / LOCK_NAME).exists()

@@ -35,7 +35,7 @@ def minilm_round_trip(minilm_path, tmp_path_factory):
     codes = [
         main(["convert", str(minilm_path), str(root / "flax")]),
         main(["convert", str(root / "flax"), str(root / "pytorch"), "--to", "pytorch"]),
-        main(["convert", str(root / "pytorch"), str(root / "flax_again"), "--to", "flax"]),
+        main(["convert", str(root / "pytorch"), str(root / "flax_again"), "--to", "flaxheads"]),
     ]
     return root, codes
 
@@ -136,7 +136,7 @@ def test_convert_onto_its_own_source_exits_2_and_leaves_it_intact(minilm_round_t
     root, _ = minilm_round_trip
     before = (root / "pytorch" / "model.safetensors").read_bytes()
 
-    assert main(["convert", str(root / "pytorch"), str(root / "pytorch"), "--to", "flax", "--overwrite"]) == 2
+    assert main(["convert", str(root / "pytorch"), str(root / "pytorch"), "--to", "flaxheads", "--overwrite"]) == 2
 
     assert "is src" in capsys.readouterr().err
     assert (root / "pytorch" / "model.safetensors").read_bytes() == before
@@ -155,7 +155,7 @@ def test_convert_onto_a_folder_holding_a_model_names_the_overwrite_flag(minilm_r
 def test_convert_overwrite_onto_a_directory_of_the_other_format_exits_2(minilm_round_trip, capsys):
     root, _ = minilm_round_trip
 
-    assert main(["convert", str(root / "flax"), str(root / "pytorch"), "--to", "flax", "--overwrite"]) == 2
+    assert main(["convert", str(root / "flax"), str(root / "pytorch"), "--to", "flaxheads", "--overwrite"]) == 2
 
     err = capsys.readouterr().err
     assert "holds ['model.safetensors']" in err and "remove" in err

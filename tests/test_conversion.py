@@ -216,7 +216,7 @@ def test_flax_format_round_trip_is_exact(hf_checkpoint, tmp_path, family):
     model = flaxheads.from_pretrained(checkpoint.path)
     batch = padded_batch(family)
 
-    model.save_pretrained(tmp_path / "flax", format="flax")
+    model.save_pretrained(tmp_path / "flax", format="flaxheads")
     again, info = flaxheads.from_pretrained(tmp_path / "flax", output_loading_info=True)
     again.save_pretrained(tmp_path / "pytorch")
 
@@ -234,7 +234,7 @@ def test_flax_format_round_trip_is_exact(hf_checkpoint, tmp_path, family):
 def test_load_backbone_reads_a_flaxheads_format_directory(hf_checkpoint, tmp_path, family):
     checkpoint = hf_checkpoint(BASE[family])
     inputs = {k: jnp.asarray(v) for k, v in padded_batch(family).items()}
-    flaxheads.from_pretrained(checkpoint.path, head="pooler", num_labels=3).save_pretrained(tmp_path, format="flax")
+    flaxheads.from_pretrained(checkpoint.path, head="pooler", num_labels=3).save_pretrained(tmp_path, format="flaxheads")
 
     from_flax, info = flaxheads.load_backbone(tmp_path)
 
@@ -276,7 +276,7 @@ def test_non_canonical_head_round_trips_through_flax_format(hf_checkpoint, tmp_p
     checkpoint = hf_checkpoint(BASE["roberta"], num_hidden_layers=4)
     model = flaxheads.from_pretrained(checkpoint.path, head=head, num_labels=3)
 
-    model.save_pretrained(tmp_path, format="flax")
+    model.save_pretrained(tmp_path, format="flaxheads")
     again, info = flaxheads.from_pretrained(tmp_path, output_loading_info=True)
 
     assert again.config.head == head and info.fully_pretrained

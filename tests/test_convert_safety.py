@@ -75,10 +75,10 @@ def test_a_dst_containing_src_is_refused(pretraining, tmp_path):
         convert(pretraining, tmp_path, overwrite=True)
 
 
-@pytest.mark.parametrize("to", ["pytorch", "flax"])
+@pytest.mark.parametrize("to", ["pytorch", "flaxheads"])
 def test_a_dst_holding_another_model_is_refused_listing_its_files(hf_checkpoint, occupied, to):
     src = hf_checkpoint("BertForSequenceClassification", num_labels=3)
-    if to == "flax":
+    if to == "flaxheads":
         (occupied / "flaxheads_model.safetensors").write_bytes(b"another model")
     before = snapshot(occupied)
 
@@ -125,7 +125,7 @@ def test_overwrite_replaces_only_the_files_the_conversion_writes(pretraining, oc
     assert leftovers(occupied.parent) == []
 
 
-@pytest.mark.parametrize(("to", "stale"), [("pytorch", "flaxheads_model.safetensors"), ("flax", "model.safetensors"),
+@pytest.mark.parametrize(("to", "stale"), [("pytorch", "flaxheads_model.safetensors"), ("flaxheads", "model.safetensors"),
                                            ("pytorch", "pytorch_model.bin"), ("pytorch", "tokenizer.json")])
 def test_overwrite_refuses_a_file_it_would_leave_beside_the_new_weights(pretraining, occupied, to, stale):
     (occupied / stale).write_bytes(b"stale")

@@ -324,7 +324,7 @@ def test_bfloat16_round_trip_is_bit_identical_and_flax_format_round_trip_exact(d
     model = flaxheads.from_pretrained(path, param_dtype="auto")
 
     model.save_pretrained(tmp_path / "pt")
-    model.save_pretrained(tmp_path / "flax", format="flax")
+    model.save_pretrained(tmp_path / "flax", format="flaxheads")
     again, info = flaxheads.from_pretrained(tmp_path / "flax", param_dtype="auto", output_loading_info=True)
 
     assert_state_dicts_identical(state_dict(tmp_path / "pt"), state_dict(path))
@@ -461,7 +461,7 @@ def test_train_evaluate_predict_inspect_and_convert_commands_work_on_llama(tiny_
     out = capsys.readouterr().out
     assert "model_type: llama" in out and "score.weight" in out and "lm_head.weight" in out
 
-    assert main(["convert", str(run), str(tmp_path / "flax"), "--to", "flax"]) == 0
+    assert main(["convert", str(run), str(tmp_path / "flax"), "--to", "flaxheads"]) == 0
     assert main(["convert", str(tmp_path / "flax"), str(tmp_path / "back"), "--to", "pytorch"]) == 0
     assert_state_dicts_identical(state_dict(tmp_path / "back"), state_dict(run))
 

@@ -196,7 +196,7 @@ def test_sharded_and_bin_checkpoints_load_the_same_weights(hf_checkpoint, tmp_pa
 
 def test_flax_format_round_trip_is_exact(hf_checkpoint, tmp_path):
     model = flaxheads.from_pretrained(hf_checkpoint(CLASSIFIER, num_labels=2).path)
-    model.save_pretrained(tmp_path, format="flax")
+    model.save_pretrained(tmp_path, format="flaxheads")
     batch = token_batch("left")
 
     np.testing.assert_array_equal(flax_logits(flaxheads.from_pretrained(tmp_path), batch), flax_logits(model, batch))

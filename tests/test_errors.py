@@ -260,7 +260,7 @@ def test_unknown_save_format_is_refused(bert_copy, tmp_path):
         model.save_pretrained(tmp_path / "out", format="onnx")
 
 
-@pytest.mark.parametrize(("first", "second"), [("pytorch", "flax"), ("flax", "pytorch")])
+@pytest.mark.parametrize(("first", "second"), [("pytorch", "flaxheads"), ("flaxheads", "pytorch")])
 def test_saving_into_a_directory_of_the_other_format_is_refused(bert_copy, tmp_path, first, second):
     model = flaxheads.from_pretrained(bert_copy)
     model.save_pretrained(tmp_path / "out", format=first)
@@ -402,7 +402,7 @@ def test_weights_with_more_layers_than_config_json_are_refused(tmp_path, family,
 def test_flaxheads_format_with_more_layers_than_config_json_is_refused(tmp_path, load):
     _deep_checkpoint("bert", tmp_path / "hf")
     edit_config(tmp_path / "hf", num_hidden_layers=4)
-    flaxheads.from_pretrained(tmp_path / "hf").save_pretrained(tmp_path / "native", format="flax")
+    flaxheads.from_pretrained(tmp_path / "hf").save_pretrained(tmp_path / "native", format="flaxheads")
     edit_config(tmp_path / "native", num_hidden_layers=2)
 
     with pytest.raises(flaxheads.CheckpointError, match=r"holds 4 layers \(e\.g\. backbone\.layers\.3\..*num_hidden_layers=2"):

@@ -339,7 +339,7 @@ def test_flax_format_round_trip_is_exact(gpt2, tmp_path):
     path, _ = gpt2("GPT2ForSequenceClassification", num_labels=3, pad_token_id=EOS)
     model = flaxheads.from_pretrained(path)
 
-    model.save_pretrained(tmp_path, format="flax")
+    model.save_pretrained(tmp_path, format="flaxheads")
     again, info = flaxheads.from_pretrained(tmp_path, output_loading_info=True)
 
     assert info.fully_pretrained and again.config == model.config

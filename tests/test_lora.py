@@ -18,7 +18,8 @@ from flax import nnx
 
 import flaxheads
 from flaxheads import lora
-from flaxheads.backbones import backbone_config_from_hf, layers
+from flaxheads.conversion import peft as peft_format
+from flaxheads.backbones import backbone_config_from_hf, stacking
 from flaxheads.training.optim import make_optimizer
 from flaxheads.training.parallel import JitParallel
 from flaxheads.training.sharding import Layout
@@ -57,7 +58,7 @@ def _batch(seed: int = 0) -> dict[str, np.ndarray]:
 def _lora_model(path, family: str, *, dropout: float = 0.0, seed: int = 0):
     base = flaxheads.from_pretrained(path)
     config = lora.LoRAConfig(r=4, alpha=8.0, dropout=dropout, target_modules=TARGETS[family])
-    return base, lora.with_lora(base, config, seed=seed)
+    return base, base.with_lora(config, seed=seed)
 
 
 def _with_trained_adapters(model) -> None:
@@ -92,7 +93,7 @@ def test_lora_targets_are_hugging_face_module_names_mapped_by_the_table(checkpoi
 
     expected = [f"backbone.layers.{i}.attention.{n}" for i in (0, 1) for n in ("query", "value")]
     assert sorted(lora.adapters(model)) == expected
-    assert [t.hf_module for t in lora.resolve_targets(model.config, ("layer.1.attention.self.query",))] == [
+    assert [t.hf_module for t in peft_format.resolve_targets(model.config, ("layer.1.attention.self.query",))] == [
         "bert.encoder.layer.1.attention.self.query"]
 
 
@@ -100,7 +101,7 @@ def test_unknown_target_module_is_refused_naming_the_linear_layers(checkpoints):
     base = flaxheads.from_pretrained(checkpoints["bert"])
 
     with pytest.raises(ValueError, match=r"\['q_proj'\] match no Linear.*query.*value"):
-        lora.with_lora(base, lora.LoRAConfig(r=4, target_modules=("query", "q_proj")))
+        base.with_lora(lora.LoRAConfig(r=4, target_modules=("query", "q_proj")))
 
 
 def test_lora_dropout_acts_in_train_mode_only(checkpoints):
@@ -112,7 +113,7 @@ def test_lora_dropout_acts_in_train_mode_only(checkpoints):
     model.train()
     ids, mask = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
     # The checkpoint's own dropout is on too in train mode: compare against the same model without LoRA dropout.
-    plain = lora.with_lora(flaxheads.from_pretrained(checkpoints["bert"]), dataclasses.replace(model.lora, dropout=0.0))
+    plain = flaxheads.from_pretrained(checkpoints["bert"]).with_lora(dataclasses.replace(model.lora, dropout=0.0))
     nnx.update(plain, nnx.state(model))
     plain.train()
     train_key = jax.random.key(7)
@@ -148,7 +149,7 @@ def test_adapter_export_loads_with_peft_with_equal_logits(checkpoints, family, t
     for _, variable in nnx.to_flat_state(nnx.state(model.head)):
         variable[...] = variable[...] + 0.05
     batch = _batch()
-    lora.save_adapter(model, tmp_path / "adapter", base_model_name_or_path=str(checkpoints[family]))
+    peft_format.save_adapter(model, tmp_path / "adapter", base_model_name_or_path=str(checkpoints[family]))
 
     torch_base = transformers.AutoModelForSequenceClassification.from_pretrained(checkpoints[family])
     peft_model = peft.PeftModel.from_pretrained(torch_base, tmp_path / "adapter").eval()
@@ -212,7 +213,7 @@ def test_lora_step_with_gradient_checkpointing_gives_the_same_weights(checkpoint
     for checkpointing in (False, True):
         _, model = _lora_model(checkpoints["bert"], "bert")
         if checkpointing:
-            layers.set_gradient_checkpointing(model.backbone)
+            stacking.set_gradient_checkpointing(model.backbone)
         runner, state, _ = _one_step_runner(model, freeze_backbone=False)
         state, _ = runner.step(state, _train_batch(), jax.random.key(0))
         results.append(_flat(state.params))
@@ -320,7 +321,7 @@ def _grads_and_jaxpr(family: str, checkpointing: bool):
     head = flaxheads.conversion.architecture_table(backbone.model_type).canonical_head
     model = flaxheads.SequenceClassifier(flaxheads.ClassifierConfig(backbone, head, num_labels=3), rngs=nnx.Rngs(0))
     if checkpointing:
-        layers.set_gradient_checkpointing(model.backbone)
+        stacking.set_gradient_checkpointing(model.backbone)
     graphdef, params = nnx.split(model)
     grad_fn = jax.grad(lambda p: _loss(graphdef, p))
     return _flat(jax.jit(grad_fn)(params)), str(jax.make_jaxpr(grad_fn)(params))

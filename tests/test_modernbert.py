@@ -30,7 +30,7 @@ from family_parity import (
     assert_close, assert_same_params, assert_state_dicts_identical, flat_params, flax_inputs, padded_batch,
     torch_forward,
 )
-from flaxheads.backbones import ModernBertConfig, backbone_spec, layers
+from flaxheads.backbones import ModernBertConfig, attention, backbone_spec
 from flaxheads.cli import main
 from flaxheads.convert import convert
 from flaxheads.conversion.loading import flat_variables
@@ -174,7 +174,7 @@ def test_attention_dropout_in_training_keeps_the_sliding_window():
     query, key, value = (jnp.asarray(rng.normal(size=(1, 9, 2, 4)), jnp.float32) for _ in range(3))
     far_changed = value.at[:, 8].set(100.0)
 
-    outputs = [layers.attend(query, key, v, None, local_window_size=2, dropout_rate=0.5, deterministic=False,
+    outputs = [attention.attend(query, key, v, None, local_window_size=2, dropout_rate=0.5, deterministic=False,
                              rngs=nnx.Rngs(dropout=0)) for v in (value, far_changed)]
 
     # Queries 0..5 are more than 2 positions from key 8: the materialised (dropout) path masks it too.

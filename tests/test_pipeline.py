@@ -13,8 +13,9 @@ import torch
 import transformers
 
 import flaxheads
-from flaxheads.data.tokenization import PadIds, pad_token_ids
-from flaxheads.inference import TextScorer, UntrainedModel
+from flaxheads.tokenizer import PadIds, pad_token_ids
+from flaxheads.inference import TextScorer
+from flaxheads.model import UntrainedModel
 
 WORDS = "a fine film dull plot the worst story great moving gorgeous and what so ever tedious".split()
 TEXTS = [

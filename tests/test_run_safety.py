@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +15,13 @@ from safetensors.numpy import load_file
 
 import flaxheads
 from flaxheads.cli import main
-from flaxheads.inference import UntrainedModel, predict
+from flaxheads.inference import predict
+from flaxheads.model import UntrainedModel
 from flaxheads.training import checkpoints as checkpoints_lib
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.run_dir import RunConflict
-from flaxheads.training.run_lock import RunLocked
+from flaxheads.training.run_lock import RunLock, RunLocked
 from flaxheads.training.trainer import NonFiniteLoss, train
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -179,11 +179,7 @@ def _last_meta(checkpoints: Path) -> str:
 
 
 def test_a_second_run_on_a_locked_output_dir_refuses_at_once(tiny_bert, snippets_csv, tmp_path):
-    tmp_path.mkdir(exist_ok=True)
-    lock = {"pid": os.getpid(), "host": socket.gethostname(), "started": "2026-11-23T10:00:00", "command": "x"}
-    (tmp_path / ".flaxheads.lock").write_text(json.dumps(lock))
-
-    with pytest.raises(RunLocked, match=str(os.getpid())):
+    with RunLock(tmp_path), pytest.raises(RunLocked, match=str(os.getpid())):
         train(_config(tiny_bert, snippets_csv, tmp_path))
     assert not (tmp_path / "metrics.jsonl").exists()
 

@@ -1,4 +1,4 @@
-"""Scan over layers (`layers.set_scan_layers`, `--scan_layers`): every family gives the loop's
+"""Scan over layers (`stacking.set_scan_layers`, `--scan_layers`): every family gives the loop's
 hidden states and gradients, with the same dropout masks, and the jaxpr really holds a scan."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import transformers
 from flax import nnx
 
 import flaxheads
-from flaxheads.backbones import backbone_config_from_hf, layers
+from flaxheads.backbones import backbone_config_from_hf, stacking
 
 PAD = 0
 SMALL = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=37)
@@ -43,9 +43,9 @@ def _model(family: str, *, scan: bool, checkpointing: bool = False) -> flaxheads
     backbone = backbone_config_from_hf(TINY_HF[family].to_dict())
     head = flaxheads.conversion.architecture_table(backbone.model_type).canonical_head
     model = flaxheads.SequenceClassifier(flaxheads.ClassifierConfig(backbone, head, num_labels=3), rngs=nnx.Rngs(0))
-    layers.set_scan_layers(model.backbone, scan)
+    stacking.set_scan_layers(model.backbone, scan)
     if checkpointing:
-        layers.set_gradient_checkpointing(model.backbone)
+        stacking.set_gradient_checkpointing(model.backbone)
     return model
 
 
@@ -120,7 +120,7 @@ def test_layers_that_do_not_repeat_run_as_a_loop():
     model = flaxheads.SequenceClassifier(flaxheads.ClassifierConfig(backbone, "cls", num_labels=2),
                                          rngs=nnx.Rngs(0))
     model.eval()
-    layers.set_scan_layers(model.backbone)
+    stacking.set_scan_layers(model.backbone)
     jaxpr = str(jax.make_jaxpr(lambda ids: model(ids))(_inputs()["input_ids"]))
     assert "scan" not in _primitives(jaxpr)
 
@@ -131,7 +131,7 @@ def test_train_config_scan_layers_scans_a_copy_and_leaves_the_callers_model_alon
 
     model = _model("bert", scan=False)
     prepared = _prepared(model, TrainConfig(scan_layers=True))
-    assert prepared is not model and not getattr(model.backbone, layers.SCAN_LAYERS)
+    assert prepared is not model and not getattr(model.backbone, stacking.SCAN_LAYERS)
     jaxpr = str(jax.make_jaxpr(lambda ids: prepared(ids, rngs=nnx.Rngs(dropout=0)))(_inputs()["input_ids"]))
     assert "scan" in _primitives(jaxpr)
     assert _prepared(model, TrainConfig()) is model

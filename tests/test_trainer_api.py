@@ -15,7 +15,7 @@ import transformers
 
 import flaxheads
 from flaxheads import data
-from flaxheads.inference import UntrainedModel
+from flaxheads.model import UntrainedModel
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.trainer import train
 

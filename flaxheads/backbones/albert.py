@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers, segments
+from flaxheads.backbones import layers, segments, stacking
 from flaxheads.backbones.encoder import Embeddings, EncoderLayer
-from flaxheads.backbones.interface import BackboneOutput
+from flaxheads.backbones.interface import BackboneOutput, known_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +93,7 @@ class AlbertConfig:
                 f"position_embedding_type={kind!r} is not supported; flaxheads' ALBERT uses absolute "
                 "position embeddings only (as transformers 5 does)"
             )
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in hf.items() if k in fields})
+        return cls(**known_fields(hf, cls))
 
     def to_hf_config(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -187,7 +186,7 @@ class Albert(nnx.Module):
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
         stack = [self.groups[self.cfg.group_of_layer(layer)] for layer in range(self.cfg.num_hidden_layers)]
-        hidden_states = layers.run_layers(self, stack, x_BTD, attention_mask, rngs=rngs)
+        hidden_states = stacking.run_layers(self, stack, x_BTD, attention_mask, rngs=rngs)
         x_BTD = hidden_states[-1]
         pooled = None if self.pooler is None else self.pooler(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), pooled)

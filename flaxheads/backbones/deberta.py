@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads.backbones import layers, segments
+from flaxheads.backbones import attention, dropout, layers, segments, stacking
 from flaxheads.backbones.encoder import EncoderLayer
-from flaxheads.backbones.interface import BackboneOutput
+from flaxheads.backbones.interface import BackboneOutput, known_fields
 
 POSITION_ATTENTION_TYPES = ("c2p", "p2c")
 
@@ -133,8 +133,7 @@ class DebertaV2Config:
                 f"pooler_hidden_size={hf['pooler_hidden_size']} != hidden_size={hidden}: DebertaV2ForSequenceClassification "
                 "cannot run it either (its classifier reads hidden_size features)"
             )
-        fields = {f.name for f in dataclasses.fields(cls)}
-        known = {k: v for k, v in hf.items() if k in fields}
+        known = known_fields(hf, cls)
         kind = known.get("pos_att_type") or ()
         if isinstance(kind, str):
             kind = [x.strip() for x in kind.lower().split("|")]
@@ -252,7 +251,7 @@ class DebertaEmbeddings(nnx.Module):
         if self.embed_proj is not None:
             x = self.embed_proj(x)
         x = self.layer_norm(x) * mask_BT[..., None].astype(x.dtype)
-        return layers.dropout(x, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
+        return dropout.apply(x, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
 
 class DisentangledSelfAttention(nnx.Module):
@@ -289,7 +288,7 @@ class DisentangledSelfAttention(nnx.Module):
         else:
             mask_BT = mask_BT.astype(bool)
             pair_mask_B1TT = mask_BT[:, None, :, None] & mask_BT[:, None, None, :]
-        context_BTNH = layers.attend(
+        context_BTNH = attention.attend(
             query_BTNH, key_BTNH, self.value(x_BTD).reshape(heads), pair_mask_B1TT,
             bias_BNTS=bias_BNTT,
             scale=cfg.score_scale,
@@ -303,7 +302,7 @@ class DisentangledSelfAttention(nnx.Module):
         """The c2p + p2c scores (batch, heads, query, key), scaled (`disentangled_attention_bias`)."""
         cfg = self.cfg
         span = cfg.attention_span
-        rel_PD = layers.dropout(
+        rel_PD = dropout.apply(
             rel_embeddings_PD[: 2 * span], cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic
         )
         per_head = (rel_PD.shape[0], cfg.num_attention_heads, cfg.head_dim)
@@ -346,7 +345,7 @@ class ConvLayer(nnx.Module):
         mask_BT1 = mask_BT[..., None].astype(x_BTD.dtype)
         conv_BTD = self.conv(x_BTD) if segment_ids_BT is None else self.conv_within_segments(x_BTD, segment_ids_BT)
         out_BTD = conv_BTD * mask_BT1
-        out_BTD = self.act(layers.dropout(out_BTD, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic))
+        out_BTD = self.act(dropout.apply(out_BTD, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic))
         return self.layer_norm(residual_BTD + out_BTD) * mask_BT1
 
     def conv_within_segments(self, x_BTD: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
@@ -443,10 +442,10 @@ class DebertaV2(nnx.Module):
         attention_mask_BT = mask_BT if segment_ids is None else segments.attention_mask(segment_ids)
         embedded_BTD = self.embeddings(input_ids, mask_BT, token_type_ids, position_ids, rngs)
         relative = self.relative_inputs(input_ids.shape[1])
-        x_BTD = layers.run_layer(self, self.layers[0], embedded_BTD, attention_mask_BT, rngs, **relative)
+        x_BTD = stacking.run_layer(self, self.layers[0], embedded_BTD, attention_mask_BT, rngs, **relative)
         if self.conv is not None:  # after the first layer only
             x_BTD = self.conv(embedded_BTD, x_BTD, mask_BT, rngs, segment_ids)
-        hidden_states = [embedded_BTD] + layers.run_layers(
+        hidden_states = [embedded_BTD] + stacking.run_layers(
             self, self.layers[1:], x_BTD, attention_mask_BT, rngs=rngs, **relative)
         x_BTD = hidden_states[-1]
         return BackboneOutput(x_BTD, tuple(hidden_states), None)

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers, segments
-from flaxheads.backbones.decoder_config import DecoderConfig, Rope
+from flaxheads.backbones import dropout, layers, rope, segments, stacking
+from flaxheads.backbones.decoder_config import DecoderConfig
 from flaxheads.backbones.interface import BackboneOutput
 
 
@@ -49,22 +49,6 @@ class RMSNorm(nnx.Module):
         if self.offset:
             return (normed * (1.0 + self.scale[...].astype(jnp.float32))).astype(self.dtype)
         return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
-
-
-def rotary_tables(rope: Rope, head_dim: int, position_ids_BT: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin), each (batch, seq, head_dim) in `dtype`, as transformers' rotary embedding: angles
-    in float32, both halves of the head repeating the same frequencies."""
-    inv_freq = jnp.asarray(rope.inverse_frequencies(head_dim))
-    angles_BTF = position_ids_BT.astype(jnp.float32)[..., None] * inv_freq
-    angles_BTH = jnp.concatenate([angles_BTF, angles_BTF], axis=-1)
-    return jnp.cos(angles_BTH).astype(dtype), jnp.sin(angles_BTH).astype(dtype)
-
-
-def apply_rotary(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax.Array:
-    """x * cos + rotate_half(x) * sin, rotate_half swapping the two halves of the head (neox layout)."""
-    half = x_BTNH.shape[-1] // 2
-    rotated = jnp.concatenate([-x_BTNH[..., half:], x_BTNH[..., :half]], axis=-1)
-    return x_BTNH * cos_BTH[:, :, None] + rotated * sin_BTH[:, :, None]
 
 
 def attention_mask_BTS(mask_BS: jax.Array | None, batch: int, seq: int, sliding_window: int | None) -> jax.Array:
@@ -128,7 +112,7 @@ class Attention(nnx.Module):
         if cfg.family.qk_norm:
             q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
         cos, sin = inputs.rotary[self.rope_kind]
-        q_BTNH, k_BTKH = apply_rotary(q_BTNH, cos, sin), apply_rotary(k_BTKH, cos, sin)
+        q_BTNH, k_BTKH = rope.rotate(q_BTNH, cos, sin), rope.rotate(k_BTKH, cos, sin)
         # Query head n uses key/value head n // groups (transformers' repeat_kv): split N as (K, G).
         q_BTKGH = q_BTNH.reshape(b, t, kv_heads, groups, cfg.head_dim)
         logits_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BTKH) * jnp.asarray(cfg.attention_scale, self.dtype)
@@ -138,7 +122,7 @@ class Attention(nnx.Module):
         mask_B11TS = inputs.masks[self.mask_kind][:, None, None]
         logits_BKGTS = jnp.where(mask_B11TS, logits_BKGTS, jnp.finfo(logits_BKGTS.dtype).min)
         probs_BKGTS = jax.nn.softmax(logits_BKGTS.astype(jnp.float32), axis=-1).astype(self.dtype)
-        probs_BKGTS = layers.dropout(probs_BKGTS, cfg.attention_dropout, rngs, deterministic=self.deterministic)
+        probs_BKGTS = dropout.apply(probs_BKGTS, cfg.attention_dropout, rngs, deterministic=self.deterministic)
         context_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BTKH)
         return self.output(context_BTKGH.reshape(b, t, cfg.num_attention_heads * cfg.head_dim))
 
@@ -234,7 +218,7 @@ class Decoder(nnx.Module):
         if self.cfg.family.gemma_norms:
             x_BTD = x_BTD * jnp.asarray(math.sqrt(self.cfg.hidden_size), self.dtype)
         inputs = self._layer_inputs(attention_mask, position_ids, batch, seq, segment_ids)
-        hidden_states = layers.run_layers(self, self.layers, x_BTD, inputs, rngs=rngs)
+        hidden_states = stacking.run_layers(self, self.layers, x_BTD, inputs, rngs=rngs)
         # As transformers: the last entry of hidden_states is the output after the final norm.
         hidden_states[-1] = self.final_norm(hidden_states[-1])
         return BackboneOutput(hidden_states[-1], tuple(hidden_states))
@@ -251,7 +235,7 @@ class Decoder(nnx.Module):
         if segment_ids is not None:
             masks = {kind: mask_BTS & segments.attention_mask(segment_ids)[:, 0] for kind, mask_BTS in masks.items()}
         ropes = {"global": cfg.rope, "local": cfg.local_rope}
-        rotary = {kind: rotary_tables(ropes[kind], cfg.head_dim, position_ids, self.dtype)
+        rotary = {kind: rope.cos_sin(position_ids, ropes[kind], cfg.head_dim, self.dtype)
                   for kind in {a.rope_kind for a in attentions}}
         return LayerInputs(masks, rotary)
 

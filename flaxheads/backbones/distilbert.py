@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
+from flaxheads.backbones.interface import known_fields
 
 DISTILBERT_LAYER_NORM_EPS = 1e-12
 """Fixed in transformers' DistilBERT (not a config field)."""
@@ -55,8 +56,7 @@ class DistilBertConfig:
     def from_hf_config(cls, hf: dict[str, Any]) -> "DistilBertConfig":
         """Reads a Hugging Face `config.json` dict of model_type distilbert; absent fields take
         transformers' defaults."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in hf.items() if k in fields})
+        return cls(**known_fields(hf, cls))
 
     def to_hf_config(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

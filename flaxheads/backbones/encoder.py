@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads.backbones import layers, segments
-from flaxheads.backbones.interface import BackboneOutput
+from flaxheads.backbones import attention, dropout, layers, segments, stacking
+from flaxheads.backbones.interface import BackboneOutput, known_fields
 
 _ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
 # transformers' RobertaConfig / XLMRobertaConfig / ElectraConfig defaults where they differ from
@@ -88,7 +88,7 @@ class EncoderConfig:
         fields = {f.name for f in dataclasses.fields(cls)} - set(_SWITCHES)
         if hf["model_type"] != "electra":
             fields -= {"embedding_size"}
-        known = {**_FAMILY_DEFAULTS.get(hf["model_type"], {}), **{k: v for k, v in hf.items() if k in fields}}
+        known = {**_FAMILY_DEFAULTS.get(hf["model_type"], {}), **known_fields(hf, fields)}
         return cls(**known, position_ids_from_padding=hf["model_type"] in _FAIRSEQ_POSITIONS)
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -182,7 +182,7 @@ class Embeddings(nnx.Module):
                 token_type_ids_BT = jnp.zeros_like(input_ids_BT)
             x = x + self.token_type_embeddings(token_type_ids_BT)
         x = x + self.position_embeddings(position_ids_BT)
-        return layers.dropout(self.layer_norm(x), self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
+        return dropout.apply(self.layer_norm(x), self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
 
 class SelfAttention(nnx.Module):
@@ -199,7 +199,7 @@ class SelfAttention(nnx.Module):
     def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs) -> jax.Array:
         b, t, _ = x_BTD.shape
         heads = (b, t, self.cfg.num_attention_heads, self.cfg.head_dim)  # hidden splits as (heads, head_dim)
-        context_BTNH = layers.attend(
+        context_BTNH = attention.attend(
             self.query(x_BTD).reshape(heads),
             self.key(x_BTD).reshape(heads),
             self.value(x_BTD).reshape(heads),
@@ -240,7 +240,7 @@ class EncoderLayer(nnx.Module):
 
     def __call__(self, x_BTD, mask_BT, rngs, **attention_inputs) -> jax.Array:
         def drop(y):
-            return layers.dropout(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
+            return dropout.apply(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
 
         attended = self.attention(x_BTD, mask_BT, rngs, **attention_inputs)
         if self.cfg.attention_output_dropout:
@@ -312,7 +312,7 @@ class Encoder(nnx.Module):
             x_BTD = self.embeddings_project(x_BTD)  # (B, T, embedding_size) -> (B, T, hidden)
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
-        hidden_states = layers.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
+        hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
         x_BTD = hidden_states[-1]
         pooled = None if self.pooler is None else self.pooler(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), pooled)

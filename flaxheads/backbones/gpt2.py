@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers, segments
-from flaxheads.backbones.interface import BackboneOutput
+from flaxheads.backbones import attention, dropout, layers, segments, stacking
+from flaxheads.backbones.interface import BackboneOutput, known_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +68,7 @@ class GPT2Config:
         """Reads a Hugging Face `config.json` dict of model_type gpt2."""
         if hf.get("add_cross_attention"):
             raise NotImplementedError("add_cross_attention=True: flaxheads' GPT-2 has self-attention only")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in hf.items() if k in fields})
+        return cls(**known_fields(hf, cls))
 
     def to_hf_config(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -135,7 +134,7 @@ class SelfAttention(nnx.Module):
         b, t, d = x_BTD.shape
         # c_attn's output is [query | key | value], each split as (heads, head_dim).
         qkv_BT3NH = self.qkv(x_BTD).reshape(b, t, 3, self.cfg.n_head, self.cfg.head_dim)
-        context_BTNH = layers.attend(
+        context_BTNH = attention.attend(
             qkv_BT3NH[:, :, 0],
             qkv_BT3NH[:, :, 1],
             qkv_BT3NH[:, :, 2],
@@ -173,7 +172,7 @@ class Block(nnx.Module):
 
     def __call__(self, x_BTD, mask_BT, rngs) -> jax.Array:
         def drop(y):
-            return layers.dropout(y, self.cfg.resid_pdrop, rngs, deterministic=self.deterministic)
+            return dropout.apply(y, self.cfg.resid_pdrop, rngs, deterministic=self.deterministic)
 
         x_BTD = x_BTD + drop(self.attention(self.attention_norm(x_BTD), mask_BT, rngs))
         return x_BTD + drop(self.output(self.act(self.intermediate(self.mlp_norm(x_BTD)))))
@@ -237,8 +236,8 @@ class GPT2(nnx.Module):
         x_BTD = self.token_embeddings(input_ids) + self.position_embeddings(position_ids)
         if token_type_ids is not None:
             x_BTD = x_BTD + self.token_embeddings(token_type_ids)
-        x_BTD = layers.dropout(x_BTD, self.cfg.embd_pdrop, rngs, deterministic=self.deterministic)
-        hidden_states = layers.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
+        x_BTD = dropout.apply(x_BTD, self.cfg.embd_pdrop, rngs, deterministic=self.deterministic)
+        hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
         x_BTD = hidden_states[-1]
         # As transformers: the last entry of hidden_states is the output after ln_f.
         x_BTD = self.final_norm(x_BTD)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+import dataclasses
+from typing import Any, Iterable, Mapping, NamedTuple, Protocol
 
 import jax
 
@@ -61,3 +62,12 @@ class BackboneConfig(Protocol):
         ...
 
     def to_hf_config(self) -> dict: ...
+
+
+def known_fields(hf: Mapping[str, Any], names: Iterable[str] | type) -> dict[str, Any]:
+    """The entries of a config.json dict `hf` that a backbone config has a field for: `names` are
+    the field names, or the dataclass whose fields they are. Everything else in config.json
+    (transformers' bookkeeping, other families' fields) is left out; absent fields keep the
+    dataclass defaults."""
+    fields = {f.name for f in dataclasses.fields(names)} if isinstance(names, type) else set(names)
+    return {key: value for key, value in hf.items() if key in fields}

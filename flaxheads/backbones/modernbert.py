@@ -3,7 +3,7 @@
 A pre-LayerNorm encoder that differs from BERT in every block, so it has its own modules:
 
 - **Embeddings**: token embeddings -> LayerNorm -> dropout; no positions, no token types.
-- **Rotary positions** (`rope.py`) with one theta for global layers (`global_rope_theta`) and
+- **Rotary positions** (`rope.py`, shared with the decoders) with one theta for global layers (`global_rope_theta`) and
   another for sliding-window layers (`local_rope_theta`); positions are 0..T-1 whatever the padding.
 - **Alternating attention**: layer i is global when i % global_attn_every_n_layers == 0 (config.json's
   `layer_types` when it lists them), else a query sees the keys at most local_attention // 2
@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers, rope, segments
-from flaxheads.backbones.interface import BackboneOutput
+from flaxheads.backbones import attention, dropout, layers, rope, segments, stacking
+from flaxheads.backbones.interface import BackboneOutput, known_fields
 
 GLOBAL, SLIDING = "full_attention", "sliding_attention"
 """transformers' `layer_types` names."""
@@ -116,8 +116,7 @@ class ModernBertConfig:
         """Reads a Hugging Face `config.json` dict of model_type modernbert: transformers 5's
         `layer_types` and `rope_parameters`, or transformers 4's global_attn_every_n_layers,
         global_rope_theta and local_rope_theta. NotImplementedError for rope types other than "default"."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        known = {k: v for k, v in hf.items() if k in fields}
+        known = known_fields(hf, cls)
         if hf.get("rope_scaling"):
             raise NotImplementedError(f"rope_scaling={hf['rope_scaling']!r}: flaxheads' ModernBERT has default RoPE only")
         for kind, field in ((GLOBAL, "global_rope_theta"), (SLIDING, "local_rope_theta")):
@@ -183,7 +182,7 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModernBertConfig, layer_type: str, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg
         self.window = cfg.sliding_window if layer_type == SLIDING else None
-        self.theta = cfg.local_rope_theta if layer_type == SLIDING else cfg.global_rope_theta
+        self.rope = rope.Rope(cfg.local_rope_theta if layer_type == SLIDING else cfg.global_rope_theta)
         d = cfg.hidden_size
         self.Wqkv = layers.dense(d, 3 * d, use_bias=cfg.attention_bias, init_std=cfg.initializer_range,
                                  dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -196,10 +195,10 @@ class Attention(nnx.Module):
         # transformers views the fused projection as (3, heads, head_dim): q, k, v blocks in turn.
         qkv_BT3NH = self.Wqkv(x_BTD).reshape(b, t, 3, self.cfg.num_attention_heads, self.cfg.head_dim)
         query_BTNH, key_BTNH, value_BTNH = (qkv_BT3NH[:, :, i] for i in range(3))
-        cos, sin = rope.cos_sin(positions_BT, self.cfg.head_dim, self.theta, x_BTD.dtype)
-        context_BTNH = layers.attend(
-            rope.rotate(query_BTNH, cos, sin),
-            rope.rotate(key_BTNH, cos, sin),
+        cos, sin = rope.cos_sin(positions_BT, self.rope, self.cfg.head_dim, x_BTD.dtype)
+        context_BTNH = attention.attend(
+            rope.rotate(query_BTNH, cos, sin, in_float32=True),
+            rope.rotate(key_BTNH, cos, sin, in_float32=True),
             value_BTNH,
             mask_BT,
             local_window_size=self.window,
@@ -208,7 +207,7 @@ class Attention(nnx.Module):
             rngs=rngs,
         )
         out_BTD = self.Wo(context_BTNH.reshape(b, t, -1))
-        return layers.dropout(out_BTD, self.cfg.attention_dropout, rngs, deterministic=self.deterministic)
+        return dropout.apply(out_BTD, self.cfg.attention_dropout, rngs, deterministic=self.deterministic)
 
 
 class GegluMlp(nnx.Module):
@@ -224,7 +223,7 @@ class GegluMlp(nnx.Module):
 
     def __call__(self, x_BTD: jax.Array, rngs) -> jax.Array:
         input_BTI, gate_BTI = jnp.split(self.Wi(x_BTD), 2, axis=-1)  # torch's chunk(2): input first
-        gated = layers.dropout(self.act(input_BTI) * gate_BTI, self.cfg.mlp_dropout, rngs, deterministic=self.deterministic)
+        gated = dropout.apply(self.act(input_BTI) * gate_BTI, self.cfg.mlp_dropout, rngs, deterministic=self.deterministic)
         return self.Wo(gated)
 
 
@@ -265,7 +264,7 @@ class Embeddings(nnx.Module):
 
     def __call__(self, input_ids_BT: jax.Array, rngs) -> jax.Array:
         x_BTD = self.norm(self.tok_embeddings(input_ids_BT))
-        return layers.dropout(x_BTD, self.cfg.embedding_dropout, rngs, deterministic=self.deterministic)
+        return dropout.apply(x_BTD, self.cfg.embedding_dropout, rngs, deterministic=self.deterministic)
 
 
 class ModernBert(nnx.Module):
@@ -322,7 +321,7 @@ class ModernBert(nnx.Module):
         if position_ids is None:
             position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
         x_BTD = self.embeddings(input_ids, rngs)
-        hidden_states = layers.run_layers(self, self.layers, x_BTD, attention_mask, position_ids, rngs=rngs)
+        hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, position_ids, rngs=rngs)
         x_BTD = self.final_norm(hidden_states[-1])
         hidden_states[-1] = x_BTD  # as transformers: the last hidden state is after the final norm
         return BackboneOutput(x_BTD, tuple(hidden_states))

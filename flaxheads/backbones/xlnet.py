@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers, segments
-from flaxheads.backbones.interface import BackboneOutput
+from flaxheads.backbones import dropout, layers, segments, stacking
+from flaxheads.backbones.interface import BackboneOutput, known_fields
 
 # transformers subtracts this from masked attention scores (float32/bfloat16 models).
 _MASKED_SCORE = -1e30
@@ -110,8 +110,7 @@ class XLNetConfig:
     def from_hf_config(cls, hf: dict[str, Any]) -> "XLNetConfig":
         """Reads a Hugging Face `config.json` dict of model_type xlnet; absent fields take
         transformers' defaults."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        known = {k: v for k, v in hf.items() if k in fields}
+        known = known_fields(hf, cls)
         if isinstance(known.get("eos_token_id"), list):  # configs must stay hashable (jit caches on them)
             known["eos_token_id"] = tuple(known["eos_token_id"])
         config = cls(**known)
@@ -217,7 +216,7 @@ class RelativeAttention(nnx.Module):
 
     def __call__(self, h_BTD, positions_BPD, other_segment_BTS, allowed_BTS, rngs) -> jax.Array:
         def drop(y):
-            return layers.dropout(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
+            return dropout.apply(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
 
         q_BTNH = self.q(h_BTD)
         k_BSNH, v_BSNH = self.k(h_BTD), self.v(h_BTD)
@@ -260,7 +259,7 @@ class FeedForward(nnx.Module):
 
     def __call__(self, x_BTD, rngs) -> jax.Array:
         def drop(y):
-            return layers.dropout(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
+            return dropout.apply(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
 
         hidden = drop(self.act(self.layer_1(x_BTD)))
         return self.layer_norm(drop(self.layer_2(hidden)) + x_BTD)
@@ -333,7 +332,7 @@ class XLNet(nnx.Module):
             )
 
         def drop(y):
-            return layers.dropout(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
+            return dropout.apply(y, self.cfg.dropout, rngs, deterministic=self.deterministic)
 
         seq_len = input_ids.shape[1]
         h_BTD = drop(self.word_embedding(input_ids))
@@ -351,7 +350,7 @@ class XLNet(nnx.Module):
             # transformers' non-target mask for the content stream: real keys, and always oneself.
             allowed_BTS = (attention_mask != 0)[:, None, :] | jnp.eye(seq_len, dtype=bool)[None]
 
-        hidden_states = layers.run_layers(self, self.layers, h_BTD, positions_BPD, other_segment_BTS, allowed_BTS,
+        hidden_states = stacking.run_layers(self, self.layers, h_BTD, positions_BPD, other_segment_BTS, allowed_BTS,
                                           rngs=rngs)
         hidden_states[-1] = drop(hidden_states[-1])
         return BackboneOutput(hidden_states[-1], tuple(hidden_states))

@@ -26,6 +26,8 @@ import os
 import sys
 import tempfile
 
+from flaxheads import atomic
+
 
 def _csv(kind):
     return lambda text: [kind(part) for part in text.split(",")]
@@ -42,7 +44,8 @@ def conversion(args) -> list[dict]:
 
 
 def steps(args) -> list[dict]:
-    from flaxheads.benchmarks.steps import StepBench, run
+    from flaxheads.benchmarks.step_shapes import StepBench
+    from flaxheads.benchmarks.steps import run
     from flaxheads.shipped_model import minilm_path
 
     rows = []
@@ -170,10 +173,7 @@ def run_args(args) -> int:
     for row in rows:
         print(json.dumps(row), flush=True)
     if getattr(args, "json", None):
-        tmp = f"{args.json}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=2)
-        os.replace(tmp, args.json)
+        atomic.write_json(args.json, rows)
     print()
     print(markdown(rows))
     return 0

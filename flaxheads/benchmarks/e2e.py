@@ -14,7 +14,7 @@ is timed from loading the model to the test split's scores:
   `train_sampling_strategy="group_by_length"` and the same hyperparameters (bf16 autocast with
   dtype bfloat16), no checkpoints, then `evaluate` on validation and test.
 
-Both read the same splits (`flaxheads.training.trainer.load_task`) and tokenise them themselves.
+Both read the same splits (`flaxheads.data.load_task`) and tokenise them themselves.
 Each subprocess prints one JSON line: wall seconds, train seconds, train examples/s, accuracies.
 """
 
@@ -68,9 +68,9 @@ class E2EJob:
 
 def load_job_task(job: E2EJob):
     """The splits both sides train and score on."""
-    from flaxheads.training.trainer import load_task
+    from flaxheads.data import load_task
 
-    task = load_task(job.train_config())
+    task = load_task(**job.train_config().data_source())
     limits = {"train": job.max_train_samples, "validation": job.max_eval_samples, "test": job.max_eval_samples}
     splits = {name: split.select(range(min(len(split), limits[name]))) if limits.get(name) else split
               for name, split in task.splits.items()}
@@ -108,11 +108,9 @@ def run_transformers(job: E2EJob) -> dict[str, Any]:
     import numpy as np
     import transformers
 
-    from flaxheads.training.trainer import model_path
-
     cfg = job.train_config()
     task = load_job_task(job)
-    src = str(model_path(cfg))
+    src = str(cfg.model_folder())
     tokenizer = transformers.AutoTokenizer.from_pretrained(cfg.tokenizer_name or src)
     hf_config = transformers.AutoConfig.from_pretrained(src)
     max_length = min(cfg.max_seq_length, getattr(hf_config, "max_position_embeddings", cfg.max_seq_length))

@@ -14,10 +14,9 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # steps.run imports this module: a runtime import back would be a cycle
-    from flaxheads.benchmarks.steps import StepBench
+from flaxheads.benchmarks.step_shapes import StepBench
 
 PEER = Path(__file__).with_name("hf_flax_peer.py")
 MAKE_ENV = "bash scripts/make_hf_flax_env.sh DIR"

@@ -88,6 +88,7 @@ def write_random_checkpoint(directory: str | Path, shape: dict[str, Any] = BERT_
     (`model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`), one shard in memory at a time."""
     import ml_dtypes
 
+    from flaxheads import atomic
     from flaxheads.conversion import checkpoint_io
 
     directory = Path(directory)
@@ -112,9 +113,9 @@ def write_random_checkpoint(directory: str | Path, shape: dict[str, Any] = BERT_
         weight_map.update({name: file_name for name in arrays})
         del arrays
     total = sum(math.prod(s) * itemsize for _, s in tensors)
-    checkpoint_io.write_json(directory / checkpoint_io.SAFETENSORS_INDEX_NAME,
+    atomic.write_json(directory / checkpoint_io.SAFETENSORS_INDEX_NAME,
                              {"metadata": {"total_size": total}, "weight_map": weight_map})
-    checkpoint_io.write_json(directory / checkpoint_io.CONFIG_NAME, hf_config)
+    atomic.write_json(directory / checkpoint_io.CONFIG_NAME, hf_config)
     return directory
 
 

@@ -30,7 +30,7 @@ import optax
 from flax import nnx
 
 from flaxheads import lora
-from flaxheads.backbones import backbone_config_from_hf, layers
+from flaxheads.backbones import backbone_config_from_hf, stacking
 from flaxheads.conversion import architecture_table
 from flaxheads.model import ClassifierConfig, SequenceClassifier
 from flaxheads.training.optim import make_optimizer
@@ -75,9 +75,9 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
     model = nnx.eval_shape(lambda: SequenceClassifier(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
     if setup.lora is not None:
         targets = lora_targets(backbone.model_type, tuple(setup.lora.target_modules))
-        model = lora.with_lora(model, dataclasses.replace(setup.lora, target_modules=targets))
+        model = model.with_lora(dataclasses.replace(setup.lora, target_modules=targets))
     if setup.gradient_checkpointing:
-        layers.set_gradient_checkpointing(model.backbone)
+        stacking.set_gradient_checkpointing(model.backbone)
     graphdef, params = nnx.split(model)
     trainable, frozen = split_trainable(params, freeze_backbone=setup.freeze_backbone)
     schedule = optax.constant_schedule(1e-4)

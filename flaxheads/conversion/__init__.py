@@ -1,10 +1,18 @@
-"""Hugging Face PyTorch <-> flaxheads conversion: declarative tables and the rules built from
-them, checkpoint I/O, loading and saving (`loading.py`), loading info."""
+"""Hugging Face <-> flaxheads conversion. The two registries live here:
+
+- `TABLES`: one declarative table per architecture (`model_type`), each in its family's module
+  (`bert.py`, `decoder.py`, ...), built from `table.py`'s vocabulary.
+- `WEIGHT_FORMATS`: the weight formats a checkpoint folder may hold, in the order a folder is
+  searched (`formats.py`).
+
+The rest: `rules.py` turns a table into the rules for one model, `checkpoint_io.py` reads and
+writes the files, `loading.py` loads and saves models (`from_pretrained`, `save_pretrained`),
+`peft.py` is the peft adapter format, `hub.py` finds a checkpoint folder, `loading_info.py` is
+the loading report. A new architecture is one table module plus one entry in `TABLES`; a new
+weight format one `WeightFormat` plus one entry in `WEIGHT_FORMATS`.
+"""
 
 from __future__ import annotations
-
-import re
-from typing import Callable, Iterable
 
 from flaxheads.conversion.albert import ALBERT
 from flaxheads.conversion.bert import BERT, ROBERTA, XLM_ROBERTA
@@ -12,19 +20,24 @@ from flaxheads.conversion.deberta import DEBERTA_V2
 from flaxheads.conversion.decoder import DECODER_TABLES
 from flaxheads.conversion.distilbert import DISTILBERT
 from flaxheads.conversion.electra import ELECTRA
+from flaxheads.conversion.formats import FLAXHEADS, HF_FLAX, PYTORCH, WeightFormat
 from flaxheads.conversion.gpt2 import GPT2
-from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.modernbert import MODERNBERT
-from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
+from flaxheads.conversion.table import ArchitectureTable
 from flaxheads.conversion.xlnet import XLNET
 
 TABLES: dict[str, ArchitectureTable] = {
     t.model_type: t
     for t in (BERT, ROBERTA, GPT2, XLNET, ELECTRA, ALBERT, XLM_ROBERTA, DISTILBERT, DEBERTA_V2, MODERNBERT, *DECODER_TABLES)
 }
+"""Every architecture flaxheads converts, by Hugging Face `model_type`."""
+
+WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (PYTORCH, FLAXHEADS, HF_FLAX)}
+"""Every weight format by name, in the order a checkpoint folder is searched for them."""
 
 
 def architecture_table(model_type: str | None) -> ArchitectureTable:
+    """The table of `model_type`; ValueError naming the supported ones otherwise."""
     try:
         return TABLES[model_type]
     except KeyError:
@@ -33,118 +46,4 @@ def architecture_table(model_type: str | None) -> ArchitectureTable:
         ) from None
 
 
-def under(prefix: str, rules) -> list[Rule]:
-    """The same rules with flax paths inside the model's `prefix` ("backbone" or "head")."""
-    return [Rule(r.hf, f"{prefix}.{r.flax}", r.transform) for r in rules]
-
-
-def backbone_rules(
-    table: ArchitectureTable, backbone_config, base: str, param_paths: Iterable[str] | None = None
-) -> list[Rule]:
-    """The rules for every backbone tensor of a model built from `backbone_config`. With
-    `param_paths` (the model's, from `backbone.`), only the rules for parameters the model has: a
-    table names every parameter its backbone may have, and one built without an optional part
-    (ELECTRA's embeddings_project when embedding_size == hidden_size) skips it."""
-    rules = under("backbone", expand(table.backbone, counts=table.index_counts(backbone_config), base=base))
-    if param_paths is None:
-        return rules
-    present = set(param_paths)
-    return [r for r in rules if r.flax in present]
-
-
-def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str], base: str) -> list[Rule]:
-    """`head_param_paths` are relative to the head ('classifier.kernel'). A table names every
-    parameter its head may have; one built without an optional part (XLNet's summary projection
-    with summary_use_proj=False) keeps only the rules for the parameters it has."""
-    table_rules = table.heads.get(head)
-    if table_rules:
-        rules = [r for r in table_rules if r.flax in set(head_param_paths)]
-    else:
-        rules = head_layout(head_param_paths, table.own_head_prefix)
-    return under("head", expand(rules, num_layers=0, base=base))
-
-
-Rename = Callable[[list[Rule]], list[Rule]]
-"""Expanded rules naming Hugging Face PyTorch tensors -> the same rules naming another weight
-format's tensors (flaxheads' own, Hugging Face Flax)."""
-
-
-def pytorch_names(rules: list[Rule]) -> list[Rule]:
-    """The identity `Rename`: the tables already name Hugging Face PyTorch tensors."""
-    return rules
-
-
-def native_names(rules: list[Rule]) -> list[Rule]:
-    """The `Rename` for flaxheads' own format, which stores every parameter under its flax path
-    (`backbone.layers.0.attention.query.kernel`) in the flax layout."""
-    return [Rule(r.flax, r.flax) for r in rules]
-
-
-def base_prefix(table: ArchitectureTable, names: list[str], rename: Rename = pytorch_names) -> str:
-    """`"bert."` when the checkpoint's backbone tensors sit under the base model's attribute (a
-    model with a head, `BertForSequenceClassification`), `""` for a bare `BertModel`."""
-    prefix = f"{table.base_prefix}."
-    present = set(names)
-    one_each = {index: 1 for index in table.layer_indices}
-    first_layer = under("backbone", expand(table.backbone, counts=one_each, base=prefix))
-    return prefix if any(r.hf in present for r in rename(first_layer)) else ""
-
-
-def nsp_rules(table: ArchitectureTable, base: str) -> list[Rule]:
-    """The rules filling a 2-label "pooler" head's classifier from the pretraining NSP head
-    (`cls.seq_relationship`); [] for architectures without one."""
-    return under("head", expand(table.nsp_classifier, num_layers=0, base=base))
-
-
-_LAYER_SENTINEL = 987654321
-"""A layer index no checkpoint has: where it lands in a renamed tensor name marks the index."""
-
-
-def layer_name_patterns(table: ArchitectureTable, base: str, rename: Rename = pytorch_names) -> list[re.Pattern]:
-    """Patterns matching the names of one backbone layer's tensors (group 1: the layer index, or
-    the outermost index the table names: ALBERT's group), in the format `rename` gives."""
-    sentinel = str(_LAYER_SENTINEL)
-    outer, *inner = table.layer_indices
-    index = {outer: sentinel, **{name: 0 for name in inner}}
-    one_layer = [Rule(r.hf.format(base=base, **index), r.flax.format(**index), r.transform)
-                 for r in table.backbone if f"{{{outer}}}" in r.hf]
-    patterns = []
-    for rule in rename(under("backbone", one_layer)):
-        before, after = rule.hf.split(sentinel, 1)
-        patterns.append(re.compile(re.escape(before) + r"(\d+)" + re.escape(after)))
-    return patterns
-
-
-def deepest_layer(names: list[str], patterns: list[re.Pattern]) -> tuple[int, str]:
-    """(the highest layer index among `names`, a name of that layer); (-1, "") when none match."""
-    deepest, example = -1, ""
-    for name in names:
-        for pattern in patterns:
-            match = pattern.fullmatch(name) if isinstance(name, str) else None
-            if match and int(match.group(1)) > deepest:
-                deepest, example = int(match.group(1)), name
-    return deepest, example
-
-
-def is_canonical(table: ArchitectureTable, head: str) -> bool:
-    """Whether transformers' `*ForSequenceClassification` holds exactly this head."""
-    return head == table.canonical_head
-
-
-__all__ = [
-    "TABLES",
-    "ArchitectureTable",
-    "LoadingInfo",
-    "Rule",
-    "architecture_table",
-    "backbone_rules",
-    "base_prefix",
-    "deepest_layer",
-    "head_rules",
-    "is_canonical",
-    "layer_name_patterns",
-    "native_names",
-    "nsp_rules",
-    "pytorch_names",
-    "under",
-]
+__all__ = ["TABLES", "WEIGHT_FORMATS", "ArchitectureTable", "WeightFormat", "architecture_table"]

@@ -19,60 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads import conversion, lora
+from flaxheads import atomic, conversion
 from flaxheads.backbones import backbone_config_from_hf, build_backbone
-from flaxheads.conversion import checkpoint_io, hf_flax
+from flaxheads.conversion import checkpoint_io, formats, rules
 from flaxheads.conversion.checkpoint_io import CheckpointError, TensorReader
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.loading_info import LoadingInfo
-from flaxheads.conversion.table import Rule, ShapeMismatch, flax_to_hf, hf_to_flax
-
-FORMATS = ("pytorch", "flax")
-"""What `save_pretrained(format=...)` writes: a Hugging Face PyTorch folder, or flaxheads' own."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Opening a checkpoint folder
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightFormat:
-    """One way a checkpoint folder can store its weights."""
-
-    name: str
-    files: tuple[str, ...]
-    """Weight file names, any of which in a folder means this format."""
-    open: Callable[[Path], TensorReader]
-    rename: conversion.Rename = conversion.pytorch_names
-    """Expanded rules naming Hugging Face PyTorch tensors -> rules naming this format's tensors."""
-    holds_pretraining_heads: bool = True
-    """Whether a file of this format can carry a pretraining checkpoint's heads (BERT's NSP)."""
-
-
-WEIGHT_FORMATS: tuple[WeightFormat, ...] = (
-    WeightFormat(
-        "pytorch",
-        (checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME,
-         checkpoint_io.BIN_NAME, checkpoint_io.BIN_INDEX_NAME),
-        checkpoint_io.open_weights,
-    ),
-    WeightFormat(
-        "flaxheads",
-        (checkpoint_io.FLAX_NAME,),
-        functools.partial(checkpoint_io.open_weights, file_name=checkpoint_io.FLAX_NAME),
-        conversion.native_names,
-        holds_pretraining_heads=False,
-    ),
-    # Hugging Face Flax (transformers 4.x `Flax*` models' save_pretrained): read without torch or
-    # transformers 4.x; PyTorch weights in the same folder win, as in transformers.
-    WeightFormat("hf_flax", hf_flax.WEIGHT_NAMES, hf_flax.open_hf_flax, hf_flax.hf_flax_rules),
-)
-"""Weight formats in the order a folder is searched for them; a new format is one more entry."""
-
+from flaxheads.conversion.formats import WeightFormat
+from flaxheads.conversion.table import Rule, ShapeMismatch, expand, flax_to_hf, hf_to_flax
 
 def weight_format(folder: str | os.PathLike) -> WeightFormat | None:
-    """The first of `WEIGHT_FORMATS` whose files `folder` holds; None when it holds none."""
-    for fmt in WEIGHT_FORMATS:
+    """The first of `conversion.WEIGHT_FORMATS` whose files `folder` holds; None when it holds none."""
+    for fmt in conversion.WEIGHT_FORMATS.values():
         if any((Path(folder) / name).is_file() for name in fmt.files):
             return fmt
     return None
@@ -92,7 +50,7 @@ class Checkpoint:
     def reader(self) -> TensorReader:
         """The weights, opened on first use (so config errors come first, as they are cheaper to fix)."""
         if self.format is None:
-            expected = [name for fmt in WEIGHT_FORMATS for name in fmt.files]
+            expected = [name for fmt in conversion.WEIGHT_FORMATS.values() for name in fmt.files]
             raise CheckpointError(
                 f"{self.folder} has no weights: expected one of {expected}. flaxheads never starts a "
                 "backbone from random weights; point it at a directory saved with save_pretrained"
@@ -235,8 +193,8 @@ def _raise_for_extra_layers(checkpoint: Checkpoint, table, base: str, backbone_c
     """Weights of more layers (ALBERT: groups) than config.json declares would otherwise load as a
     shallower model, the deeper layers merely listed as unused: a different network that still runs."""
     reader = checkpoint.reader
-    patterns = conversion.layer_name_patterns(table, base, checkpoint.format.rename)
-    deepest, example = conversion.deepest_layer(reader.names, patterns)
+    patterns = rules.layer_name_patterns(table, base, checkpoint.format.rename)
+    deepest, example = rules.deepest_layer(reader.names, patterns)
     field = next(iter(table.layer_indices.values()))
     num_layers = getattr(backbone_config, field)
     if deepest >= num_layers:
@@ -390,9 +348,9 @@ def from_pretrained(
     param_paths = list(flat_variables(abstract))
     head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
     reader, rename = checkpoint.reader, checkpoint.format.rename
-    base = conversion.base_prefix(table, reader.names, rename)
-    backbone = rename(conversion.backbone_rules(table, model_config.backbone, base, param_paths))
-    head_rules = rename(conversion.head_rules(table, model_config.head, head_paths, base))
+    base = rules.base_prefix(table, reader.names, rename)
+    backbone = rename(rules.backbone_rules(table, model_config.backbone, base, param_paths))
+    head_rules = rename(rules.head_rules(table, model_config.head, head_paths, base))
     _raise_for_extra_layers(checkpoint, table, base, model_config.backbone)
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
     notes = list(table.loading_notes)
@@ -423,7 +381,7 @@ def _with_nsp_classifier(checkpoint: Checkpoint, table, config, head_rules: list
             "init_classifier_from_nsp=True needs head='pooler', num_labels=2 and a BERT checkpoint; got "
             f"head={config.head!r}, num_labels={config.num_labels}, model_type={table.model_type!r}"
         )
-    nsp = conversion.nsp_rules(table, base)
+    nsp = rules.nsp_rules(table, base)
     if checkpoint.format.holds_pretraining_heads:
         nsp = checkpoint.format.rename(nsp)
     # Left with PyTorch names in a format that cannot hold them, the rules find no tensor.
@@ -449,10 +407,10 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
     table = conversion.architecture_table(checkpoint.config.get("model_type"))
     config = backbone_config_from_hf(checkpoint.config)
     reader, rename = checkpoint.reader, checkpoint.format.rename
-    base = conversion.base_prefix(table, reader.names, rename)
+    base = rules.base_prefix(table, reader.names, rename)
     _raise_for_extra_layers(checkpoint, table, base, config)
     # The pooler: the base model's own, or, in flaxheads' format, the "pooler" head's.
-    pooler = _relative(rename(conversion.under("head", conversion.expand(table.pooler, num_layers=0, base=base))))
+    pooler = _relative(rename(rules.under("head", expand(table.pooler, num_layers=0, base=base))))
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
 
     def make():
@@ -462,9 +420,9 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
 
     abstract = nnx.eval_shape(make)
     param_paths = [f"backbone.{k}" for k in flat_variables(abstract)]
-    rules = _relative(rename(conversion.backbone_rules(table, config, base, param_paths)))
-    rules += pooler if has_pooler else []
-    return _load(make, reader, rules, [], param_dtype=_dtype(param_dtype), ignore_mismatched_sizes=False,
+    required = _relative(rename(rules.backbone_rules(table, config, base, param_paths)))
+    required += pooler if has_pooler else []
+    return _load(make, reader, required, [], param_dtype=_dtype(param_dtype), ignore_mismatched_sizes=False,
                  describe="none (backbone only)", abstract=abstract)
 
 
@@ -472,49 +430,60 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
 # Saving
 
 
+def writable_format(format: str, *, argument: str = "format") -> WeightFormat:
+    """The format `save_pretrained(format=...)` / `convert(to=...)` names (legacy names accepted);
+    ValueError naming `argument` and the writable formats otherwise."""
+    writable = {name: fmt for name, fmt in conversion.WEIGHT_FORMATS.items() if fmt.written_as}
+    fmt = conversion.WEIGHT_FORMATS.get(formats.canonical_name(format))
+    if fmt is None or fmt.name not in writable:
+        why = (" (flaxheads reads Hugging Face Flax checkpoints but does not write them: transformers 5 has no Flax "
+               "models to load them)" if fmt is not None else "")
+        raise ValueError(f"{argument}={format!r}{why}; choose one of {sorted(writable)}")
+    return fmt
+
+
 def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", tokenizer=None) -> None:
-    """`"pytorch"`: a Hugging Face directory (`config.json` + `model.safetensors`) that transformers
-    loads; `"flax"`: the same config with `flaxheads_model.safetensors` keyed by flax paths.
+    """Writes `model` (a plain classifier: merge LoRA adapters first, as
+    `SequenceClassifier.save_pretrained` does) as a checkpoint folder in `format`: `"pytorch"`, a
+    Hugging Face directory (`config.json` + `model.safetensors`) that transformers loads, or
+    `"flaxheads"` (formerly "flax"), the same config with `flaxheads_model.safetensors` keyed by
+    flax paths.
 
     With `tokenizer` (a transformers tokenizer) its files are saved into the same folder
-    (`tokenizer.save_pretrained`); everything is then written into a temporary folder beside
-    `path` and moved in only when complete, so a failure leaves `path` as it was.
+    (`tokenizer.save_pretrained`). Everything is written into a temporary folder beside `path`
+    and moved in only when complete (`atomic.staged_into`), so a failure leaves `path` as it was
+    and a reader never pairs new weights with an old config.json.
 
-    Raises ValueError for an unknown `format`, FileExistsError when `path` holds the other
+    Raises ValueError for a format it cannot write, FileExistsError when `path` holds another
     format's weights."""
-    if format not in FORMATS:
-        raise ValueError(f"format={format!r}; choose one of {FORMATS}")
+    fmt = writable_format(format)
     path = Path(path)
-    other = checkpoint_io.FLAX_NAME if format == "pytorch" else checkpoint_io.SAFETENSORS_NAME
-    if (path / other).exists():
-        raise FileExistsError(
-            f"{path} already holds {other}; save each format into its own directory so neither is "
-            "mistaken for the other"
-        )
-    hf_config, tensors, file_name = _exported(model, format)
-    if tokenizer is None:
-        checkpoint_io.write_checkpoint(path, hf_config, tensors, file_name)
-        return
-    with checkpoint_io.staged_into(path) as staging:
-        checkpoint_io.write_checkpoint(staging, hf_config, tensors, file_name)
-        tokenizer.save_pretrained(str(staging))
+    for other in conversion.WEIGHT_FORMATS.values():
+        if other is not fmt and other.written_as and (path / other.written_as).exists():
+            raise FileExistsError(
+                f"{path} already holds {other.written_as}; save each format into its own directory so neither is "
+                "mistaken for the other"
+            )
+    hf_config, tensors = _exported(model, fmt)
+    # Staged even without a tokenizer: config.json and the weights must change together.
+    with atomic.staged_into(path, describe=f"saving a {fmt.name} checkpoint") as staging:
+        checkpoint_io.write_checkpoint(staging, hf_config, tensors, fmt.written_as)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staging))
 
 
-def _exported(model, format: str) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
-    """(config.json, tensors by file name, weight file name) of `model` in `format`."""
-    model = lora.merged(model)  # a LoRA model exports as the plain model it computes
+def _exported(model, fmt: WeightFormat) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(config.json, tensors by their names in `fmt`) of `model`."""
     config = model.config
     table = conversion.architecture_table(config.backbone.model_type)
     arrays = {key: np.asarray(var[...]) for key, (_, var) in flat_variables(model).items()}
     architecture = (
-        table.classification_architecture if conversion.is_canonical(table, config.head) else table.base_architecture
+        table.classification_architecture if table.is_canonical(config.head) else table.base_architecture
     )
     hf_config = config.to_hf_config(architecture)
     hf_config["dtype"] = str(next(iter(arrays.values())).dtype)
-    if format == "flax":
-        return hf_config, arrays, checkpoint_io.FLAX_NAME
     base = f"{table.base_prefix}."
     head_paths = [k[len("head."):] for k in arrays if k.startswith("head.")]
-    rules = conversion.backbone_rules(table, config.backbone, base, arrays)
-    rules += conversion.head_rules(table, config.head, head_paths, base)
-    return hf_config, flax_to_hf(arrays, rules), checkpoint_io.SAFETENSORS_NAME
+    model_rules = rules.backbone_rules(table, config.backbone, base, arrays)
+    model_rules += rules.head_rules(table, config.head, head_paths, base)
+    return hf_config, flax_to_hf(arrays, fmt.rename(model_rules))

@@ -27,6 +27,11 @@ class LoadingInfo:
     def fully_pretrained(self) -> bool:
         return not self.newly_initialized and not self.mismatched
 
+    @property
+    def untrained(self) -> list[str]:
+        """Every parameter that starts from random values: new, or re-initialised for its shape."""
+        return list(self.newly_initialized) + [name for name, *_ in self.mismatched]
+
     def __str__(self) -> str:
         lines = [f"Loaded {self.source} with head {self.head!r}:"]
         lines.append(f"  from the checkpoint: {len(self.loaded)} tensors")

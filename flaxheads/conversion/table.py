@@ -194,6 +194,10 @@ class ArchitectureTable:
     """Each index the `backbone` rules name -> the backbone config field that counts its values,
     outermost first (ALBERT names a shared layer by group `{g}`, then layer `{j}` in the group)."""
 
+    def is_canonical(self, head: str) -> bool:
+        """Whether transformers' `*ForSequenceClassification` holds exactly this head."""
+        return head == self.canonical_head
+
     def index_counts(self, backbone_config: Any) -> dict[str, int]:
         """How many values each index of the backbone rules takes for a model of `backbone_config`."""
         return {index: getattr(backbone_config, field) for index, field in self.layer_indices.items()}

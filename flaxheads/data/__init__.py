@@ -46,6 +46,7 @@ from flaxheads.data.shards import (
     gather_lengths,
     tokenize_own_shards,
 )
+from flaxheads.data.sources import load_task
 from flaxheads.data.splits import split_dataset
 from flaxheads.data.task import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TaskData
 from flaxheads.data.tokenization import tokenize_split, tokenize_task
@@ -80,6 +81,7 @@ __all__ = [
     "load_in_memory",
     "load_local_files",
     "load_named_dataset",
+    "load_task",
     "movie_snippets",
     "movie_snippets_regression",
     "num_batches",

@@ -36,7 +36,8 @@ import numpy as np
 from flaxheads import problem
 from flaxheads.data.packing import EMPTY, RowPlan, pack_sequences
 from flaxheads.data.task import SINGLE_LABEL, TaskData
-from flaxheads.data.tokenization import LABELS, LENGTH, pad_token_ids
+from flaxheads.data.tokenization import LABELS, LENGTH
+from flaxheads.tokenizer import pad_token_ids
 
 Batch = dict[str, np.ndarray]
 SMALLEST_BUCKET = 16

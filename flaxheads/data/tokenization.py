@@ -1,5 +1,5 @@
 """Tokenising `TaskData` splits once, unpadded, with a cache keyed by data and tokenizer; texts
-to classify the same way (`tokenize_texts`); and the one decision of which id pads them.
+to classify the same way (`tokenize_texts`). Which id pads them is `flaxheads.tokenizer`'s decision.
 
 Padding is left to batching, which pads each batch to a length bucket; storing unpadded ids
 keeps the cache small and lets one tokenisation serve any batch size or padding side.
@@ -7,7 +7,6 @@ keeps the cache small and lets one tokenisation serve any batch size or padding 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import pathlib
@@ -22,37 +21,6 @@ from flaxheads.data.task import CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskDa
 _CACHE_VERSION = "flaxheads-tokenized-v1"
 LENGTH = "length"
 LABELS = "labels"
-
-
-@dataclasses.dataclass(frozen=True)
-class PadIds:
-    """Which id pads a model's inputs, and the pad_token_id the model is loaded with."""
-
-    input_ids: int
-    """Fills the padded positions of `input_ids` in every batch the model reads."""
-    model: int | None
-    """The model's `pad_token_id` (None only when neither config nor tokenizer has one)."""
-
-
-def pad_token_ids(tokenizer, config_pad_token_id: int | None) -> PadIds:
-    """The pad ids of a model whose config.json says `config_pad_token_id`, read with `tokenizer`.
-
-    The only place flaxheads decides a pad id; loading, training, evaluation and prediction all
-    ask here, because the model and its batches must agree:
-
-    - The model keeps config.json's pad id when it has one. GPT-2 has none (nor has its
-      tokenizer a pad token): the tokenizer's pad token, else its end-of-text token, as
-      transformers documents (`model.config.pad_token_id = tokenizer.eos_token_id`).
-    - Batches pad `input_ids` with the model's id, not the tokenizer's, because the model is
-      what reads them: the "last_token" head takes the last id that is not the model's pad id
-      as the text's end, and RoBERTa counts positions over ids that are not its pad id. Encoders
-      find real tokens through `attention_mask`, so for them any valid id would do.
-    - With no pad id anywhere, heads find real tokens through `attention_mask`; id 0 pads.
-    """
-    model = config_pad_token_id
-    if model is None:
-        model = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return PadIds(input_ids=0 if model is None else model, model=model)
 
 
 def tokenize_task(

@@ -22,56 +22,46 @@ means stay inside it) and returns (batch, num_segments, num_labels); the pooling
 
 from __future__ import annotations
 
+from typing import Callable
+
 from flax import nnx
 
-from flaxheads.backbones import layers
-from flaxheads.heads import pooling
 from flaxheads.heads.base import HeadConfig, HeadInputs
 from flaxheads.heads.classifiers import (
-    DebertaHead, DistilBertHead, LinearHead, ModernBertHead, PoolerHead, RobertaHead,
+    DebertaHead, DistilBertHead, ModernBertHead, PoolerHead, RobertaHead, concat_last4_head, cls_head, electra_head,
+    mean_head,
 )
 from flaxheads.heads.last_token import LastTokenHead
 from flaxheads.heads.summary import SummaryHead
 
-HEAD_NAMES = (
-    "pooler", "roberta", "cls", "mean", "concat_last4", "last_token", "summary", "electra", "distilbert", "deberta",
-    "modernbert",
-)
+HeadBuilder = Callable[..., nnx.Module]
+"""`builder(cfg: HeadConfig, *, dtype, param_dtype, rngs) -> head module`."""
+
+HEADS: dict[str, HeadBuilder] = {
+    "pooler": PoolerHead,
+    "roberta": RobertaHead,
+    "cls": cls_head,
+    "mean": mean_head,
+    "concat_last4": concat_last4_head,
+    "last_token": LastTokenHead,
+    "summary": SummaryHead,
+    "electra": electra_head,
+    "distilbert": DistilBertHead,
+    "deberta": DebertaHead,
+    "modernbert": ModernBertHead,
+}
+"""Every head by its public name. A new head is one module with its builder plus one line here."""
+
+HEAD_NAMES = tuple(HEADS)
 
 
 def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
     """The head called `cfg.name`; ValueError listing the known names otherwise."""
-    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    d = cfg.hidden_size
-    if cfg.name == "pooler":
-        return PoolerHead(cfg, **kw)
-    if cfg.name == "roberta":
-        return RobertaHead(cfg, **kw)
-    if cfg.name == "electra":
-        # GELU whatever the backbone's hidden_act: transformers' head hard-codes it.
-        return RobertaHead(cfg, activation=layers.activation("gelu"), **kw)
-    if cfg.name == "cls":
-        return LinearHead(cfg, pooling.first_token, d, **kw)
-    if cfg.name == "mean":
-        return LinearHead(cfg, pooling.masked_mean, d, **kw)
-    if cfg.name == "concat_last4":
-        if cfg.num_hidden_layers < 4:
-            raise ValueError(
-                f'head "concat_last4" needs at least 4 layers; the backbone has '
-                f"{cfg.num_hidden_layers}: choose another head, e.g. head=\"cls\""
-            )
-        return LinearHead(cfg, pooling.concat_last4_first_token, 4 * d, **kw)
-    if cfg.name == "last_token":
-        return LastTokenHead(cfg, **kw)
-    if cfg.name == "summary":
-        return SummaryHead(cfg, **kw)
-    if cfg.name == "distilbert":
-        return DistilBertHead(cfg, **kw)
-    if cfg.name == "deberta":
-        return DebertaHead(cfg, **kw)
-    if cfg.name == "modernbert":
-        return ModernBertHead(cfg, **kw)
-    raise ValueError(f"unknown head {cfg.name!r}; choose one of {HEAD_NAMES}")
+    try:
+        builder = HEADS[cfg.name]
+    except KeyError:
+        raise ValueError(f"unknown head {cfg.name!r}; choose one of {HEAD_NAMES}") from None
+    return builder(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
-__all__ = ["HEAD_NAMES", "HeadConfig", "HeadInputs", "build_head"]
+__all__ = ["HEADS", "HEAD_NAMES", "HeadBuilder", "HeadConfig", "HeadInputs", "build_head"]

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import layers
+from flaxheads.backbones import dropout, layers
 from flaxheads.heads import pooling
 from flaxheads.heads.base import HeadConfig, HeadInputs
 
@@ -24,11 +24,11 @@ class PoolerHead(nnx.Module):
         self.pooler = layers.Pooler(cfg.hidden_size, **kw)
         self.classifier = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
         self.deterministic = False
-        """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `backbones.layers`)."""
+        """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `backbones.dropout`)."""
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         pooled = self.pooler.project(pooling.first_token(inputs))
-        return self.classifier(layers.dropout(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
+        return self.classifier(dropout.apply(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
 
 class RobertaHead(nnx.Module):
@@ -54,7 +54,7 @@ class RobertaHead(nnx.Module):
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         def drop(y):
-            return layers.dropout(y, self.cfg.dropout_rate, rngs, deterministic=self.deterministic)
+            return dropout.apply(y, self.cfg.dropout_rate, rngs, deterministic=self.deterministic)
 
         x = self.activation(self.dense(drop(pooling.first_token(inputs))))
         return self.out_proj(drop(x))
@@ -72,7 +72,7 @@ class DistilBertHead(nnx.Module):
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         x = jax.nn.relu(self.pre_classifier(pooling.first_token(inputs)))
-        return self.classifier(layers.dropout(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
+        return self.classifier(dropout.apply(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
 
 class DebertaHead(nnx.Module):
@@ -93,7 +93,7 @@ class DebertaHead(nnx.Module):
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         def drop(y, rate):
-            return layers.dropout(y, rate, rngs, deterministic=self.deterministic)
+            return dropout.apply(y, rate, rngs, deterministic=self.deterministic)
 
         pooled = self.activation(self.dense(drop(pooling.first_token(inputs), self.pooler_dropout)))
         return self.classifier(drop(pooled, self.cfg.dropout_rate))
@@ -121,8 +121,35 @@ class LinearHead(nnx.Module):
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         pooled = self.pool(inputs)
-        return self.classifier(layers.dropout(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
+        return self.classifier(dropout.apply(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
+
+
+def electra_head(cfg: HeadConfig, **kw) -> RobertaHead:
+    """`ElectraClassificationHead`: RoBERTa's head with GELU whatever the backbone's hidden_act
+    (transformers' head hard-codes it)."""
+    return RobertaHead(cfg, activation=layers.activation("gelu"), **kw)
+
+
+def cls_head(cfg: HeadConfig, **kw) -> LinearHead:
+    """First token -> dropout -> linear (the BERT paper's classifier)."""
+    return LinearHead(cfg, pooling.first_token, cfg.hidden_size, **kw)
+
+
+def mean_head(cfg: HeadConfig, **kw) -> LinearHead:
+    """Mean over the real tokens (attention mask) -> dropout -> linear."""
+    return LinearHead(cfg, pooling.masked_mean, cfg.hidden_size, **kw)
+
+
+def concat_last4_head(cfg: HeadConfig, **kw) -> LinearHead:
+    """The first token of the last 4 layers, concatenated -> dropout -> linear; ValueError for a
+    backbone of fewer than 4 layers."""
+    if cfg.num_hidden_layers < 4:
+        raise ValueError(
+            f'head "concat_last4" needs at least 4 layers; the backbone has {cfg.num_hidden_layers}: choose '
+            'another head, e.g. head="cls"'
+        )
+    return LinearHead(cfg, pooling.concat_last4_first_token, 4 * cfg.hidden_size, **kw)
 
 MODERNBERT_DEFAULTS: dict[str, Any] = {
     "classifier_pooling": "cls",
@@ -176,4 +203,4 @@ class ModernBertHead(nnx.Module):
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         x = self.norm(self.act(self.dense(self.pool(inputs))))
-        return self.classifier(layers.dropout(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
+        return self.classifier(dropout.apply(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))

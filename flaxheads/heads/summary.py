@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads.backbones import layers, segments
+from flaxheads.backbones import dropout, layers, segments
 from flaxheads.heads.base import HeadConfig, HeadInputs
 
 SUMMARY_TYPES = ("last", "first", "mean", "cls_index")
@@ -165,9 +165,9 @@ class SummaryHead(nnx.Module):
         """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `backbones.layers`)."""
 
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
-        x = layers.dropout(pick(inputs, self.summary_type), self.first_dropout, rngs, deterministic=self.deterministic)
+        x = dropout.apply(pick(inputs, self.summary_type), self.first_dropout, rngs, deterministic=self.deterministic)
         if self.summary is not None:
             x = self.summary(x)
         if self.activation is not None:
             x = self.activation(x)
-        return self.logits_proj(layers.dropout(x, self.last_dropout, rngs, deterministic=self.deterministic))
+        return self.logits_proj(dropout.apply(x, self.last_dropout, rngs, deterministic=self.deterministic))

@@ -1,3 +1,4 @@
+
 """The study's report: markdown (question, setup, tables, plots, conclusions drawn from the
 statistics, the command that reproduces it) and its PNG figures, from one or more results files
 (results from several machines merge; a cell present twice counts once)."""
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flaxheads import atomic
 from flaxheads.study import plots, stats
 from flaxheads.study.results import merge_records
 from flaxheads.study.table import StudyTable
@@ -40,8 +42,6 @@ def write_report(results_files: Sequence[str | os.PathLike], markdown: str | os.
     `reproduce`: the command(s) that reproduce the study, quoted in the report. Raises
     FileExistsError for an existing `markdown` or figure unless `overwrite`, ValueError when the
     files hold no record."""
-    from flaxheads.conversion.checkpoint_io import _atomic_write
-
     markdown = Path(markdown)
     figures_dir = Path(figures_dir) if figures_dir is not None else markdown.with_suffix("")
     records, problems = merge_records(results_files)
@@ -56,7 +56,7 @@ def write_report(results_files: Sequence[str | os.PathLike], markdown: str | os.
     figures = draw_figures(table, figures_dir)
     text = render(table, figures, markdown.parent, reproduce=reproduce, problems=problems)
     markdown.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(markdown, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic.write_text(markdown, text)
     return Report(markdown, figures, problems)
 
 

@@ -137,10 +137,10 @@ def require_freeze_backbone() -> None:
 def load_study_task(spec: DataSpec, settings: StudySettings) -> TaskData:
     """`spec`'s data, split with `settings.split_seed` (built-in sets), then cut to the fixed
     random subsets of its splits that settings ask for."""
+    from flaxheads.data import load_task
     from flaxheads.training.config import TrainConfig
-    from flaxheads.training.trainer import load_task
 
-    task = load_task(TrainConfig(output_dir=None, seed=settings.split_seed, **_data_fields(spec)))
+    task = load_task(**TrainConfig(output_dir=None, seed=settings.split_seed, **_data_fields(spec)).data_source())
     splits = dict(task.splits)
     sizes = {"train": settings.train_examples, "validation": settings.validation_examples,
              "test": settings.test_examples}
@@ -243,7 +243,7 @@ def learning_curve(run_dir: Path) -> list[dict[str, Any]]:
 def remove_weights(run_dir: Path) -> None:
     """Deletes what a finished cell no longer needs (its checkpoints, exported and best models,
     tokenised data); keeps its run.json, results.json and metrics.jsonl."""
-    from flaxheads.convert import checkpoint_files
+    from flaxheads.conversion.formats import checkpoint_files
     from flaxheads.training import run_dir as run_dir_lib
 
     for name in (run_dir_lib.CHECKPOINTS_DIR, run_dir_lib.BEST_MODEL_DIR, "tokenized"):
@@ -260,9 +260,9 @@ def versions() -> dict[str, str]:
     import jax
     import transformers
 
-    import flaxheads
+    from flaxheads.version import __version__
 
-    return {"flaxheads": flaxheads.__version__, "jax": jax.__version__, "flax": flax.__version__,
+    return {"flaxheads": __version__, "jax": jax.__version__, "flax": flax.__version__,
             "transformers": transformers.__version__, "numpy": np.__version__,
             "python": platform.python_version()}
 

@@ -38,6 +38,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flaxheads import atomic
 from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.training.step import TrainState
 
@@ -349,12 +350,7 @@ class RunCheckpoints:
         if jax.process_index() != 0 or confirmed == self._read_record():
             return
         os.makedirs(self.directory, exist_ok=True)
-        temporary = f"{self._record_path}.{os.getpid()}.tmp"
-        with open(temporary, "w") as f:
-            json.dump({"confirmed_steps": sorted(confirmed)}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self._record_path)
+        atomic.write_json(self._record_path, {"confirmed_steps": sorted(confirmed)})
 
 
 class _UnreadableStep(Exception):

@@ -11,13 +11,16 @@ import dataclasses
 import functools
 import inspect
 import math
+from pathlib import Path
 
+from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.data.batching import PAD_TO_MULTIPLE_OF
 from flaxheads.data.builtin import BUILTIN_DATASETS
 from flaxheads.data.packing import segments_per_row
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.lora import LoRAConfig
 from flaxheads.problem import PROBLEM_TYPES
+from flaxheads.shipped_model import minilm_path
 from flaxheads.training.optim import SCHEDULES
 from flaxheads.training.parallel import PARALLEL
 
@@ -282,6 +285,21 @@ class TrainConfig:
             return None
         return LoRAConfig(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
                           target_modules=self.lora_target_modules or ())
+
+    def data_source(self) -> dict:
+        """The arguments of `flaxheads.data.load_task` that these settings give: where the data
+        comes from and how its columns and labels are read."""
+        return dict(
+            train_file=self.train_file, validation_file=self.validation_file, test_file=self.test_file,
+            dataset_name=self.dataset_name, dataset=self.dataset, seed=self.seed, text_column=self.text_column,
+            text_pair_column=self.text_pair_column, label_column=self.label_column, problem_type=self.problem_type,
+            num_labels=self.num_labels, chosen_column=self.chosen_column, rejected_column=self.rejected_column,
+        )
+
+    def model_folder(self) -> Path:
+        """The model folder: `model_name_or_path` (a folder, or a hub id found in the
+        huggingface_hub cache), else the shipped MiniLM."""
+        return resolve_checkpoint(self.model_name_or_path) if self.model_name_or_path else minilm_path()
 
     def num_warmup_steps(self, total_steps: int) -> int:
         """Warmup steps for a run of `total_steps`: warmup_steps (a count, or a ratio below 1)

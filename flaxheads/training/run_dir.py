@@ -18,9 +18,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from flaxheads import data
-from flaxheads.conversion import checkpoint_io
-from flaxheads.convert import checkpoint_files
+from flaxheads import atomic, data
+from flaxheads.conversion.formats import checkpoint_files
 from flaxheads.data.packing import segments_per_row
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
@@ -32,7 +31,7 @@ BEST_MODEL_DIR = "best_model"
 PREDICTIONS_FILE = "predict_results.txt"
 
 # What a run creates in its output folder, and so what --overwrite_output_dir may remove. The
-# exported model's files (convert.checkpoint_files) are replaced by the export itself;
+# exported model's files (conversion.formats.checkpoint_files) are replaced by the export itself;
 # everything else is the user's.
 _RUN_ARTIFACTS = (RUN_FILE, RESULTS_FILE, "metrics.jsonl", CHECKPOINTS_DIR, BEST_MODEL_DIR, "tensorboard",
                   "tokenized", PREDICTIONS_FILE)
@@ -158,7 +157,7 @@ def read_run(output_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def write_run(output_dir: str | os.PathLike, identity: dict[str, Any], *, complete: bool) -> None:
-    checkpoint_io.write_json(Path(output_dir) / RUN_FILE, {"identity": identity, "complete": complete})
+    atomic.write_json(Path(output_dir) / RUN_FILE, {"identity": identity, "complete": complete})
 
 
 def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, explicit_resume: bool) -> dict | None:
@@ -216,11 +215,9 @@ def read_results(output_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def write_results(output_dir: str | os.PathLike, results: dict[str, Any]) -> None:
-    checkpoint_io.write_json(Path(output_dir) / RESULTS_FILE, results)
+    atomic.write_json(Path(output_dir) / RESULTS_FILE, results)
 
 
 def write_predictions(output_dir: str | os.PathLike, text: str) -> Path:
     """`text` as <output_dir>/predict_results.txt, written atomically; returns the path."""
-    file = Path(output_dir) / PREDICTIONS_FILE
-    checkpoint_io._atomic_write(file, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return file
+    return atomic.write_text(Path(output_dir) / PREDICTIONS_FILE, text)

@@ -1,10 +1,14 @@
-"""One training run per output directory at a time.
+"""One training run per output directory at a time, held with the operating system's file lock.
 
-`RunLock(output_dir)` creates `<output_dir>/.flaxheads.lock` with O_CREAT|O_EXCL, so of two runs
-started on the same folder exactly one gets it. The file says who holds it (pid, host, start
-time, command) so that the other can name the run it collided with. A lock whose holder died
-(same host, pid gone) is taken over; a lock from another host cannot be checked and is refused.
-Process 0 of a multi-process run takes it, the others do not.
+`RunLock(output_dir)` opens `<output_dir>/.flaxheads.lock` and takes an exclusive, non-blocking
+kernel lock on it (`fcntl.flock`; `msvcrt.locking` on Windows). The kernel releases the lock when
+its holder exits in any way, SIGKILL and power loss of a local disk included, so a dead run never
+blocks a folder and there is nothing to take over: no stale-lock logic, and no race between two
+runs taking over the same stale lock. The file also holds a note of who holds it (pid, host,
+start time, command), so a run refused by the lock can name the run it collided with.
+
+Of two runs started on the same folder exactly one gets the lock. Process 0 of a multi-process
+run takes it, the others do not.
 """
 
 from __future__ import annotations
@@ -14,13 +18,15 @@ import json
 import os
 import socket
 import sys
-import time
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+    import msvcrt
+
 LOCK_NAME = ".flaxheads.lock"
-# The holder writes the file right after creating it: an unreadable one younger than this may
-# still be being written.
-_UNREADABLE_GRACE_S = 60.0
 
 
 class RunLocked(ValueError):
@@ -33,42 +39,46 @@ class RunLock:
     def __init__(self, output_dir: str | os.PathLike):
         self.output_dir = os.path.abspath(output_dir)
         self.path = os.path.join(self.output_dir, LOCK_NAME)
-        self._mine: dict[str, Any] | None = None
+        self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        """Takes the lock (creating `output_dir` if needed) or raises RunLocked."""
+        """Takes the lock (creating `output_dir` if needed) or raises RunLocked naming its holder."""
         os.makedirs(self.output_dir, exist_ok=True)
-        mine = {
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                _lock(fd)
+            except OSError:
+                holder = _read_note(fd)
+                os.close(fd)
+                raise RunLocked(_held_message(self.output_dir, holder)) from None
+            # A holder that was releasing may have removed the file between our open and our
+            # lock: then we hold a lock on a file no one else can find. Start over on the new one.
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)
+        _write_note(fd, {
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "started": datetime.datetime.now().astimezone().isoformat(timespec="microseconds"),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": " ".join(sys.argv),
-        }
-        for _ in range(3):  # the holder may release between our create and our read
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    self._take_over_if_stale(mine)
-                except FileNotFoundError:
-                    continue
-            else:
-                with os.fdopen(fd, "w") as f:
-                    _write(f, mine)
-            self._mine = mine
-            return self
-        raise RunLocked(f"{self.output_dir} is being locked and released by other runs; try again")
+        })
+        self._fd = fd
+        return self
 
     def release(self) -> None:
-        """Removes the lock file if it is still ours; someone else's is left alone."""
-        if self._mine is None:
+        """Removes the lock file (still holding the lock, so no one else is using it) and releases."""
+        if self._fd is None:
             return
+        fd, self._fd = self._fd, None
         try:
-            if _read(self.path) == self._mine:
+            if _same_file(fd, self.path):
                 os.remove(self.path)
-        except FileNotFoundError:
+        except OSError:
             pass
-        self._mine = None
+        finally:
+            _unlock(fd)
+            os.close(fd)
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -76,67 +86,55 @@ class RunLock:
     def __exit__(self, *exc_info) -> None:
         self.release()
 
-    def _take_over_if_stale(self, mine: dict[str, Any]) -> None:
-        holder = _read(self.path)
-        if holder is None:
-            age = time.time() - os.path.getmtime(self.path)
-            if age < _UNREADABLE_GRACE_S:
-                raise RunLocked(
-                    f"{self.output_dir} is locked by {self.path}, which cannot be read yet: a run may be "
-                    "starting there. Wait for it, pick another --output_dir, or, if no run is using the "
-                    f"folder, delete {self.path}"
-                )
-            why = f"its lock file is unreadable and {age:.0f} s old"
-        elif holder["host"] != mine["host"]:
-            raise RunLocked(
-                f"{self.output_dir} is locked by a run on host {holder['host']} (pid {holder['pid']}, started "
-                f"{holder.get('started')}, command: {holder.get('command')}); from {mine['host']} it cannot be "
-                "checked whether that run is alive. Wait for it or pick another --output_dir; if no run is "
-                f"using the folder, delete {self.path}"
-            )
-        elif _pid_alive(holder["pid"]):
-            raise RunLocked(
-                f"{self.output_dir} is in use by another run: pid {holder['pid']} on {holder['host']}, "
-                f"started {holder.get('started')}, command: {holder.get('command')}. Wait for it to "
-                "finish, or pick another --output_dir"
-            )
-        else:
-            why = f"pid {holder['pid']}, started {holder.get('started')}, is no longer running"
-        temporary = f"{self.path}.{os.getpid()}.tmp"
-        with open(temporary, "w") as f:
-            _write(f, mine)
-        os.replace(temporary, self.path)
-        now = _read(self.path)
-        if now != mine:  # another run took the stale lock over at the same moment
-            raise RunLocked(
-                f"{self.output_dir} was just taken over by another run ({now}); pick another --output_dir"
-            )
-        print(f"note: taking over the stale lock of {self.output_dir} ({why})", file=sys.stderr)
+
+def _lock(fd: int) -> None:
+    """The exclusive lock on `fd`, without waiting; OSError when another process holds it."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    else:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
 
 
-def _write(f, record: dict[str, Any]) -> None:
-    json.dump(record, f)
-    f.flush()
-    os.fsync(f.fileno())
+def _unlock(fd: int) -> None:
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    else:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
 
-def _read(path: str) -> dict[str, Any] | None:
-    """The lock's record; None if it is not one (half-written, damaged). FileNotFoundError if gone."""
+def _same_file(fd: int, path: str) -> bool:
     try:
-        with open(path) as f:
-            record = json.load(f)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    valid = (isinstance(record, dict) and isinstance(record.get("pid"), int) and record["pid"] > 0
-             and isinstance(record.get("host"), str))
-    return record if valid else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
         return False
-    except PermissionError:  # alive, owned by another user
-        return True
-    return True
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
+def _write_note(fd: int, note: dict[str, Any]) -> None:
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, json.dumps(note).encode())
+    os.fsync(fd)
+
+
+def _read_note(fd: int) -> dict[str, Any] | None:
+    """The holder's note; None while it is not yet written (the holder has just taken the lock)."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        note = json.loads(os.read(fd, 1 << 16).decode())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return note if isinstance(note, dict) else None
+
+
+def _held_message(output_dir: str, holder: dict[str, Any] | None) -> str:
+    if holder is None:
+        who = "a run that is starting right now"
+    else:
+        who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}, command: "
+               f"{holder.get('command')}")
+    return (f"{output_dir} is in use by another run ({who}). Wait for it to finish, or pick another "
+            "--output_dir (output_dir=)")

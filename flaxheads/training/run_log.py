@@ -22,6 +22,8 @@ import jax
 import tensorboardX
 import tqdm
 
+from flaxheads import atomic
+
 SPLITS = ("train", "eval", "test")
 METRICS_FILENAME = "metrics.jsonl"
 TENSORBOARD_DIRNAME = "tensorboard"
@@ -172,9 +174,7 @@ def _drop_records_after(path: Path, step: int) -> None:
             kept.append(line)
     if len(kept) == len(lines):
         return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_text(path, "".join(kept))
 
 
 def _is_interactive(stream: TextIO) -> bool:

@@ -1,9 +1,11 @@
 """Scores, predictions and exports of the weights a run holds, over its tokenised splits:
 what `TrainLoop` asks of its owner (`Scorer`), and what `Trainer.evaluate / predict` return.
+`Evaluator` computes a split's metrics for any weights; `flaxheads evaluate` uses it too.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -12,11 +14,11 @@ import numpy as np
 from flax import nnx
 
 from flaxheads import data, problem
-from flaxheads.inference import Evaluator
 from flaxheads.model import save_pretrained
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.parallel import host_copy, host_values
 from flaxheads.training.sharding import Layout
+from flaxheads.training.step import make_eval_step, per_example
 
 
 class EvalPrediction(NamedTuple):
@@ -40,6 +42,42 @@ class PredictionOutput(NamedTuple):
 
 
 MetricsFunction = Callable[[EvalPrediction], dict[str, Any]]
+
+
+class Evaluator:
+    """Metrics over a whole split; every process feeds its rows and gets the global result.
+    A packed `batch_format` scores packed rows; the metrics count only the examples in them."""
+
+    def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int,
+                 num_shards: int = 1):
+        self.problem_type = problem_type
+        self.num_shards = num_shards
+        self.layout = layout
+        self.batch_format = batch_format
+        self.batch_size = eval_batch_size
+        eval_step = make_eval_step(graphdef, problem_type)
+
+        def step(params, batch):
+            # Labels and masks (and packed rows' example indices) ride along, one entry per
+            # example as the logits have them, so that, replicated, every process sees all rows.
+            return {**eval_step(params, batch), **per_example(batch)}
+
+        self.step = jax.jit(step, out_shardings=layout.replicated)
+
+    def __call__(self, params, rows, lengths: np.ndarray | None = None, *,
+                 max_batches: int | None = None) -> dict[str, float]:
+        """`rows`: the split, or this process's rows of it with `lengths` of the whole split;
+        `max_batches`: only the first batches (every process takes the same ones)."""
+        acc = metrics_lib.MetricAccumulator(self.problem_type)
+        batches = data.eval_batches(
+            rows, self.batch_format, global_batch_size=self.batch_size,
+            process_index=jax.process_index(), process_count=jax.process_count(),
+            num_shards=self.num_shards, lengths=lengths,
+        )
+        for batch in itertools.islice(batches, max_batches):
+            out = host_values(self.step(params, self.layout.put_batch(batch)))
+            acc.add(out["logits"], out["labels"], out["example_mask"], loss=out["loss"])
+        return acc.compute()
 
 
 class SplitScorer:

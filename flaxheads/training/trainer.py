@@ -26,12 +26,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads import data, lora
-from flaxheads.backbones import layers
-from flaxheads.conversion.hub import resolve_checkpoint
+from flaxheads.backbones import stacking
+from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
-from flaxheads.inference import UntrainedModel, fitting_max_length, load_tokenizer
-from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained
-from flaxheads.shipped_model import minilm_path
+from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
+from flaxheads.tokenizer import fitting_max_length, load_tokenizer
 from flaxheads.training import run_dir
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
@@ -51,8 +50,7 @@ from flaxheads.training.scoring import (
 from flaxheads.training.sharding import Layout
 from flaxheads.training.trainable import split_trainable
 
-__all__ = ["EvalPrediction", "NonFiniteLoss", "PredictionOutput", "TrainOutput", "Trainer", "load_task",
-           "model_path", "train"]
+__all__ = ["EvalPrediction", "NonFiniteLoss", "PredictionOutput", "TrainOutput", "Trainer", "train"]
 
 
 class TrainOutput(NamedTuple):
@@ -66,34 +64,6 @@ class TrainOutput(NamedTuple):
     predictions: list | None
     """With do_predict: per test example, its label name (single-label), list of label names
     (multi-label) or score (regression); else None."""
-
-
-def load_task(cfg: TrainConfig) -> data.TaskData:
-    """The data set the config names: local files, a hub data set, or a built-in one."""
-    common = dict(
-        text_column=cfg.text_column,
-        text_pair_column=cfg.text_pair_column,
-        label_column=cfg.label_column,
-        problem_type=cfg.problem_type,
-        num_labels=cfg.num_labels,
-        chosen_column=cfg.chosen_column,
-        rejected_column=cfg.rejected_column,
-    )
-    if cfg.train_file:
-        return data.load_local_files(
-            train_file=cfg.train_file, validation_file=cfg.validation_file, test_file=cfg.test_file, **common
-        )
-    if cfg.dataset_name:
-        return data.load_named_dataset(cfg.dataset_name, **common)
-    if cfg.dataset:
-        return data.load_builtin(cfg.dataset, seed=cfg.seed)
-    raise ValueError("no data: pass --train_file, --dataset_name or --dataset")
-
-
-def model_path(cfg: TrainConfig) -> Path:
-    """The model folder: `model_name_or_path` (a folder, or a hub id found in the huggingface_hub
-    cache), else the shipped MiniLM."""
-    return resolve_checkpoint(cfg.model_name_or_path) if cfg.model_name_or_path else minilm_path()
 
 
 def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> ClassifierConfig:
@@ -193,8 +163,8 @@ class Trainer:
     def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None) -> Trainer:
         """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names (or `task`,
         data loaded by the caller), the model placed on the mesh as it loads."""
-        src = model_path(cfg)
-        task = load_task(cfg) if task is None else task
+        src = cfg.model_folder()
+        task = data.load_task(**cfg.data_source()) if task is None else task
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
         layout = Layout.create(cfg.mesh)
         model, loading_info = from_pretrained(
@@ -204,13 +174,9 @@ class Trainer:
             ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
             placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
         )
-        new = list(loading_info.newly_initialized) + [name for name, *_ in loading_info.mismatched]
-        if not cfg.do_train and new:
-            raise UntrainedModel(
-                f"do_train is off but {src} has no trained {model.config.head!r} classifier ({len(new)} parameter(s) "
-                f"would start from random values: {', '.join(new[:4])}), so its scores would be noise. Train it "
-                "(leave --do_train on) or pass a trained model folder as --model_name_or_path"
-            )
+        if not cfg.do_train:
+            require_trained(loading_info, model, src, fix="do_train is off: train it (leave --do_train on) or pass a "
+                            "trained model folder as --model_name_or_path")
         trainer = cls(model, cfg, task=task, tokenizer=tokenizer)
         trainer.model_name = cfg.model_name_or_path or "shipped all-MiniLM-L6-v2"
         trainer.data_identity = None
@@ -344,7 +310,7 @@ class Trainer:
         """The peft adapter folder of the trained LoRA model (process 0 writes; all gather)."""
         params = host_copy(self.params, self.layout)
         if jax.process_index() == 0:
-            lora.save_adapter(nnx.merge(self.graphdef, params), directory,
+            peft.save_adapter(nnx.merge(self.graphdef, params), directory,
                               base_model_name_or_path=self.args.model_name_or_path)
 
     # -- the output folder ----------------------------------------------------------------------
@@ -457,13 +423,13 @@ def _prepared(model: SequenceClassifier, args: TrainConfig) -> SequenceClassifie
     (`args.gradient_checkpointing`) and scanned layers (`args.scan_layers`); a new module tree over
     the same weights when any is asked for, so the caller's model is left as it is."""
     if args.lora is not None:
-        model = lora.with_lora(model, args.lora, seed=args.seed)
+        model = model.with_lora(args.lora, seed=args.seed)
     if args.gradient_checkpointing or args.scan_layers:
         if args.lora is None:
             graphdef, state = nnx.split(model)
             model = nnx.merge(graphdef, state)
-        layers.set_gradient_checkpointing(model.backbone, args.gradient_checkpointing)
-        layers.set_scan_layers(model.backbone, args.scan_layers)
+        stacking.set_gradient_checkpointing(model.backbone, args.gradient_checkpointing)
+        stacking.set_scan_layers(model.backbone, args.scan_layers)
     return model
 
 
@@ -493,6 +459,6 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
     if cfg.output_dir is None:
         raise ValueError("--output_dir is needed: flaxheads train writes its checkpoints and model there")
-    run_dir.refuse_output_inside_model(cfg.output_dir, model_path(cfg))
+    run_dir.refuse_output_inside_model(cfg.output_dir, cfg.model_folder())
     output = Trainer.from_config(cfg).train()
     return output.metrics

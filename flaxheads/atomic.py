@@ -1,0 +1,207 @@
+"""Writing files and folders so that a reader sees the old version or the new one, never a part of
+either: the one home of every write flaxheads makes that someone else may read.
+
+- `write_file(path, write)`, `write_text`, `write_json`: one file through a temporary file in the
+  same folder and a rename.
+- `staged_into(folder)`: several files (an export: config.json, weights, tokenizer) written into
+  a private staging folder, then moved into `folder` with one rename each. While they move, the
+  folder holds `INCOMPLETE_MARKER`; readers that must not mix two exports (`require_complete`)
+  refuse a folder that still holds it, so a kill between two renames cannot pair new weights with
+  an old config.
+- `replace_folder(folder)`: a whole folder (a peft adapter) written under a temporary name and
+  swapped in, so a reader sees the old folder, the new one, or none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+INCOMPLETE_MARKER = ".flaxheads-incomplete"
+"""Present in a folder while `staged_into` moves files into it; gone once every file is in place."""
+
+
+class IncompleteFolder(ValueError):
+    """A folder whose last multi-file update was interrupted: its files may come from two versions."""
+
+
+def _umask() -> int:
+    """The process's umask. Linux reports it in /proc/self/status; elsewhere the only way to read it
+    is to set it and set it back, which is process-wide: a file another thread creates meanwhile
+    gets the stricter 0o077, never a looser mode."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def write_file(target: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """`write(temporary_path)` fills a temporary file in `target`'s folder, which then replaces
+    `target` with one rename: a crash never leaves a half-written file where a good one was.
+    Returns `target` as a Path."""
+    target = Path(target)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        # mkstemp makes the file private (0600); the result gets the mode any new file would.
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_text(target: str | os.PathLike, text: str) -> Path:
+    """`text` (UTF-8) as `target`, written atomically."""
+    return write_file(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_json(target: str | os.PathLike, value: Any, *, sort_keys: bool = False) -> Path:
+    """`value` as indented JSON, written atomically (numpy scalars become floats)."""
+    return write_text(target, json.dumps(value, indent=2, sort_keys=sort_keys, default=float) + "\n")
+
+
+def require_complete(folder: str | os.PathLike, *, fix: str) -> None:
+    """IncompleteFolder when `folder` holds `INCOMPLETE_MARKER`: an update of several files was
+    interrupted there, so they may not belong together. `fix` says how to redo it."""
+    marker = Path(folder) / INCOMPLETE_MARKER
+    if marker.exists():
+        try:
+            what = marker.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            what = ""
+        raise IncompleteFolder(
+            f"{folder} was being written when the writer stopped ({what or 'an update of several files'}): its files "
+            f"may come from two versions and are not read. {fix}; or, if you know its files are right, delete "
+            f"{marker}"
+        )
+
+
+@contextlib.contextmanager
+def staged_into(dst: str | os.PathLike, *, describe: str = "") -> Iterator[Path]:
+    """An empty folder to write files into. When the block ends without error, every file written
+    there moves into `dst` (created if missing) with one rename each, `dst` holding
+    `INCOMPLETE_MARKER` (saying `describe`) from before the first rename to after the last; on
+    any error before the moves `dst` is left as it was, and folders created for it are removed
+    again. The staging folder is gone either way. Files in `dst` that the block did not write are
+    never touched."""
+    target = Path(dst).resolve()
+    created = make_folders(target.parent)
+    staging = _staging_folder(target)
+    try:
+        yield staging
+        _move_into(staging, target, set(os.listdir(staging)), describe)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_empty(created)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)  # now only the files dst held before
+
+
+@contextlib.contextmanager
+def replace_folder(dst: str | os.PathLike) -> Iterator[Path]:
+    """An empty folder beside `dst` to write into; when the block ends without error it becomes
+    `dst` (an existing `dst` is renamed away first, then removed), so a reader finds the old
+    folder, the new one or, for an instant, none, never a mix. On error `dst` is untouched."""
+    target = Path(dst).resolve()
+    created = make_folders(target.parent)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield staging
+        os.chmod(staging, 0o777 & ~_umask())
+        old = None
+        if os.path.lexists(target):
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent)) / target.name
+            os.replace(target, old)
+        os.replace(staging, target)
+        if old is not None:
+            shutil.rmtree(old.parent, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_empty(created)
+        raise
+
+
+def make_folders(folder: Path) -> list[Path]:
+    """Creates `folder` and any missing parents; returns those it created, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Removes `folders` (made by `make_folders`), deepest first, if nothing else has filled them."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _staging_folder(dst: Path) -> Path:
+    """An empty private folder on `dst`'s file system, so each file moves in with one rename:
+    beside `dst`, or inside it where `dst` is a mount point or its parent is read-only."""
+    parent = dst.parent
+    beside = not dst.is_dir() or (os.access(parent, os.W_OK) and dst.stat().st_dev == parent.stat().st_dev)
+    return Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=parent if beside else dst))
+
+
+def _move_into(staging: Path, dst: Path, names: set[str], describe: str) -> None:
+    """Moves the files `names` from `staging` into `dst` (created if missing) with one rename
+    each, under `INCOMPLETE_MARKER`; the files they replace wait in `staging`, and are put back if
+    any move fails."""
+    created = make_folders(dst)
+    replaced = Path(tempfile.mkdtemp(dir=staging))
+    marker = dst / INCOMPLETE_MARKER
+    several = len(names) > 1
+    if several:
+        write_text(marker, (describe or f"moving {', '.join(sorted(names))} into place") + "\n")
+    moved = []
+    try:
+        for name in sorted(names):
+            if os.path.lexists(dst / name):
+                os.replace(dst / name, replaced / name)
+            moved.append(name)
+            os.replace(staging / name, dst / name)
+    except BaseException:
+        for name in reversed(moved):
+            with contextlib.suppress(OSError):  # put back as much as can be; the first error is what to report
+                if os.path.lexists(replaced / name):
+                    os.replace(replaced / name, dst / name)
+                else:
+                    (dst / name).unlink(missing_ok=True)
+        if several:
+            marker.unlink(missing_ok=True)
+        remove_empty(created)
+        raise
+    if several:
+        marker.unlink()
+
+
+__all__ = [
+    "INCOMPLETE_MARKER",
+    "IncompleteFolder",
+    "make_folders",
+    "remove_empty",
+    "replace_folder",
+    "require_complete",
+    "staged_into",
+    "write_file",
+    "write_json",
+    "write_text",
+]

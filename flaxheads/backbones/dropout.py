@@ -1,0 +1,111 @@
+"""Dropout, and the train/eval mode it depends on.
+
+Train/eval mode the NNX way: every module that applies dropout carries a ``deterministic``
+attribute, which ``model.train()`` sets to False and ``model.eval()`` to True (``nnx.Module``
+does this for every submodule that has the attribute). A freshly constructed model is in train
+mode, as in NNX; ``from_pretrained`` returns one in eval mode. In train mode the dropout bits
+come from the ``rngs`` the caller passes (an ``nnx.Rngs`` with a ``dropout`` stream), so the call
+stays pure; forgetting them is a ValueError, never silently deterministic training.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+DROPOUT_BITS = 16
+"""Random bits per element behind a dropout decision: the rate is applied in steps of 2**-16
+(0.1 becomes 6554/65536 = 0.100006), and the kept values are scaled by the exact inverse of the
+keep probability, so the expectation is unchanged."""
+
+
+def active(rate: float, *, deterministic: bool, rngs: nnx.Rngs | None) -> bool:
+    """Whether dropout at `rate` applies: in train mode (`deterministic` False) at a non-zero rate.
+
+    Raises ValueError in train mode at a non-zero rate without `rngs`: the model would otherwise
+    have to choose between training without dropout and inventing a key.
+    """
+    if deterministic or rate == 0.0:
+        return False
+    if rngs is None:
+        raise ValueError(
+            f"the model is in train mode (dropout rate {rate}) but no rngs were passed: pass "
+            "rngs=nnx.Rngs(dropout=key), or call model.eval() for inference"
+        )
+    return True
+
+
+def apply(x: jax.Array, rate: float, rngs: nnx.Rngs | None, *, deterministic: bool = False) -> jax.Array:
+    """Inverted dropout in train mode (`deterministic` False); `x` itself in eval mode or at rate 0.
+    ValueError in train mode at a non-zero rate without `rngs` (see `active`)."""
+    if not active(rate, deterministic=deterministic, rngs=rngs):
+        return x
+    keep, keep_prob = keep_mask(rngs.dropout(), rate, x.shape)
+    return jnp.where(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros_like(x))
+
+
+def keep_mask(key: jax.Array, rate: float, shape: tuple[int, ...]) -> tuple[jax.Array, float]:
+    """(mask of kept elements, keep probability) with 16 random bits per element.
+
+    Each 32-bit random word decides two elements (its low and high halves), which halves the
+    random-number work of `jax.random.bernoulli` (one word per element). The halves sit side by
+    side on the last axis, so the bits of an element depend on its index alone and a sharded
+    batch draws the same mask as an unsharded one.
+    """
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout rate {rate}: it must be in [0, 1)")
+    levels = 1 << DROPOUT_BITS
+    threshold = round(rate * levels)
+    if not shape or shape[-1] < 2:
+        bits = random_bits(key, shape) >> (32 - DROPOUT_BITS)
+    else:
+        last, half = shape[-1], (shape[-1] + 1) // 2
+        words = random_bits(key, (*shape[:-1], half))
+        # (..., 2, half) by broadcasting, then a free reshape: XLA fuses this into the consumer,
+        # where a concatenate of the two halves was a separate pass over memory.
+        shifts = jnp.array([[0], [DROPOUT_BITS]], jnp.uint32)
+        pairs = (words[..., None, :] >> shifts) & jnp.uint32(levels - 1)
+        bits = pairs.reshape(*shape[:-1], 2 * half)[..., :last]
+    return bits >= threshold, (levels - threshold) / levels
+
+
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """`jax.random.bits(key, shape, jnp.uint32)`, bit for bit, for threefry keys.
+
+    The same Threefry-2x32 over the same counters (the element's flat index), written as plain
+    uint32 arithmetic that XLA fuses into one loop. jax lowers its threefry on CPU as a rolled
+    `while` loop that keeps four arrays in memory between rounds: on CPU this form runs 3x faster
+    and compiles 10x faster (measured on 16x12x128x64 words: 2.1 vs 6.6 ms, 0.07 vs 0.8 s).
+    Other key implementations (rbg) go to `jax.random.bits`.
+    """
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if str(jax.random.key_impl(key)) != "threefry2x32":
+            return jax.random.bits(key, shape, jnp.uint32)
+        key = jax.random.key_data(key)
+    if math.prod(shape) >= 2**32:  # jax's counters then need a high word too
+        return jax.random.bits(jax.random.wrap_key_data(key), shape, jnp.uint32)
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    counter = jnp.zeros(shape, jnp.uint32)
+    for d, stride in enumerate(strides):
+        counter = counter + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * jnp.uint32(stride)
+    high, low = _threefry2x32(key[0], key[1], jnp.zeros_like(counter), counter)
+    return high ^ low
+
+
+def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Threefry-2x32 with 20 rounds (Salmon et al. 2011), as jax.random implements it."""
+    keys = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
+    x0, x1 = x0 + k0, x1 + k1
+    for i in range(5):
+        for r in _THREEFRY_ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))) ^ x0
+        x0 = x0 + keys[(i + 1) % 3]
+        x1 = x1 + keys[(i + 2) % 3] + jnp.uint32(i + 1)
+    return x0, x1
