@@ -87,6 +87,7 @@ def link_targets(path: Path) -> list[tuple[int, str]]:
 
 def broken_links(path: Path, root: Path = ROOT) -> list[str]:
     """One line per link of `path` that reaches no file inside `root`, or no heading of its target."""
+    path, root = path.resolve(), root.resolve()
     problems = []
     for number, target in link_targets(path):
         where = f"{path.relative_to(root)}:{number}: ({target})"
