@@ -12,7 +12,7 @@ import typing
 
 from flaxheads import compile_cache
 from flaxheads.heads import HEAD_NAMES
-from flaxheads.training.config import CHOICES, TrainConfig, field_docs
+from flaxheads.training.config import CHOICES, COMMAND_LINE_DEFAULTS, TrainConfig, field_docs
 
 
 def _convert(args) -> int:
@@ -78,14 +78,15 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(TrainConfig):
         kind = _flag_type(field)
         flag, doc = f"--{field.name}", docs[field.name].replace("%", "%%")
+        default = COMMAND_LINE_DEFAULTS.get(field.name, field.default)
         if kind is bool:
-            parser.add_argument(flag, action=_BooleanFlag, default=field.default, help=doc)
+            parser.add_argument(flag, action=_BooleanFlag, default=default, help=doc)
             parser.add_argument(f"--no-{field.name}", dest=field.name, action="store_false",
                                 default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         elif kind is tuple:  # a list of names: --lora_target_modules query value
-            parser.add_argument(flag, nargs="+", default=field.default, help=doc)
+            parser.add_argument(flag, nargs="+", default=default, help=doc)
         else:
-            parser.add_argument(flag, type=kind, default=field.default, choices=CHOICES.get(field.name), help=doc)
+            parser.add_argument(flag, type=kind, default=default, choices=CHOICES.get(field.name), help=doc)
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -123,15 +124,31 @@ def _evaluate(args) -> int:
 
 
 def _predict(args) -> int:
-    from flaxheads.inference import predict
+    from flaxheads.inference import predict, reads_text_pairs
 
-    texts = list(args.texts) + (_read_lines(args.input_file) if args.input_file else [])
+    texts, pairs = list(args.texts), args.text_pairs
+    if args.input_file:
+        lines = _read_lines(args.input_file)
+        if reads_text_pairs(args.model_name_or_path):
+            split = [_text_and_pair(line, number) for number, line in enumerate(lines, 1)]
+            texts += [text for text, _ in split]
+            pairs = (pairs or []) + [pair for _, pair in split]
+        else:
+            texts += lines
     if not texts:
         raise ValueError("nothing to predict: give texts as arguments or --input_file (one text per line)")
-    for row in predict(args.model_name_or_path, texts, max_seq_length=args.max_seq_length,
+    for row in predict(args.model_name_or_path, texts, text_pairs=pairs, max_seq_length=args.max_seq_length,
                        tokenizer_name=args.tokenizer_name, packing=args.packing):
         print(json.dumps(row, ensure_ascii=False))
     return 0
+
+
+def _text_and_pair(line: str, number: int) -> tuple[str, str]:
+    if "\t" not in line:
+        raise ValueError(f"--input_file line {number} has no tab: the model was trained on text pairs, so each line "
+                         "is text<TAB>text_pair")
+    text, pair = line.split("\t", 1)
+    return text, pair
 
 
 def _read_lines(input_file: str) -> list[str]:
@@ -204,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("predict", help="labels and probabilities for texts")
     p.add_argument("texts", nargs="*", help="texts to classify (and/or --input_file)")
     p.add_argument("--model_name_or_path", required=True, help="folder of a trained classifier (train's output_dir)")
-    p.add_argument("--input_file", help='one text per line, UTF-8 ("-": standard input); one output row per line')
+    p.add_argument("--text_pair", nargs="+", dest="text_pairs", metavar="TEXT_PAIR",
+                   help="the second text of each text, in order, for a model trained on text pairs")
+    p.add_argument("--input_file", help='one text per line, UTF-8 ("-": standard input), or for a model trained on '
+                                        'pairs "text<TAB>text_pair" per line; one output row per line')
     p.add_argument("--max_seq_length", type=int, default=128, help="longest input in tokens; longer texts are truncated")
     p.add_argument("--tokenizer_name", help="folder of the model's tokenizer, when the model folder has none")
     p.add_argument("--packing", action="store_true",

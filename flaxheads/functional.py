@@ -11,6 +11,7 @@ params=model.params)`, `jax.pmap`, optax masks) runs on flaxheads with its model
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -57,12 +58,16 @@ class FunctionalClassifier:
     def from_pretrained(cls, path: str | os.PathLike, **options) -> "FunctionalClassifier":
         """`SequenceClassifier.from_pretrained(path, **options)` wrapped: the same options (`config=`,
         `num_labels=`, `token=`, ...) and errors; with `output_loading_info=True`,
-        `(classifier, LoadingInfo)`."""
-        loaded = SequenceClassifier.from_pretrained(path, **options)
-        if isinstance(loaded, tuple):
-            model, info = loaded
-            return cls(model), info
-        return cls(loaded)
+        `(classifier, LoadingInfo)`. Newly initialised parameters are named in a warning, as
+        transformers' `from_pretrained` names them, since a script written for it relies on that."""
+        wants_info = options.pop("output_loading_info", False)
+        model, info = SequenceClassifier.from_pretrained(path, output_loading_info=True, **options)
+        if info.untrained:
+            warnings.warn(
+                f"Some weights of the model were not initialized from the checkpoint at {path} and are newly "
+                f"initialized: {info.untrained}. You should probably TRAIN this model on a down-stream task to be "
+                "able to use it for predictions and inference.", UserWarning, stacklevel=2)
+        return (cls(model), info) if wants_info else cls(model)
 
     def __call__(
         self,

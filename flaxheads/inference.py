@@ -7,6 +7,7 @@ tokenizer, and with non-finite scores: a confident-looking wrong answer is worse
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -19,11 +20,24 @@ from flaxheads import data, problem
 from flaxheads.backbones import backbone_spec
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import tokenize_texts
-from flaxheads.model import SequenceClassifier, from_pretrained, require_trained
-from flaxheads.tokenizer import check_tokenizer_fits, fitting_max_length, load_tokenizer, pad_token_ids
+from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion.hub import resolve_checkpoint
+from flaxheads.model import FLAXHEADS_CONFIG_KEY, SequenceClassifier, from_pretrained, require_trained
+from flaxheads.tokenizer import (
+    check_room_for_text, check_tokenizer_fits, fitting_max_length, for_model, load_tokenizer, pad_token_ids,
+)
 from flaxheads.training import metrics as metrics_lib
+from flaxheads.training import run_dir
 from flaxheads.training.scoring import Evaluator
 from flaxheads.training.sharding import Layout
+
+
+def require_model_folder(model_dir: str | os.PathLike) -> None:
+    """ValueError, with the way to the model, when `model_dir` is a training run that has not
+    exported yet or one of its checkpoints (neither holds config.json)."""
+    reason = run_dir.not_a_model(model_dir) if Path(model_dir).is_dir() else None
+    if reason:
+        raise ValueError(reason)
 
 
 def load_trained(model_dir: str | os.PathLike, *, pad_token_id: int | None = None, **options) -> SequenceClassifier:
@@ -42,14 +56,22 @@ def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_
              batch_size: int = 64, tokenizer_name: str | None = None, packing: bool = False,
              max_segments_per_row: int | None = None) -> dict[str, float]:
     """Metrics of a saved (trained) classifier on one split of `task`; with `packing`, scored in
-    packed rows of `max_seq_length` tokens (`batch_size` rows per batch), with the same metrics."""
+    packed rows of `max_seq_length` tokens (`batch_size` rows per batch), with the same metrics.
+
+    Classes are matched by name: the data's labels are renumbered to the model's class ids
+    (ValueError when the data has other classes). Raises NonFiniteScores, reporting no metric,
+    when the model gives NaN or infinite scores."""
     if split not in task.splits:
         raise ValueError(f"the data has no {split!r} split; it has {sorted(task.splits)}")
+    require_model_folder(model_dir)
     tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
     model = load_trained(model_dir, num_labels=task.num_labels, problem_type=task.problem_type,
                          pad_token_id=pad_token_id)
     max_seq_length = fitting_max_length(model.config.backbone, max_seq_length)
-    tokenized = data.tokenize_split(task.splits[split], tokenizer, max_seq_length)
+    rows = task.splits[split]
+    if model.config.labels is not None:  # the model knows its classes by name: match the data's to them
+        rows = data.labels.relabelled(task, split, model.config.label_names)
+    tokenized = data.tokenize_split(rows, tokenizer, max_seq_length)
     batch_format = data.BatchFormat.for_task(
         task, tokenizer, max_seq_length, model_pad_token_id=model.config.backbone.pad_token_id,
         max_segments=segments_per_row(packing, max_segments_per_row, max_seq_length))
@@ -59,24 +81,41 @@ def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_
     return evaluator(params, tokenized)
 
 
-def predict(model_dir: str | Path, texts: Iterable[str], *, max_seq_length: int = 128, batch_size: int = 64,
-            tokenizer_name: str | None = None, packing: bool = False,
+def predict(model_dir: str | Path, texts: Iterable[str], *, text_pairs: Iterable[str] | None = None,
+            max_seq_length: int = 128, batch_size: int = 64, tokenizer_name: str | None = None, packing: bool = False,
             max_segments_per_row: int | None = None) -> list[dict[str, Any]]:
     """For each text, in order: {"text", "label", "probabilities": {label name: p}} (single-label),
     {"text", "labels", "probabilities"} (multi-label) or {"text", "score"} (regression, and the
-    reward of a pairwise reward model).
+    reward of a pairwise reward model); with `text_pairs` (one per text) "text_pair" too.
 
-    Raises UntrainedModel for a classifier that was never trained, FloatingPointError naming the
-    texts whose scores are not finite. `packing`: score the texts in packed rows (`TextScorer`).
+    Raises UntrainedModel for a classifier that was never trained; ValueError for lone texts
+    given to a model trained on pairs, or a count of text_pairs other than of texts;
+    FloatingPointError naming the texts whose scores are not finite. `packing`: score the texts
+    in packed rows (`TextScorer`).
     """
+    require_model_folder(model_dir)
     tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
     model = load_trained(model_dir, pad_token_id=pad_token_id)
     scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
                         source=f"the model in {model_dir}", packing=packing,
                         max_segments_per_row=max_segments_per_row)
     texts = list(texts)
-    return _describe_predictions(texts, scorer.logits(texts), problem_type_of(model.config),
+    pairs = None if text_pairs is None else list(text_pairs)
+    if pairs is not None and len(pairs) != len(texts):
+        raise ValueError(f"{len(texts)} text(s) but {len(pairs)} text_pairs: give one text_pair per text")
+    rows = _describe_predictions(texts, scorer.logits(texts, pairs), problem_type_of(model.config),
                                  model.config.label_names)
+    if pairs is not None:
+        rows = [{"text": row.pop("text"), "text_pair": pair, **row} for row, pair in zip(rows, pairs)]
+    return rows
+
+
+def reads_text_pairs(model_dir: str | os.PathLike) -> bool:
+    """Whether the classifier saved in `model_dir` was trained on text pairs (config.json's
+    "flaxheads" section says so)."""
+    require_model_folder(model_dir)
+    config = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    return bool((config.get(FLAXHEADS_CONFIG_KEY) or {}).get("text_pair"))
 
 
 def problem_type_of(config) -> str:
@@ -95,29 +134,39 @@ class TextScorer:
     of two), so the forward pass compiles once per (bucket, batch size). With `packing`, batches
     are packed rows of max_seq_length tokens, each holding up to `max_segments_per_row` texts
     (default `default_max_segments`): one shape; the logits still come in the texts' order.
-    The model runs in eval mode (dropout off) from a copy: the caller's model keeps its mode.
+    `max_seq_length=None`: texts are not cut at all (for a model whose positions set no limit);
+    the buckets then grow with the longest text. The model runs in eval mode (dropout off) from
+    a copy: the caller's model keeps its mode.
+
+    A model trained on text pairs (`ClassifierConfig.text_pair`) needs a second text for every
+    text: a lone text is refused, not answered.
     """
 
-    def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int = 128, batch_size: int = 64,
+    def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int | None = 128, batch_size: int = 64,
                  source: str = "the model", packing: bool = False, max_segments_per_row: int | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         backbone = model.config.backbone
         check_tokenizer_fits(tokenizer, backbone, source)
-        self.tokenizer, self.batch_size, self.source = tokenizer, batch_size, source
+        if max_seq_length is None and packing:
+            raise ValueError("packing needs a max_seq_length: packed rows are max_seq_length tokens long")
+        self.tokenizer, self.batch_size, self.source = for_model(tokenizer, backbone), batch_size, source
         self.num_labels = model.config.num_labels
-        self.max_seq_length = fitting_max_length(backbone, max_seq_length)
-        self.batch_format = data.BatchFormat(
-            max_seq_length=self.max_seq_length,
+        self.text_pair = model.config.text_pair
+        self.max_seq_length = None if max_seq_length is None else fitting_max_length(backbone, max_seq_length)
+        if self.max_seq_length is not None:
+            check_room_for_text(self.tokenizer, self.max_seq_length, pairs=self.text_pair)
+        self._format = dict(
             pad_token_id=pad_token_ids(tokenizer, backbone.pad_token_id).input_ids,
             pad_token_type_id=getattr(tokenizer, "pad_token_type_id", 0),
             padding_side=backbone_spec(backbone.model_type).padding_side,
-            max_segments=segments_per_row(packing, max_segments_per_row, self.max_seq_length),
         )
+        segments = segments_per_row(packing, max_segments_per_row, self.max_seq_length) if packing else 0
+        self.batch_format = data.BatchFormat(max_seq_length=self.max_seq_length or UNBOUNDED_START,
+                                             max_segments=segments, **self._format)
         runnable = nnx.merge(*nnx.split(model))
         runnable.eval()
         graphdef, self._params = nnx.split(runnable)
-        segments = self.batch_format.max_segments
 
         def forward(params, input_ids, attention_mask, token_type_ids, segment_ids):
             model = nnx.merge(graphdef, params)
@@ -132,22 +181,35 @@ class TextScorer:
     def logits(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None) -> np.ndarray:
         """(len(texts), num_labels) float32 logits, in order.
 
-        Raises FloatingPointError naming the (0-based) texts whose scores are not finite.
+        Raises ValueError for lone texts given to a model trained on pairs, or texts that give no
+        tokens; FloatingPointError naming the (0-based) texts whose scores are not finite.
         """
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.num_labels), np.float32)
-        tokenized = tokenize_texts(texts, self.tokenizer, self.max_seq_length, text_pairs)
+        if self.text_pair and text_pairs is None:
+            raise ValueError(
+                f"{self.source} was trained on text pairs: give each text its second text (text_pair), as in "
+                "training; a lone text would be scored as something the model never saw"
+            )
+        batch_format = self.batch_format
+        if self.max_seq_length is None:  # no limit: tokenise whole, and pad to a bucket the longest text fits
+            tokenized = tokenize_texts(texts, self.tokenizer, min(UNBOUNDED, self.tokenizer.model_max_length), text_pairs)
+            longest = int(max(data.example_lengths(tokenized)))
+            batch_format = dataclasses.replace(batch_format, max_seq_length=max(
+                UNBOUNDED_START, 1 << (longest - 1).bit_length()))
+        else:
+            tokenized = tokenize_texts(texts, self.tokenizer, self.max_seq_length, text_pairs)
         # As many rows as one batch needs (packed: rows of several texts), up to batch_size.
-        needed = data.batches_per_epoch(data.example_lengths(tokenized), self.batch_format, global_batch_size=1)
+        needed = data.batches_per_epoch(data.example_lengths(tokenized), batch_format, global_batch_size=1)
         rows = min(self.batch_size, 1 << (needed - 1).bit_length())
         out, order = [], []
-        for batch in data.eval_batches(tokenized, self.batch_format, global_batch_size=rows):
+        for batch in data.eval_batches(tokenized, batch_format, global_batch_size=rows):
             logits = self._forward(self._params, batch["input_ids"], batch["attention_mask"],
                                    batch.get("token_type_ids"), batch.get("segment_ids"))
             real = batch["example_mask"].reshape(-1) > 0
             out.append(np.asarray(logits)[real])
-            if self.batch_format.packed:
+            if batch_format.packed:
                 order.append(batch["example_index"].reshape(-1)[real])
         logits = np.concatenate(out)
         if order:  # packed rows hold the texts by length: put them back in the texts' order
@@ -165,6 +227,12 @@ class TextScorer:
                 f"is given from weights that produce NaN or infinity. Check {self.source} (was its training "
                 "stopped by a non-finite loss?)"
             )
+
+
+UNBOUNDED = 1 << 30
+"""The max_length given to the tokenizer when texts are not to be cut."""
+UNBOUNDED_START = 128
+"""The smallest bucket when texts are not cut: longer texts get the next power of two."""
 
 
 def _describe_predictions(texts, logits, problem_type, label_names) -> list[dict[str, Any]]:

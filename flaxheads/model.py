@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from flaxheads import lora, problem
@@ -39,6 +40,9 @@ class ClassifierConfig:
     classifier_dropout: float | None = None
     """Dropout before the classifier; None: the backbone's own default (as transformers)."""
     head_options: tuple[tuple[str, Any], ...] = ()
+    text_pair: bool = False
+    """Trained on text pairs (premise, hypothesis): `predict` and the pipeline then need a second
+    text for every text. Recorded in config.json's "flaxheads" section."""
 
     def __post_init__(self):
         if self.head not in HEAD_NAMES:
@@ -138,6 +142,7 @@ class ClassifierConfig:
             labels=tuple(names) if names else None,
             classifier_dropout=classifier_dropout,
             head_options=tuple(sorted({**saved.get("head_options", {}), **(head_options or {})}.items())),
+            text_pair=bool(saved.get("text_pair", False)),
         )
 
     def to_hf_config(self, architecture: str) -> dict[str, Any]:
@@ -162,6 +167,8 @@ class ClassifierConfig:
             self.backbone.classifier_dropout if self.classifier_dropout is None else self.classifier_dropout
         )
         hf[FLAXHEADS_CONFIG_KEY] = {"head": self.head, "head_options": dict(self.head_options)}
+        if self.text_pair:
+            hf[FLAXHEADS_CONFIG_KEY]["text_pair"] = True
         if self.problem_type not in (None, *problem.HF_PROBLEM_TYPES):
             hf[FLAXHEADS_CONFIG_KEY]["problem_type"] = self.problem_type
         return hf
@@ -243,7 +250,12 @@ class SequenceClassifier(nnx.Module):
         packed, it is (batch, S), positions counted from each segment's first token.
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode and
         is ignored in eval mode; in train mode without it (and a non-zero dropout rate) the call
-        raises ValueError: pass rngs=nnx.Rngs(dropout=key), or call model.eval() for inference."""
+        raises ValueError: pass rngs=nnx.Rngs(dropout=key), or call model.eval() for inference.
+
+        Ids outside the vocabulary (negative, or past vocab_size) raise ValueError when the ids
+        are concrete (an eager call); under jit they cannot be looked at, and the data pipeline's
+        tokenizer check keeps them in range."""
+        check_input_ids(input_ids, getattr(self.config.backbone, "vocab_size", None))
         if segment_ids is not None:
             segments.check(segment_ids, num_segments, input_ids)
             attention_mask = (segment_ids > 0).astype(jnp.int32)
@@ -295,6 +307,25 @@ def save_pretrained(model: SequenceClassifier, path, *, format: str = "pytorch",
 
 from_pretrained = SequenceClassifier.from_pretrained
 """`flaxheads.from_pretrained(path, ...)`: `SequenceClassifier.from_pretrained` as a function."""
+
+
+def check_input_ids(input_ids, vocab_size: int | None) -> None:
+    """ValueError naming the first id outside [0, vocab_size) of concrete `input_ids` (a traced
+    value, under jit, is let through). jax indexing would wrap a negative id around and clamp one
+    past the end, giving finite logits for text the model never saw; PyTorch's embedding raises."""
+    if isinstance(input_ids, jax.core.Tracer):
+        return
+    ids = np.asarray(input_ids)
+    if ids.size == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        bad = low if low < 0 else high
+        where = tuple(int(i) for i in np.argwhere(ids == bad)[0])
+        raise ValueError(
+            f"input_ids holds {bad} at {where}, outside the model's vocabulary [0, {vocab_size}): ids come from "
+            "this model's own tokenizer, which never gives such an id"
+        )
 
 
 class UntrainedModel(ValueError):

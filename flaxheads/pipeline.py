@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from flaxheads import problem
-from flaxheads.inference import TextScorer, load_trained
+from flaxheads.inference import TextScorer, load_trained, require_model_folder
 from flaxheads.model import SequenceClassifier
 from flaxheads.tokenizer import load_tokenizer, longest_input, model_pad_token_id, read_tokenizer
 
@@ -46,8 +46,8 @@ def pipeline(task: str = "text-classification", model: SequenceClassifier | str 
     refused when its classifier was never trained). `tokenizer`: a transformers tokenizer or its
     folder; optional with a model folder that holds the model's tokenizer, required with an
     in-memory model. Texts are truncated to `max_seq_length` tokens (at most the model's position
-    limit; None: that limit, else the tokenizer's `model_max_length`, else 512) and classified
-    `batch_size` at a time.
+    limit; None: that limit, else the tokenizer's `model_max_length`, else not at all, as
+    transformers' pipeline) and classified `batch_size` at a time.
 
     Raises ValueError for another task, a missing or foreign tokenizer, a folder without a
     tokenizer or a trained classifier (UntrainedModel).
@@ -66,6 +66,7 @@ def pipeline(task: str = "text-classification", model: SequenceClassifier | str 
         tokenizer = read_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     else:
         source = f"the model in {model}"
+        require_model_folder(model)
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
             tokenizer, pad_token_id = load_tokenizer(model, tokenizer)
         else:
@@ -122,6 +123,11 @@ class TextClassificationPipeline:
 
 def _texts(inputs) -> tuple[list[str], list[str] | None, bool]:
     """(texts, second texts or None, whether `inputs` was a single text)."""
+    if isinstance(inputs, tuple):
+        raise ValueError(
+            "the pipeline does not read a tuple: a pair of texts is {'text': ..., 'text_pair': ...}, several texts a "
+            "list (transformers refuses a tuple too, rather than guess which of the two it is)"
+        )
     single = isinstance(inputs, (str, dict))
     items = [inputs] if single else list(inputs)
     if all(isinstance(item, str) for item in items):

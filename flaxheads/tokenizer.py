@@ -7,6 +7,7 @@ reads always agree. Below training and inference; above the backbones and checkp
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import sys
@@ -88,6 +89,7 @@ def load_tokenizer(model_dir: str | os.PathLike, tokenizer_name: str | os.PathLi
     else:
         tokenizer = read_tokenizer(model_dir)
     check_tokenizer_fits(tokenizer, backbone, f"the model in {model_dir}")
+    tokenizer = for_model(tokenizer, backbone)
     tokenizer.padding_side = backbone_spec(backbone.model_type).padding_side
     pad_token_id = pad_token_ids(tokenizer, backbone.pad_token_id).model
     pad_token = None if pad_token_id is None else tokenizer.convert_ids_to_tokens(pad_token_id)
@@ -97,6 +99,30 @@ def load_tokenizer(model_dir: str | os.PathLike, tokenizer_name: str | os.PathLi
         note(f"{model_dir} sets no pad_token_id; using the tokenizer's {tokenizer.pad_token!r} "
              f"(id {pad_token_id}), saved with the model")
     return tokenizer, pad_token_id
+
+
+def for_model(tokenizer, backbone: BackboneConfig):
+    """`tokenizer`, or a shallow copy of it that gives no token_type_ids where the backbone's
+    family reads none (the decoder LLMs: a tokenizer saved with `return_token_type_ids` would
+    otherwise make every batch fail). The caller's tokenizer is left as it is."""
+    names = list(getattr(tokenizer, "model_input_names", []))
+    if backbone_spec(backbone.model_type).token_types or "token_type_ids" not in names:
+        return tokenizer
+    adjusted = copy.copy(tokenizer)
+    adjusted.model_input_names = [name for name in names if name != "token_type_ids"]
+    return adjusted
+
+
+def check_room_for_text(tokenizer, max_seq_length: int, *, pairs: bool = False) -> None:
+    """ValueError when `max_seq_length` leaves no token for the text after the special tokens the
+    tokenizer adds ([CLS] and [SEP], say): every example would read the same."""
+    special = tokenizer.num_special_tokens_to_add(pair=pairs)
+    if max_seq_length - special < 1 + int(pairs):
+        raise ValueError(
+            f"max_seq_length={max_seq_length} leaves no room for text: the tokenizer adds {special} special token(s) "
+            f"to every {'pair' if pairs else 'text'}, so every example would be read as the same "
+            f"{max_seq_length} tokens. Pass a max_seq_length of at least {special + 1 + int(pairs)} (128 is usual)"
+        )
 
 
 def read_tokenizer(folder: str | os.PathLike):
@@ -148,18 +174,22 @@ def fitting_max_length(backbone: BackboneConfig, requested: int) -> int:
     return limit
 
 
-def longest_input(backbone: BackboneConfig, tokenizer, fallback: int = 512) -> int:
+def longest_input(backbone: BackboneConfig, tokenizer) -> int | None:
     """The most tokens a text may keep when the caller sets no limit: as many as the model's
-    positions cover (transformers does not truncate, and fails past them), or the tokenizer's."""
+    positions cover (transformers does not truncate, and fails past them), or the tokenizer's;
+    None when neither sets one (relative positions, as XLNet's): texts are then not cut at all,
+    as transformers' pipeline does not cut them."""
     limits = [backbone.max_sequence_length, tokenizer.model_max_length]
     known = [limit for limit in limits if limit is not None and limit < UNKNOWN_LIMIT]
-    return min(known) if known else fallback
+    return min(known) if known else None
 
 
 __all__ = [
     "VOCABULARY_FILES",
     "PadIds",
+    "check_room_for_text",
     "check_tokenizer_fits",
+    "for_model",
     "fitting_max_length",
     "has_vocabulary",
     "load_tokenizer",

@@ -1,8 +1,33 @@
 #!/usr/bin/env bash
-# The test suite (what CI runs), with the Python that scripts/setup.sh installed into. Arguments go
-# to pytest: bash scripts/test.sh tests/test_cli.py -k help
+# The test suite (what CI runs), with the Python that scripts/setup.sh installed into.
+#
+#   bash scripts/test.sh                       everything, as CI runs it
+#   bash scripts/test.sh --fast                the fast lane for local work (under 5 minutes): every test
+#                                              not marked `slow` (pyproject.toml says what slow means)
+#   bash scripts/test.sh tests/test_cli.py -k help     other arguments go to pytest
+#
+# Tests run in FLAXHEADS_TEST_WORKERS parallel processes (pytest-xdist; default: the number of
+# cores, at most 4; 0 runs them in this process), each test file on one worker so that its
+# module fixtures (a tiny finished run, say) are built once. The slowest 25 tests are listed at
+# the end.
 set -euo pipefail
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/python_env.sh"
 cd "$repo_root"
 use_repo_python
-exec "$python" -m pytest -q "$@"
+
+args=()
+lane=()
+for arg in "$@"; do
+    if [[ $arg == --fast ]]; then
+        lane=(-m "not slow")
+    else
+        args+=("$arg")
+    fi
+done
+cores=$(nproc 2>/dev/null || echo 2)
+workers=${FLAXHEADS_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
+parallel=()
+if (( workers > 0 )); then
+    parallel=(-n "$workers" --dist loadfile)
+fi
+exec "$python" -m pytest -q --durations=25 "${parallel[@]}" "${lane[@]}" "${args[@]}"

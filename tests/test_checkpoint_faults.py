@@ -77,7 +77,17 @@ def _truncate_data_file(step_dir: Path) -> None:
         f.truncate(100)
 
 
+def _flip_a_byte_of_array_data(step_dir: Path) -> None:
+    """One byte in the middle of the largest array data file: Orbax reads it back without
+    complaint (the values just change); only the checksum recorded at save tells."""
+    largest = max((step_dir / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    largest.write_bytes(bytes(data))
+
+
 DAMAGES = {
+    "flipped_byte_in_array_data": _flip_a_byte_of_array_data,
     "truncated_data_file": _truncate_data_file,
     "deleted_state_metadata": lambda step_dir: (step_dir / "state" / "_METADATA").unlink(),
     "deleted_meta_metadata": lambda step_dir: (step_dir / "meta" / "metadata").unlink(),
@@ -112,7 +122,7 @@ def test_every_step_damaged_raises_checkpoint_error_naming_what_was_set_aside(tm
     _saved(tmp_path, [1, 2]).close()
     _truncate_data_file(tmp_path / "checkpoints" / "2")
     (tmp_path / "checkpoints" / "1" / "state" / "_METADATA").unlink()
-    with pytest.raises(CheckpointError, match="--overwrite_output_dir") as err:
+    with pytest.raises(CheckpointError, match="overwrite_output_dir=True") as err:
         _checkpoints(tmp_path).restore_newest_intact(_abstract(_state(1)))
     print(err.value)
     for step in (1, 2):
@@ -314,3 +324,19 @@ def test_release_removes_only_the_file_it_locked(tmp_path):
         lock.release()
         assert (tmp_path / LOCK_NAME).exists()
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_flipped_byte_is_read_back_silently_without_the_checksums(tmp_path):
+    """Why the checksums exist: without them the damaged step restores with other values."""
+    _saved(tmp_path, [1, 2]).close()
+    step_dir = tmp_path / "checkpoints" / "2"
+    for checksums in step_dir.glob("flaxheads_checksums.process_*.json"):
+        checksums.unlink()
+    _flip_a_byte_of_array_data(step_dir)
+
+    state, _, step = _checkpoints(tmp_path).restore_newest_intact(_abstract(_state(2)))
+
+    assert step == 2
+    differs = [not np.array_equal(np.asarray(got), np.asarray(want))
+               for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(_state(2)))]
+    assert any(differs)

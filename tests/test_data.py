@@ -690,3 +690,15 @@ def test_a_process_given_more_than_its_own_shards_is_rejected(indexed_train):
 def test_more_data_shards_than_examples_are_rejected():
     with pytest.raises(ValueError, match="2 examples cannot be cut into 4 data shards"):
         list(eval_batches(_rows_of_lengths([3, 4]), _index_format(), global_batch_size=4, num_shards=4))
+
+
+def test_builtin_splits_come_in_a_seeded_random_order_not_the_files_sorted_one():
+    """movie_snippets' file is sorted by sentiment: its first 800 training rows were 96.5%
+    positive while the rows came in file order."""
+    task = load_builtin("movie_snippets", seed=0)
+    first = np.asarray(task.splits["train"].select(range(800))["label"])
+
+    assert 0.3 < first.mean() < 0.7
+    again = load_builtin("movie_snippets", seed=0).splits["train"]["text"][:5]
+    assert again == task.splits["train"]["text"][:5]
+    assert load_builtin("movie_snippets", seed=1).splits["train"]["text"][:5] != again

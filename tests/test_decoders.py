@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -456,6 +457,18 @@ def test_train_evaluate_predict_inspect_and_convert_commands_work_on_llama(tiny_
     assert [r["text"] for r in rows] == texts
     for row, p in zip(rows, expected):
         np.testing.assert_allclose(list(row["probabilities"].values()), p, atol=1e-5)
+
+    # An empty text gives no tokens (this tokenizer adds no BOS): refused, as transformers refuses it.
+    assert main(["predict", "--model_name_or_path", str(run), "so dull", ""]) == 2
+    assert "give no tokens at all" in capsys.readouterr().err
+    # A tokenizer saved to return token types (Llama has none) is read without them.
+    typed = tmp_path / "typed"
+    shutil.copytree(run, typed)
+    tokenizer_config = json.loads((typed / "tokenizer_config.json").read_text())
+    tokenizer_config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    (typed / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert main(["predict", "--model_name_or_path", str(typed), *texts]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
 
     assert main(["inspect", str(tiny_llama), "--num_labels", "3"]) == 0
     out = capsys.readouterr().out

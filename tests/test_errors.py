@@ -407,3 +407,42 @@ def test_flaxheads_format_with_more_layers_than_config_json_is_refused(tmp_path,
 
     with pytest.raises(flaxheads.CheckpointError, match=r"holds 4 layers \(e\.g\. backbone\.layers\.3\..*num_hidden_layers=2"):
         load(tmp_path / "native")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and weights that would load as something else
+
+
+@pytest.mark.parametrize("where", ["../outside.safetensors", "/abs/model-00001.safetensors", "sub/dir.safetensors"])
+def test_a_shard_index_naming_a_path_outside_the_folder_is_refused(sharded_bert, tmp_path, where):
+    index = json.loads((sharded_bert / "model.safetensors.index.json").read_text())
+    name = next(iter(index["weight_map"]))
+    edit_index(sharded_bert, lambda index: {**index, "weight_map": {**index["weight_map"], name: where}})
+
+    with pytest.raises(flaxheads.CheckpointError, match=rf"names shard '{re.escape(where)}', a path"):
+        flaxheads.from_pretrained(sharded_bert)
+
+
+def test_a_float_weight_relabelled_as_integers_is_refused_naming_the_tensor(bert_copy):
+    file = bert_copy / "model.safetensors"
+    raw = bytearray(file.read_bytes())
+    header_len = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + header_len].decode()
+    name = "bert.embeddings.word_embeddings.weight"
+    at = header.index('"F32"', header.index(f'"{name}"'))
+    header = header[:at] + '"I32"' + header[at + 5:]  # the same 4 bytes per value, read as integers near 1e9
+    file.write_bytes(raw[:8] + header.encode() + raw[8 + header_len:])
+
+    with pytest.raises(flaxheads.CheckpointError, match=rf"{re.escape(name)} is stored as int32.*float32"):
+        flaxheads.from_pretrained(bert_copy)
+
+
+@pytest.mark.parametrize("bad_id", [-1, 99])
+def test_ids_outside_the_vocabulary_are_refused_as_pytorch_refuses_them(bert_copy, bad_id):
+    model = flaxheads.from_pretrained(bert_copy)  # vocab_size 99
+    ids = np.array([[2, 5, bad_id, 7]])
+
+    with pytest.raises(ValueError, match=rf"input_ids holds {bad_id} at \(0, 2\), outside the model's vocabulary \[0, 99\)"):
+        model(jnp.asarray(ids))
+    with pytest.raises(IndexError):  # what transformers does with the same ids
+        transformers.AutoModelForSequenceClassification.from_pretrained(bert_copy)(torch.as_tensor(ids))

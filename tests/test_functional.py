@@ -266,3 +266,8 @@ def test_packed_call_returns_each_segments_logits_as_the_model_does(classifier):
     alone = [classifier(input_ids[:, :4]).logits[0], classifier(input_ids[:, 4:7]).logits[0]]
     assert packed.shape == (1, 3, 3)
     np.testing.assert_allclose(packed[0, :2], jnp.stack(alone), atol=1e-5)
+
+
+def test_from_pretrained_warns_naming_the_newly_initialised_weights_as_transformers_does(checkpoint):
+    with pytest.warns(UserWarning, match=r"newly initialized: \['classifier.weight', 'classifier.bias'\]"):
+        FunctionalClassifier.from_pretrained(checkpoint.path, num_labels=5, ignore_mismatched_sizes=True)

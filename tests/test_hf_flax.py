@@ -286,3 +286,25 @@ def test_head_of_another_size_is_named_in_the_flax_layout_and_can_be_replaced():
         FIXTURES / "bert_seq_cls", num_labels=5, ignore_mismatched_sizes=True, output_loading_info=True
     )
     assert {name for name, _, _ in info.mismatched} == {"classifier/bias", "classifier/kernel"}
+
+
+def test_a_flax_models_model_safetensors_reads_like_its_msgpack(tmp_path):
+    """transformers 4.x Flax models saved with safe_serialization=True wrote model.safetensors with
+    "."-joined Flax names and metadata format "flax": read as Hugging Face Flax, not refused as an
+    incomplete PyTorch checkpoint."""
+    from flax.traverse_util import flatten_dict
+    from safetensors.numpy import save_file
+
+    name = "bert_seq_cls"
+    tree = serialization.msgpack_restore((FIXTURES / name / hf_flax.MSGPACK_NAME).read_bytes())
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(FIXTURES / name / "config.json", folder / "config.json")
+    save_file({".".join(k): np.asarray(v) for k, v in flatten_dict(tree).items()}, folder / "model.safetensors",
+              metadata={"format": "flax"})
+    values = expected(name)
+
+    model, info = flaxheads.from_pretrained(folder, output_loading_info=True)
+
+    assert info.fully_pretrained and info.unused == [] and "bert/encoder/layer/0/output/dense/kernel" in info.loaded
+    assert_close(model(**model_inputs(values)), values["logits"], "Flax model.safetensors")

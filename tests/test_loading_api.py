@@ -1,10 +1,10 @@
 """The loading API as transformers users expect it: `SequenceClassifier.from_pretrained` with
 `config=`, `id2label=`/`label2id=`, hub arguments and `trust_remote_code`, `save_pretrained`
-with a tokenizer; and how loading is built: no import cycle, config.json read once."""
+with a tokenizer; and how loading is built: config.json read once, one call to the hub resolver.
+(The import structure is checked in test_architecture.py.)"""
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import pathlib
@@ -22,87 +22,8 @@ from flaxheads.model import SequenceClassifier
 
 from conftest import TINY_CONFIG
 
-PACKAGE = pathlib.Path(flaxheads.__file__).parent
-
-
 # ---------------------------------------------------------------------------------------------
 # Structure
-
-
-def _module_name(file: pathlib.Path) -> str:
-    parts = file.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _runtime_nodes(tree: ast.AST):
-    """Every node of `tree` except those under `if TYPE_CHECKING:`, which never run."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
-            continue
-        yield node
-        yield from _runtime_nodes(node)
-
-
-def _imports(file: pathlib.Path, modules: set[str]) -> set[str]:
-    """The flaxheads modules `file` imports anywhere it runs: at module level, in functions, in
-    methods (imports under `if TYPE_CHECKING:` only serve annotations)."""
-    this = _module_name(file)
-    package = this if file.name == "__init__.py" else this.rsplit(".", 1)[0]
-    found = set()
-    for node in _runtime_nodes(ast.parse(file.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            for alias in node.names:
-                # `from flaxheads import conversion` imports the module flaxheads.conversion.
-                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
-    return {name for name in found if name in modules and name != this}
-
-
-def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, str] = {}
-    stack: list[str] = []
-
-    def visit(module: str) -> list[str] | None:
-        state[module] = "open"
-        stack.append(module)
-        for imported in sorted(graph[module]):
-            if state.get(imported) == "open":
-                return stack[stack.index(imported):] + [imported]
-            if imported not in state and (cycle := visit(imported)):
-                return cycle
-        state[module] = "done"
-        stack.pop()
-        return None
-
-    for module in sorted(graph):
-        if module not in state and (cycle := visit(module)):
-            return cycle
-    return None
-
-
-def test_flaxheads_modules_import_each_other_without_a_cycle():
-    files = sorted(PACKAGE.rglob("*.py"))
-    modules = {_module_name(f) for f in files}
-    graph = {_module_name(f): _imports(f, modules) for f in files}
-    assert "flaxheads.conversion.loading" in graph["flaxheads.model"]  # the parser sees imports
-
-    cycle = _find_cycle(graph)
-
-    assert cycle is None, " -> ".join(cycle)
-
-
-def test_the_loader_imports_no_model_module():
-    modules = {_module_name(f) for f in PACKAGE.rglob("*.py")}
-
-    imported = _imports(PACKAGE / "conversion" / "loading.py", modules)
-
-    assert not imported & {"flaxheads", "flaxheads.model", "flaxheads.convert", "flaxheads.inference"}, imported
 
 
 def test_from_pretrained_is_a_classmethod_that_builds_the_class_it_is_called_on(hf_checkpoint):

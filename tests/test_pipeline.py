@@ -4,6 +4,7 @@ texts of different lengths batched together (so padding happens), and the pad-id
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -303,3 +304,64 @@ def test_without_any_pad_or_eos_token_the_model_has_none_and_batches_pad_with_ze
         pad_token_id = eos_token_id = None
 
     assert pad_token_ids(NoSpecialTokens(), None) == PadIds(input_ids=0, model=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs transformers refuses, texts it does not cut, pairs
+
+
+def test_a_tuple_is_refused_as_transformers_refuses_it_rather_than_read_as_two_texts(exported):
+    folder, _ = exported("single_label")
+    theirs = transformers.pipeline("text-classification", model=str(folder), tokenizer=str(folder))
+    with pytest.raises(Exception):
+        theirs(("a fine film", "so dull"))
+
+    with pytest.raises(ValueError, match="does not read a tuple"):
+        flaxheads.pipeline(model=str(folder))(("a fine film", "so dull"))
+
+
+def test_texts_of_a_model_whose_positions_set_no_limit_are_not_cut(bert_tokenizer, tmp_path):
+    """XLNet's positions are relative: transformers reads a 600-token text whole, and so does the
+    pipeline, whatever the tokenizer's (unset) model_max_length."""
+    folder = tmp_path / "xlnet"
+    config = transformers.XLNetConfig(vocab_size=99, d_model=32, n_layer=2, n_head=4, d_inner=37, num_labels=2,
+                                      initializer_range=0.1, mem_len=None)
+    torch.manual_seed(0)
+    transformers.XLNetForSequenceClassification(config).eval().save_pretrained(folder)
+    bert_tokenizer.save_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.model_max_length = int(1e30)  # as a tokenizer without a known limit reports it
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(600))
+    reference = transformers.XLNetForSequenceClassification.from_pretrained(folder).eval()
+    enc = tokenizer(text, return_tensors="pt")
+    assert enc["input_ids"].shape[1] > 600
+
+    answer = flaxheads.pipeline(model=flaxheads.from_pretrained(folder), tokenizer=tokenizer)(text, top_k=None)
+
+    with torch.no_grad():
+        expected = torch.softmax(reference(**enc).logits, -1)[0].numpy()
+    got = {row["label"]: row["score"] for row in answer}
+    np.testing.assert_allclose([got["LABEL_0"], got["LABEL_1"]], expected, atol=ATOL)
+
+
+def test_a_model_trained_on_pairs_needs_a_text_pair_for_every_text(exported, tmp_path, capsys):
+    from flaxheads.cli import main
+
+    folder = tmp_path / "pairs"
+    shutil.copytree(exported("single_label")[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["flaxheads"]["text_pair"] = True
+    (folder / "config.json").write_text(json.dumps(config))
+    theirs = transformers.pipeline("text-classification", model=str(folder), tokenizer=str(folder), top_k=None)
+
+    with pytest.raises(ValueError, match="trained on text pairs"):
+        flaxheads.pipeline(model=str(folder))("a fine film")
+    assert main(["predict", "--model_name_or_path", str(folder), "a fine film"]) == 2
+    assert "trained on text pairs" in capsys.readouterr().err
+    assert main(["predict", "--model_name_or_path", str(folder), "a fine film", "great",
+                 "--text_pair", "so dull", "a great plot"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["text"], r["text_pair"]) for r in rows] == [("a fine film", "so dull"), ("great", "a great plot")]
+    expected = theirs({"text": "great", "text_pair": "a great plot"})
+    for answer in expected:
+        np.testing.assert_allclose(rows[1]["probabilities"][answer["label"]], answer["score"], atol=ATOL)

@@ -4,8 +4,10 @@ with an error that names it, or survived with a warning."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -80,7 +82,7 @@ def test_output_dir_holding_a_model_no_run_wrote_is_refused_unless_overwrite(tin
     shutil.copytree(tiny_bert, out)
     before = _snapshot(out)
 
-    with pytest.raises(RunConflict, match=r"--overwrite_output_dir.*another --output_dir"):
+    with pytest.raises(RunConflict, match=r"overwrite_output_dir=True.*another output_dir"):
         train(_config(tiny_bert, snippets_csv, out))
     assert _snapshot(out) == before
 
@@ -106,10 +108,13 @@ def test_rerunning_the_same_command_reports_the_finished_run_and_changes_nothing
 def test_rerun_with_other_settings_is_refused_naming_each_setting(tiny_bert, snippets_csv, finished, change, named):
     before = _snapshot(finished)
 
-    with pytest.raises(CheckpointMismatch, match="--overwrite_output_dir") as err:
+    with pytest.raises(CheckpointMismatch, match="overwrite_output_dir=True") as err:
         train(_config(tiny_bert, snippets_csv, finished, **change))
     print(err.value)
     assert named in str(err.value)
+    # Only the training settings may change on an explicit resume: say so only then.
+    assert ("resume_from_checkpoint=STEP" in str(err.value)) == (next(iter(change)) in ("learning_rate", "seed",
+                                                                                        "max_steps", "dtype"))
     assert _snapshot(finished) == before
 
 
@@ -119,8 +124,9 @@ def test_rerun_with_other_data_of_the_same_name_is_refused_naming_its_hash(tiny_
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
         data[split].write_text("".join(lines[:-1]), encoding="utf-8")  # one row fewer
 
-    with pytest.raises(CheckpointMismatch, match=r"data\.files\.train\.sha256"):
+    with pytest.raises(CheckpointMismatch, match=r"data\.files\.train\.sha256") as err:
         train(_config(tiny_bert, data, finished))
+    assert "resume_from_checkpoint" not in str(err.value)  # it would be refused too
 
 
 def test_rerun_with_other_label_names_is_refused(tiny_bert, snippets_csv, finished, tmp_path):
@@ -351,3 +357,227 @@ def test_ignore_mismatched_sizes_starts_a_new_head_for_another_label_count(
         train(_config(three, snippets_csv, tmp_path / "a", max_steps=1))
     result = train(_config(three, snippets_csv, tmp_path / "b", max_steps=1, ignore_mismatched_sizes=True))
     assert result["steps"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Files no run wrote, exports seen whole, what a run is
+
+
+def _user_folder(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_files_with_run_output_names_that_no_run_wrote_are_never_replaced(tiny_bert, snippets_csv, tmp_path, overwrite):
+    out = _user_folder(tmp_path / "mine", {"results.json": "{}", "metrics.jsonl": "my log\n",
+                                          "predict_results.txt": "mine", "checkpoints/epoch=3.ckpt": "weights",
+                                          "tensorboard/events": "events"})
+    before = _snapshot(out)
+
+    with pytest.raises(RunConflict, match="no flaxheads run recorded writing there") as err:
+        train(_config(tiny_bert, snippets_csv, out, do_predict=True, test_file=str(snippets_csv["validation"]),
+                      overwrite_output_dir=overwrite))
+
+    assert _snapshot(out) == before
+    for name in ("results.json", "metrics.jsonl", "predict_results.txt", "checkpoints", "tensorboard"):
+        assert name in str(err.value)
+
+
+def test_an_adapter_folder_no_run_wrote_is_refused_before_training(tiny_bert, snippets_csv, tmp_path):
+    out = _user_folder(tmp_path / "out", {"adapter/adapter_config.json": "{}", "adapter/adapter_model.safetensors": "x"})
+    before = _snapshot(out)
+
+    with pytest.raises(RunConflict, match="adapter"):
+        train(_config(tiny_bert, snippets_csv, out, lora_r=2, lora_target_modules=("query",), lora_export="both"))
+
+    assert _snapshot(out) == before and not (out / "metrics.jsonl").exists()
+
+
+def test_overwrite_removes_the_earlier_runs_adapter_and_keeps_the_users_files(tiny_bert, snippets_csv, tmp_path):
+    out = tmp_path / "run"
+    lora = dict(lora_r=2, lora_target_modules=("query",), lora_export="both", max_steps=2, save_steps=2)
+    train(_config(tiny_bert, snippets_csv, out, **lora))
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    (out / "NOTES.md").write_text("mine")
+
+    train(_config(tiny_bert, snippets_csv, out, max_steps=2, save_steps=2, overwrite_output_dir=True))
+
+    assert not (out / "adapter").exists() and (out / "NOTES.md").read_text() == "mine"
+
+
+def test_weights_of_another_format_the_export_would_leave_beside_are_refused_before_training(
+        tiny_bert, snippets_csv, tmp_path):
+    out = tmp_path / "native"
+    flaxheads.from_pretrained(tiny_bert, num_labels=2).save_pretrained(out, format="flaxheads")
+    before = _snapshot(out)
+
+    with pytest.raises(RunConflict, match="flaxheads_model.safetensors.*beside"):
+        train(_config(tiny_bert, snippets_csv, out, overwrite_output_dir=True))
+
+    assert _snapshot(out) == before
+
+
+def test_the_same_model_by_a_relative_or_an_absolute_path_is_the_same_run(
+        tiny_bert, snippets_csv, finished, monkeypatch):
+    monkeypatch.chdir(tiny_bert.parent)
+
+    result = train(_config(Path(tiny_bert.name), snippets_csv, finished))
+
+    assert result["already_complete"]
+
+
+def test_a_kill_between_the_renames_of_an_export_leaves_a_folder_readers_refuse_until_it_is_redone(
+        trained_model, tmp_path):
+    """The export's files are moved in one by one; a process killed between two renames leaves the
+    incomplete-marker, so predict refuses the mix of two exports instead of answering from it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "export"
+    shutil.copytree(trained_model, out)
+    script = (
+        "import os, sys, pathlib, flaxheads\n"
+        "out = pathlib.Path(sys.argv[1]).resolve()\n"
+        "real = os.replace\n"
+        "def replace(a, b):\n"
+        "    real(a, b)\n"
+        "    if pathlib.Path(b).parent == out and pathlib.Path(b).name == 'config.json':\n"
+        "        os._exit(9)  # killed: the new config.json is in, the new weights are not\n"
+        "os.replace = replace\n"
+        "model = flaxheads.from_pretrained(out, id2label=['b', 'a'])\n"
+        "model.save_pretrained(out)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True)
+    assert proc.returncode == 9, proc.stderr[-2000:]
+
+    with pytest.raises(ValueError, match="was being written when the writer stopped"):
+        predict(out, ["a fine film"])
+    flaxheads.from_pretrained(trained_model).save_pretrained(out)  # a whole export again
+    assert predict(out, ["a fine film"])[0]["label"] in ("positive", "negative")
+
+
+def test_predict_on_an_unexported_run_or_a_checkpoint_step_says_how_to_get_the_model(finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    for name in os.listdir(run):  # a run killed before its export
+        if name.endswith((".json", ".safetensors", ".txt")) and name not in ("run.json", "results.json"):
+            (run / name).unlink()
+
+    assert main(["predict", "--model_name_or_path", str(run), "a fine film"]) == 2
+    message = capsys.readouterr().err
+    assert "has not exported its model yet" in message and "resumes from the newest checkpoint" in message
+    assert main(["predict", "--model_name_or_path", str(run / "checkpoints" / "4"), "a fine film"]) == 2
+    assert "checkpoint step 4 of the training run" in capsys.readouterr().err
+
+
+def test_python_errors_name_python_arguments_and_the_command_line_its_flags(tiny_bert, snippets_csv, finished, capsys):
+    with pytest.raises(CheckpointMismatch) as err:
+        train(_config(tiny_bert, snippets_csv, finished, seed=9))
+    assert "overwrite_output_dir=True" in str(err.value) and "--overwrite_output_dir" not in str(err.value)
+    assert TrainConfig().output_dir is None  # an in-memory Trainer writes nothing unless told where
+
+    code = main(["train", "--model_name_or_path", str(tiny_bert), "--train_file", str(snippets_csv["train"]),
+                 "--text_column", "sentence", "--output_dir", str(finished), "--max_steps", "4", "--seed", "9"])
+    assert code == 2 and "--overwrite_output_dir" in capsys.readouterr().err
+
+
+def test_max_seq_length_that_leaves_no_room_for_text_is_refused(tiny_bert, snippets_csv, tmp_path):
+    with pytest.raises(ValueError, match="max_seq_length=2 leaves no room for text.*2 special token"):
+        train(_config(tiny_bert, snippets_csv, tmp_path, max_seq_length=2))
+    assert not tmp_path.joinpath("metrics.jsonl").exists()
+
+
+def test_a_training_set_of_mostly_one_class_gets_a_warning_naming_the_share(tiny_bert, snippets_csv, tmp_path, capsys):
+    rows = snippets_csv["train"].read_text().splitlines()
+    skewed = [rows[0]] + [r for r in rows[1:] if r.endswith(",positive")] * 3 + [
+        next(r for r in rows[1:] if r.endswith(",negative"))]
+    (tmp_path / "train.csv").write_text("\n".join(skewed) + "\n")
+
+    train(_config(tiny_bert, {"train": tmp_path / "train.csv", "validation": snippets_csv["validation"]},
+                  tmp_path / "out", max_steps=1, save_steps=1))
+
+    assert re.search(r"warning: 9\d\.\d% of the \d+ train examples are 'positive'", capsys.readouterr().err)
+
+
+def test_the_bar_counts_each_step_once_when_evaluations_and_saves_come_between(tiny_bert, snippets_csv, tmp_path, capsys):
+    train(_config(tiny_bert, snippets_csv, tmp_path, max_steps=8, logging_steps=2, eval_steps=4, save_steps=4,
+                  eval_strategy="steps", disable_tqdm=False))
+
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train  step")]
+    steps = [int(re.search(r"step (\d+)/8", line).group(1)) for line in lines]
+    assert steps == [1, 2, 4, 6, 8], lines  # the first step, then every logging step: never past 8
+    assert "loss (mean of last 20 steps)" in lines[0] and all(" loss " in line for line in lines[1:])
+
+
+def test_non_finite_validation_scores_stop_the_run_and_never_become_the_best_model(
+        tiny_bert, snippets_csv, tmp_path, monkeypatch):
+    from flaxheads.training import scoring
+
+    real = scoring.SplitScorer._outputs
+    calls = []
+
+    def nan_at_the_second_evaluation(self, split, params):
+        logits, labels, losses = real(self, split, params)
+        calls.append(split)
+        if len(calls) == 2:
+            logits = logits.copy()
+            logits[0, 0] = np.nan  # argmax would still "predict" a class for this row
+        return logits, labels, losses
+
+    monkeypatch.setattr(scoring.SplitScorer, "_outputs", nan_at_the_second_evaluation)
+    config = _config(tiny_bert, snippets_csv, tmp_path, eval_strategy="steps", eval_steps=2)
+    # Every evaluation through the full predictions (where `_outputs` is), as with compute_metrics.
+    monkeypatch.setattr(scoring.SplitScorer, "scores",
+                        lambda self, split, params, max_batches=None: self.predict(split, params).metrics)
+    best_after_step_2 = {}
+
+    real_export = scoring.SplitScorer.export
+
+    def export(self, params, directory):
+        real_export(self, params, directory)
+        best_after_step_2.update(_snapshot(directory))
+
+    monkeypatch.setattr(scoring.SplitScorer, "export", export)
+    with pytest.raises(NonFiniteLoss, match="non-finite validation scores"):
+        train(config)
+
+    assert _snapshot(tmp_path / "best_model") == best_after_step_2  # the step-2 export, untouched
+    assert not (tmp_path / "config.json").exists()  # no final export from those weights
+
+
+def test_evaluate_refuses_non_finite_scores_and_reports_no_metric(trained_model, snippets_csv, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    model = flaxheads.from_pretrained(trained_model)
+    model.head.classifier.bias[...] = model.head.classifier.bias[...] * np.nan
+    model.save_pretrained(broken)
+    for name in TOKENIZER_FILES:
+        shutil.copy(trained_model / name, broken / name)
+
+    code = main(["evaluate", "--model_name_or_path", str(broken), "--train_file", str(snippets_csv["train"]),
+                 "--validation_file", str(snippets_csv["validation"]), "--text_column", "sentence",
+                 "--split", "validation"])
+
+    captured = capsys.readouterr()
+    assert code == 2 and "non-finite logits" in captured.err and "accuracy" not in captured.out
+
+
+def test_evaluate_matches_classes_by_name_and_refuses_other_classes(trained_model, snippets_csv, tmp_path):
+    from flaxheads.data import load_task
+    from flaxheads.inference import evaluate
+
+    renamed = {split: tmp_path / f"{split}.csv" for split in snippets_csv}
+    for split, path in snippets_csv.items():  # "negative" -> "zz_negative": it now sorts after "positive"
+        renamed[split].write_text(path.read_text().replace(",negative", ",zz_negative"))
+    same = load_task(train_file=snippets_csv["train"], validation_file=snippets_csv["validation"],
+                     text_column="sentence")
+    other = load_task(train_file=renamed["train"], validation_file=renamed["validation"], text_column="sentence")
+
+    with pytest.raises(ValueError, match=r"the data's classes \['positive', 'zz_negative'\] are not the model's"):
+        evaluate(trained_model, other, "validation", max_seq_length=32)
+    swapped_task = dataclasses.replace(same, id2label={0: "positive", 1: "negative"}, splits=type(same.splits)({
+        name: split.map(lambda row: {"label": 1 - row["label"]}) for name, split in same.splits.items()}))
+    assert evaluate(trained_model, swapped_task, "validation", max_seq_length=32) == pytest.approx(
+        evaluate(trained_model, same, "validation", max_seq_length=32))

@@ -25,6 +25,9 @@ class BackboneSpec:
     module_cls: type
     padding_side: str
     """Where tokenizers should pad for this family's canonical head ("right" or "left")."""
+    token_types: bool = True
+    """Whether the family reads token_type_ids; the decoder LLMs have none (a tokenizer that gives
+    them anyway has them dropped, `flaxheads.tokenizer.for_model`)."""
 
 
 BACKBONES: dict[str, BackboneSpec] = {
@@ -44,7 +47,7 @@ BACKBONES: dict[str, BackboneSpec] = {
     # Gemma's tokenizers pad left, Qwen2's right; Mistral ships Llama's). The last_token head
     # reads the last real token on either side.
     **{model_type: BackboneSpec(DecoderConfig, Decoder, padding_side="right" if model_type.startswith("qwen") else
-                                "left") for model_type in DECODER_FAMILIES},
+                                "left", token_types=False) for model_type in DECODER_FAMILIES},
 }
 
 

@@ -131,6 +131,16 @@ def _open_safetensors(file: Path) -> TensorReader:
     return TensorReader(names, read, str(file), lambda name: np.dtype(SAFETENSORS_DTYPES[codes[name]]))
 
 
+def safetensors_format(file: str | os.PathLike) -> str | None:
+    """The "format" a safetensors file's metadata declares ("pt", "flax", ...); None when it
+    declares none or cannot be read (reading it then says why)."""
+    try:
+        with safe_open(file, framework="np") as f:
+            return (f.metadata() or {}).get("format")
+    except Exception:
+        return None
+
+
 def _damaged(file: Path, why: str) -> CheckpointError:
     return CheckpointError(
         f"cannot read {file}: {why}. The file is truncated, damaged or not safetensors; re-download or re-export it"
@@ -163,6 +173,14 @@ def open_sharded(index_file: Path, open_shard: Callable[[Path], TensorReader]) -
         raise CheckpointError(
             f"{index_file} is not a valid shard index: it needs a \"weight_map\" object mapping each tensor "
             "name to the name of its shard file; re-download or re-export the checkpoint"
+        )
+    outside = sorted({shard for shard in weight_map.values()
+                      if shard in ("", ".", "..") or "/" in shard or "\\" in shard or os.path.isabs(shard)})
+    if outside:
+        raise CheckpointError(
+            f"{index_file} names shard {outside[0]!r}, a path rather than a file beside the index: a checkpoint's "
+            "shards are read only from its own folder. Fix the index's weight_map, or re-download or re-export "
+            "the checkpoint"
         )
     shards: dict[str, TensorReader] = {}
     for shard in sorted(set(weight_map.values())):
@@ -199,6 +217,15 @@ def _torch_to_numpy(tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def _numpy_dtype(tensor) -> np.dtype:
+    """The numpy dtype a torch tensor converts to, without converting it."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(torch.empty((), dtype=tensor.dtype).numpy().dtype)
+
+
 _ZIP_MAGIC = b"PK\x03\x04"
 """How torch.load itself tells the zip format from the legacy one (`torch.serialization._is_zipfile`)."""
 
@@ -223,7 +250,8 @@ def _open_bin(file: Path) -> TensorReader:
         ) from None
     if not isinstance(state, Mapping):
         raise CheckpointError(f"{file} holds a {type(state).__name__}, not a state dict of tensors")
-    return TensorReader(list(state), lambda name: _torch_to_numpy(state[name]), str(file))
+    return TensorReader(list(state), lambda name: _torch_to_numpy(state[name]), str(file),
+                        lambda name: _numpy_dtype(state[name]))
 
 
 _OPENERS: dict[str, Callable[[Path], TensorReader]] = {

@@ -5,7 +5,7 @@ command line alike:
 |-------------|---------------------------------------------------|------|------------------------------------------|
 | `pytorch`   | model.safetensors (sharded too), pytorch_model.bin | yes  | yes: what transformers loads             |
 | `flaxheads` | flaxheads_model.safetensors, keyed by flax paths  | yes  | yes                                      |
-| `hf_flax`   | flax_model.msgpack (sharded too): transformers 4.x `Flax*` models | yes | no: transformers 5 has no Flax model to load it |
+| `hf_flax`   | flax_model.msgpack (sharded too), or model.safetensors with metadata format "flax": transformers 4.x `Flax*` models | yes | no: transformers 5 has no Flax model to load it |
 
 The registry, in search order, is `flaxheads.conversion.WEIGHT_FORMATS`. Also here: which files
 of a folder belong to a checkpoint (`checkpoint_files`), so that nothing else in it is mistaken
@@ -44,14 +44,34 @@ class WeightFormat:
     """Whether a file of this format can carry a pretraining checkpoint's heads (BERT's NSP)."""
     written_as: str | None = None
     """The weight file `save_pretrained` writes in this format; None: flaxheads reads it only."""
+    holds: Callable[[Path], bool] | None = None
+    """Whether a folder holds this format, where its file names alone do not say (default: any of
+    `files` is there)."""
+
+    def found_in(self, folder: str | os.PathLike) -> bool:
+        if self.holds is not None:
+            return self.holds(Path(folder))
+        return any((Path(folder) / name).is_file() for name in self.files)
+
+
+_PYTORCH_FILES = (checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME, checkpoint_io.BIN_NAME,
+                  checkpoint_io.BIN_INDEX_NAME)
+
+
+def _holds_pytorch(folder: Path) -> bool:
+    present = [name for name in _PYTORCH_FILES if (folder / name).is_file()]
+    if present == [checkpoint_io.SAFETENSORS_NAME]:
+        # ... unless its metadata says "flax": a transformers 4.x Flax model's (HF_FLAX).
+        return not hf_flax.is_flax_safetensors(folder)
+    return bool(present)
 
 
 PYTORCH = WeightFormat(
     "pytorch",
-    (checkpoint_io.SAFETENSORS_NAME, checkpoint_io.SAFETENSORS_INDEX_NAME,
-     checkpoint_io.BIN_NAME, checkpoint_io.BIN_INDEX_NAME),
+    _PYTORCH_FILES,
     checkpoint_io.open_weights,
     written_as=checkpoint_io.SAFETENSORS_NAME,
+    holds=_holds_pytorch,
 )
 FLAXHEADS = WeightFormat(
     "flaxheads",
@@ -63,7 +83,8 @@ FLAXHEADS = WeightFormat(
 )
 # Hugging Face Flax (transformers 4.x `Flax*` models' save_pretrained): read without torch or
 # transformers 4.x; PyTorch weights in the same folder win, as in transformers.
-HF_FLAX = WeightFormat("hf_flax", hf_flax.WEIGHT_NAMES, hf_flax.open_hf_flax, hf_flax.hf_flax_rules)
+HF_FLAX = WeightFormat("hf_flax", hf_flax.WEIGHT_NAMES, hf_flax.open_hf_flax, hf_flax.hf_flax_rules,
+                       holds=lambda folder: hf_flax.weights_file(folder) is not None)
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

@@ -4,7 +4,10 @@
 with `flax.serialization.msgpack_restore`; its names join the dict keys with "/"
 ("bert/encoder/layer/0/attention/self/query/kernel"). A sharded save writes
 `flax_model.msgpack.index.json`, whose "weight_map" names each tensor's
-`flax_model-0000x-of-0000y.msgpack` shard, like a sharded safetensors index.
+`flax_model-0000x-of-0000y.msgpack` shard, like a sharded safetensors index. With
+`safe_serialization=True` transformers 4.x wrote `model.safetensors` instead, its metadata format
+"flax" and its names the same keys joined with "." ("bert.encoder.layer.0...."); it is read here too,
+with the "/" names (`FLAX_SAFETENSORS`).
 
 The names and layouts follow from the PyTorch conversion tables, rule by rule
 (`hf_flax_rules`): nothing here is a second table to keep in step. transformers 5 removed the
@@ -29,6 +32,8 @@ MSGPACK_NAME = "flax_model.msgpack"
 MSGPACK_INDEX_NAME = "flax_model.msgpack.index.json"
 WEIGHT_NAMES = (MSGPACK_NAME, MSGPACK_INDEX_NAME)
 """In transformers 4.x's read order: the single file first."""
+FLAX_SAFETENSORS = "model.safetensors"
+"""Where transformers 4.x Flax models' safe_serialization=True wrote (metadata format "flax")."""
 SEPARATOR = "/"
 """Joins the keys of the nested parameter dict: the base prefix is "bert/" where PyTorch has "bert."."""
 
@@ -43,11 +48,20 @@ _LEAVES = {"kernel", "bias", "scale", "embedding"}
 
 
 def weights_file(folder: str | os.PathLike) -> Path | None:
-    """The Hugging Face Flax weight file `folder` has (single file first, then a sharded index), or None."""
+    """The Hugging Face Flax weight file `folder` has (single file first, then a sharded index,
+    then a `model.safetensors` whose metadata says "flax"), or None."""
     for name in WEIGHT_NAMES:
         if (Path(folder) / name).is_file():
             return Path(folder) / name
+    if is_flax_safetensors(folder):
+        return Path(folder) / FLAX_SAFETENSORS
     return None
+
+
+def is_flax_safetensors(folder: str | os.PathLike) -> bool:
+    """Whether `folder`'s model.safetensors was written by a transformers 4.x Flax model."""
+    file = Path(folder) / FLAX_SAFETENSORS
+    return file.is_file() and checkpoint_io.safetensors_format(file) == "flax"
 
 
 def open_hf_flax(folder: str | os.PathLike) -> TensorReader:
@@ -69,7 +83,18 @@ def open_hf_flax(folder: str | os.PathLike) -> TensorReader:
         # The sharded-index checks (valid weight_map, every shard present, each tensor where the
         # index says) are the safetensors ones: one home for them.
         return checkpoint_io.open_sharded(file, _open_msgpack)
+    if file.name == FLAX_SAFETENSORS:
+        return _open_flax_safetensors(file)
     return _open_msgpack(file)
+
+
+def _open_flax_safetensors(file: Path) -> TensorReader:
+    """A Flax model's model.safetensors, its "."-joined names read as the "/"-joined ones of msgpack
+    (Flax module and parameter names hold no ".")."""
+    reader = checkpoint_io.open_weights(file.parent, file.name)
+    original = {name.replace(".", SEPARATOR): name for name in reader.names}
+    return TensorReader(list(original), lambda name: reader.read(original[name]), str(file),
+                        lambda name: reader.dtype_of(original[name]))
 
 
 def _open_msgpack(file: Path) -> TensorReader:

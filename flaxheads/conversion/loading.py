@@ -31,7 +31,7 @@ from flaxheads.conversion.table import Rule, ShapeMismatch, expand, flax_to_hf, 
 def weight_format(folder: str | os.PathLike) -> WeightFormat | None:
     """The first of `conversion.WEIGHT_FORMATS` whose files `folder` holds; None when it holds none."""
     for fmt in conversion.WEIGHT_FORMATS.values():
-        if any((Path(folder) / name).is_file() for name in fmt.files):
+        if fmt.found_in(folder):
             return fmt
     return None
 
@@ -144,6 +144,7 @@ def _load(
     variables = flat_variables(abstract)
     shapes = {key: var.shape for key, (_, var) in variables.items()}
     where = {k: placement(k, tuple(var.shape)) if placement else None for k, (_, var) in variables.items()}
+    _raise_for_non_float_weights(reader, required + optional, {k: var.dtype for k, (_, var) in variables.items()})
     # Each tensor goes to its device (its shards to theirs) as it is read, so the host holds one
     # tensor at a time, never the model's state.
     arrays, absent, mismatched = hf_to_flax(reader.read, reader.names, required + optional, shapes,
@@ -187,6 +188,23 @@ def _raise_for_backbone_problems(reader: TensorReader, absent: list[Rule], misma
             f"{names[:3]}. The file is incomplete or belongs to a different architecture; flaxheads never "
             "fills a backbone with random weights"
         )
+
+
+def _raise_for_non_float_weights(reader: TensorReader, rules: list[Rule], dtypes: Mapping[str, Any]) -> None:
+    """A tensor stored as integers (or booleans) where the model has a float parameter holds no
+    weights: cast, its values would load as numbers like 1.2e9 (a float tensor relabelled I32 in a
+    safetensors header, say). Raises CheckpointError naming it before anything is read."""
+    present = set(reader.names)
+    for rule in rules:
+        if rule.hf not in present or not jnp.issubdtype(dtypes[rule.flax], jnp.floating):
+            continue
+        stored = np.dtype(reader.dtype_of(rule.hf))
+        if not jnp.issubdtype(stored, jnp.floating):
+            raise CheckpointError(
+                f"{reader.source}: tensor {rule.hf} is stored as {stored}, but it is a weight of the model "
+                f"({rule.flax}), which is {np.dtype(dtypes[rule.flax])}: the file is damaged or was written "
+                "wrongly; re-download or re-export the checkpoint"
+            )
 
 
 def _raise_for_extra_layers(checkpoint: Checkpoint, table, base: str, backbone_config) -> None:

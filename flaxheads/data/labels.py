@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 import datasets
+import numpy as np
 
 from flaxheads import problem
 from flaxheads.data.task import (
@@ -123,7 +124,7 @@ def _float_problem_type(whole: _Where | None, fractional: _Where | None, whole_s
     raise ValueError(
         f"the float label column is mostly whole numbers ({whole_share:.0%}, e.g. {_at(whole)}) with some other "
         f"values (first: {_at(fractional)}), so it is unclear whether the labels are class ids or scores. Pass "
-        f"--problem_type {REGRESSION} to read every label as a score, or, if they are class ids, "
+        f"problem_type='{REGRESSION}' to read every label as a score, or, if they are class ids, "
         f"fix the label {fractional[2]!r} in row {fractional[1]} of the {fractional[0]} split"
     )
 
@@ -142,7 +143,7 @@ def _single_label_why(kind: str, feature, id2label: dict[int, str], whole: _Wher
     if kind == "float":
         return (
             f"the label column holds floats that are all whole numbers (e.g. {_at(whole)}), read as "
-            f"{class_ids}; --problem_type {REGRESSION} reads them as scores instead"
+            f"{class_ids}; problem_type='{REGRESSION}' reads them as scores instead"
         )
     if feature.dtype == "bool":
         return "the label column holds booleans, read as class ids 0 (false) and 1 (true)"
@@ -179,11 +180,11 @@ def _check_no_missing(values: Sequence, split_name: str) -> None:
 def _check_kind_fits(kind: str, problem_type: str) -> None:
     if kind == "list" and problem_type != MULTI_LABEL:
         raise ValueError(
-            f"list-valued labels need --problem_type {MULTI_LABEL}, got --problem_type {problem_type}"
+            f"list-valued labels need problem_type='{MULTI_LABEL}', got problem_type='{problem_type}'"
         )
     if kind != "list" and problem_type == MULTI_LABEL:
         raise ValueError(
-            f"--problem_type {MULTI_LABEL} needs list-valued labels (multi-hot lists, or lists of "
+            f"problem_type='{MULTI_LABEL}' needs list-valued labels (multi-hot lists, or lists of "
             f"label ids or names), but the label column holds {kind} values"
         )
 
@@ -199,9 +200,8 @@ def _score(value, split_name: str, row: int) -> float:
         score = math.nan  # reported below, like infinities and NaN
     if not math.isfinite(score):
         raise ValueError(
-            f"--problem_type {REGRESSION} needs finite numeric labels, but row {row} of the {split_name} "
-            f"split has the label {value!r}; convert the labels to numbers or choose another "
-            "--problem_type"
+            f"problem_type='{REGRESSION}' needs finite numeric labels, but row {row} of the {split_name} "
+            f"split has the label {value!r}; convert the labels to numbers or choose another problem_type"
         )
     return score
 
@@ -227,8 +227,8 @@ def _single_label(values, kind, feature, num_labels):
 def _class_id(value, split_name: str, row: int) -> int:
     if not float(value).is_integer():
         raise ValueError(
-            f"--problem_type {SINGLE_LABEL} needs integer class ids, but row {row} of the "
-            f"{split_name} split has the label {value!r}; use --problem_type {REGRESSION} for scores"
+            f"problem_type='{SINGLE_LABEL}' needs integer class ids, but row {row} of the "
+            f"{split_name} split has the label {value!r}; use problem_type='{REGRESSION}' for scores"
         )
     return int(value)
 
@@ -241,7 +241,7 @@ def _names_from_train(train_labels: Sequence[str], num_labels: int | None) -> di
 
 def _agreeing_num_labels(requested: int | None, found: int, what: str) -> int:
     if requested is not None and requested != found:
-        raise ValueError(f"--num_labels {requested} disagrees with the {found} {what}")
+        raise ValueError(f"num_labels={requested} disagrees with the {found} {what}")
     return found
 
 
@@ -259,8 +259,7 @@ def _check_ids_in_range(rows_and_ids: Iterable[tuple[int, int]], num_labels: int
         if not 0 <= class_id < num_labels:
             raise ValueError(
                 f"label {class_id} in row {row} of the {split_name} split is outside "
-                f"[0, {num_labels}); pass --num_labels larger than the largest class id, or fix "
-                "the label"
+                f"[0, {num_labels}); pass a num_labels larger than the largest class id, or fix the label"
             )
 
 
@@ -330,3 +329,51 @@ def _encoded_feature(problem_type: str, num_labels: int):
         regression=datasets.Value("float32"),
         multi_label=datasets.List(datasets.Value("float32"), length=num_labels),
     )
+
+
+IMBALANCE_SHARE = 0.9
+"""A training split with one class above this share gets a warning: accuracy then says little."""
+
+
+def imbalance_warning(task: TaskData, split: str = "train") -> str | None:
+    """A warning when one class holds more than `IMBALANCE_SHARE` of a single-label split, naming
+    the class and its share; None otherwise (and for other problem types)."""
+    if task.problem_type != SINGLE_LABEL or split not in task.splits or len(task.splits[split]) == 0:
+        return None
+    labels = np.asarray(task.splits[split][LABEL])
+    counts = np.bincount(labels, minlength=task.num_labels)
+    top = int(np.argmax(counts))
+    share = counts[top] / counts.sum()
+    if share <= IMBALANCE_SHARE:
+        return None
+    return (f"{share:.1%} of the {counts.sum()} {split} examples are {task.id2label[top]!r}: a model that always "
+            "answers it scores that accuracy, so watch macro_f1 and mcc, and rebalance the data (resample it, or "
+            "weight the classes) if the rare classes matter")
+
+
+def relabelled(task: TaskData, split: str, class_names: Sequence[str]) -> datasets.Dataset:
+    """`task`'s `split` with its labels renumbered to the class ids of a model whose classes are
+    `class_names` (in id order), matched by name: data whose classes sort in another order is
+    scored against the model's classes, not its ids. Regression and pairs are returned as they are.
+
+    Raises ValueError when the data's classes are not the model's, naming both."""
+    rows = task.splits[split]
+    if task.problem_type not in (SINGLE_LABEL, MULTI_LABEL):
+        return rows
+    data_names = [task.id2label[i] for i in range(task.num_labels)]
+    model_names = list(class_names)
+    if data_names == model_names:
+        return rows
+    if sorted(data_names) != sorted(model_names):
+        raise ValueError(
+            f"the data's classes {data_names} are not the model's {model_names}: score the model on data labelled "
+            "with its own classes"
+        )
+    to_model = np.array([model_names.index(name) for name in data_names])
+    labels = np.asarray(rows[LABEL])
+    if task.problem_type == SINGLE_LABEL:
+        moved = to_model[labels]
+    else:  # multi-hot rows: column i of the data is column to_model[i] of the model
+        moved = np.zeros_like(labels)
+        moved[:, to_model] = labels
+    return rows.remove_columns(LABEL).add_column(LABEL, moved.tolist(), feature=rows.features[LABEL])

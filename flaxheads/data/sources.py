@@ -40,7 +40,7 @@ def load_task(
         return load_named_dataset(dataset_name, **columns)
     if dataset:
         return load_builtin(dataset, seed=seed)
-    raise ValueError("no data: pass --train_file, --dataset_name or --dataset")
+    raise ValueError("no data: give a train_file, a dataset_name (a hub data set) or a dataset (a built-in one)")
 
 
 __all__ = ["load_task"]

@@ -88,7 +88,7 @@ def tokenize_texts(
 def _check_max_length(tokenizer, max_seq_length: int) -> None:
     if not 0 < max_seq_length <= tokenizer.model_max_length:
         raise ValueError(
-            f"--max_seq_length {max_seq_length} must be in [1, {tokenizer.model_max_length}], the "
+            f"max_seq_length={max_seq_length}: it must be in [1, {tokenizer.model_max_length}], the "
             "tokenizer's model_max_length"
         )
 
@@ -151,4 +151,11 @@ def _encode(texts: list[str], text_pairs: list[str] | None, tokenizer, max_seq_l
     if "token_type_ids" in encoded:
         columns["token_type_ids"] = encoded["token_type_ids"]
     columns[LENGTH] = [len(ids) for ids in encoded["input_ids"]]
+    empty = [i for i, length in enumerate(columns[LENGTH]) if length == 0]
+    if empty:
+        raise ValueError(
+            f"{len(empty)} text(s) give no tokens at all (e.g. {texts[empty[0]]!r}): they are empty and the tokenizer "
+            "adds no special tokens, so the model would have nothing to read and any score would be made up "
+            "(transformers raises too). Remove them, or give them text"
+        )
     return columns

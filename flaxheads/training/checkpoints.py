@@ -5,7 +5,12 @@ killed at any moment, even mid-save, leaves the last finished checkpoint intact;
 temporary folders are removed on the next start.
 
 A finished checkpoint can still go bad later (a disk error, a half-finished `rm`, a full disk
-while copying). Such steps are moved aside, never deleted, and the run falls back to an older one.
+while copying, a flipped bit). Orbax keeps no checksums, so flaxheads records the SHA-256 of every
+file of a step once Orbax has finished it (`flaxheads_checksums.process_<i>.json`: each process
+its own files, process 0 the shared ones) and checks them before the step is read. A damaged step
+is moved aside, never deleted, and the run falls back to an older one. A step saved before
+checksums existed, or whose process was killed between Orbax's commit and the checksum file,
+has none and is read unchecked, as before.
 
 A checkpoint at step s holds the weights after update s. It is *confirmed* once a loss computed
 from those weights was finite (the trainer learns that at step s+1, or from an evaluation) and
@@ -28,11 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import os
 import sys
 import types
-from typing import Any, Iterable
+from typing import Callable, Any, Iterable
 
 import jax
 import numpy as np
@@ -48,6 +54,7 @@ _TARGET_ERRORS = ("is not compatible with the stored shape", "tree structures do
 # Orbax reads these before any array. Without them it fails late and misleadingly (a missing
 # state/_METADATA surfaces as a pytree structure error), so their absence is checked on disk.
 _REQUIRED_FILES = (os.path.join("state", "_METADATA"), os.path.join("meta", "metadata"))
+CHECKSUMS_PREFIX = "flaxheads_checksums.process_"
 
 
 class CheckpointMismatch(ValueError):
@@ -56,9 +63,10 @@ class CheckpointMismatch(ValueError):
 
 class RunCheckpoints:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None, identity: dict[str, Any],
-                 asynchronous: bool = True):
+                 asynchronous: bool = True, differences: Callable[[dict | None, dict], list[str]] | None = None):
         """`identity` describes what is being trained (backbone config, head, labels); a restore
-        refuses checkpoints whose identity differs. `max_to_keep` newest steps are kept, plus
+        refuses checkpoints whose identity differs: `differences(saved, identity)` lists how
+        (default: every key whose value is not equal). `max_to_keep` newest steps are kept, plus
         always the newest confirmed one (None: keep every step).
 
         `asynchronous`: `save` returns once Orbax holds its own copy of the arrays and writes the
@@ -67,10 +75,12 @@ class RunCheckpoints:
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be positive or None, got {max_to_keep}")
         self.identity = identity
+        self.differences = differences or _differing_keys
         self.directory = os.path.abspath(directory)
         self.max_to_keep = max_to_keep
         self.asynchronous = asynchronous
         self._writing = False  # a save is being written in the background
+        self._saving_step: int | None = None  # ... this step
         self._unpruned = False  # ... and once written, the steps beyond max_to_keep are still to go
         self.set_aside_directory = self.directory + "_set_aside"
         self._record_path = os.path.join(self.directory, RECORD_NAME)
@@ -151,7 +161,7 @@ class RunCheckpoints:
             ),
             force=True,
         )
-        self._writing = True
+        self._writing, self._saving_step = True, step
         if not self.asynchronous:
             self._settle()
 
@@ -165,6 +175,7 @@ class RunCheckpoints:
         if self._writing:
             self.manager.wait_until_finished()
             self._writing, self._unpruned = False, True
+            _write_checksums(os.path.join(self.directory, str(self._saving_step)))
         if prune and self._unpruned:
             self._unpruned = False
             self._prune()
@@ -280,7 +291,7 @@ class RunCheckpoints:
         listed = f"; set aside as damaged: {', '.join(moved)}" if moved else ""
         raise CheckpointError(
             f"{self.directory} holds no intact checkpoint{among}{listed}. Start over with "
-            "--overwrite_output_dir, or use another --output_dir"
+            "overwrite_output_dir=True, or use another output_dir"
         )
 
     def close(self) -> None:
@@ -296,6 +307,9 @@ class RunCheckpoints:
         missing = [name for name in _REQUIRED_FILES if not os.path.isfile(os.path.join(step_dir, name))]
         if missing:
             raise _UnreadableStep(f"{', '.join(missing)} missing")
+        changed = _changed_files(step_dir)
+        if changed:
+            raise _UnreadableStep(f"{', '.join(changed[:3])} changed since it was saved (SHA-256 differs)")
         return self._read(step, meta=ocp.args.JsonRestore()).meta
 
     def _read_state(self, abstract_state: TrainState, step: int) -> TrainState:
@@ -315,8 +329,12 @@ class RunCheckpoints:
         raise _UnreadableStep(reason)
 
     def _check_identity(self, meta: dict[str, Any]) -> None:
-        if meta.get("identity") != self.identity:
-            raise CheckpointMismatch(_describe_mismatch(self.directory, meta.get("identity"), self.identity))
+        differing = self.differences(meta.get("identity"), self.identity)
+        if differing:
+            raise CheckpointMismatch(
+                f"{self.directory} holds checkpoints of a different run ({'; '.join(differing[:4])}). Use another "
+                "output_dir, or pass overwrite_output_dir=True to start over there"
+            )
 
     def _prune(self) -> None:
         if self.max_to_keep is None:
@@ -351,6 +369,63 @@ class RunCheckpoints:
             return
         os.makedirs(self.directory, exist_ok=True)
         atomic.write_json(self._record_path, {"confirmed_steps": sorted(confirmed)})
+
+
+def _step_files(step_dir: str) -> list[str]:
+    """Every file of a step folder (paths relative to it), the checksum files aside."""
+    found = []
+    for root, _, files in os.walk(step_dir):
+        for name in files:
+            relative = os.path.relpath(os.path.join(root, name), step_dir)
+            if not name.startswith(CHECKSUMS_PREFIX):
+                found.append(relative)
+    return sorted(found)
+
+
+def _written_by(relative: str, process: int) -> bool:
+    """Whether process `process` wrote this file: Orbax puts each process's arrays under
+    `.../ocdbt.process_<i>/` and `.../process_<i>`; the rest is process 0's."""
+    owners = [int(part.rsplit("process_", 1)[1]) for part in relative.split(os.sep)
+              if "process_" in part and part.rsplit("process_", 1)[1].isdigit()]
+    return owners[0] == process if owners else process == 0
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_checksums(step_dir: str) -> None:
+    """This process's checksum file for the finished step in `step_dir` (a step already moved away
+    or pruned is skipped)."""
+    if not os.path.isdir(step_dir):
+        return
+    process = jax.process_index()
+    sums = {relative: _file_sha256(os.path.join(step_dir, relative))
+            for relative in _step_files(step_dir) if _written_by(relative, process)}
+    atomic.write_json(os.path.join(step_dir, f"{CHECKSUMS_PREFIX}{process}.json"), {"sha256": sums})
+
+
+def _changed_files(step_dir: str) -> list[str]:
+    """The files of the step whose content differs from their recorded checksum (or that are gone)."""
+    changed = []
+    for name in sorted(os.listdir(step_dir)):
+        if not name.startswith(CHECKSUMS_PREFIX):
+            continue
+        try:
+            with open(os.path.join(step_dir, name)) as f:
+                sums = json.load(f)["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            changed.append(name)
+            continue
+        for relative, expected in sums.items():
+            path = os.path.join(step_dir, relative)
+            if not os.path.isfile(path) or _file_sha256(path) != expected:
+                changed.append(relative)
+    return changed
 
 
 class _UnreadableStep(Exception):
@@ -400,11 +475,7 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {line}" if line else type(err).__name__
 
 
-def _describe_mismatch(directory: str, saved: dict | None, current: dict) -> str:
+def _differing_keys(saved: dict | None, current: dict) -> list[str]:
     saved = saved or {}
     differing = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
-    details = "; ".join(f"{k}: saved {saved.get(k)!r}, now {current.get(k)!r}" for k in differing[:4])
-    return (
-        f"{directory} holds checkpoints of a different run ({details}). Use a new --output_dir, or "
-        "delete that folder to start over"
-    )
+    return [f"{k}: saved {saved.get(k)!r}, now {current.get(k)!r}" for k in differing]

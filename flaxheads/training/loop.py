@@ -153,10 +153,18 @@ class TrainLoop:
             self.log_train()
         if self._evaluation_due():
             self.evaluate()
-            self.unshown = (step_metrics, False)
+            self._untimed()
         if self.step % cfg.save_steps == 0 or last:
             self.save()
-            self.unshown = (step_metrics, False)
+            self._untimed()
+
+    def _untimed(self) -> None:
+        """The time just spent (evaluating, saving) is not training: the step still to be shown
+        is not timed, and when it was shown already, the throughput clock restarts."""
+        if self.unshown is not None:
+            self.unshown = (self.unshown[0], False)
+        else:
+            self.bar.restart_clock()
 
     def _show_unshown(self) -> None:
         """Advances the bar over the step before the newest, whose metrics are ready (or nearly)
@@ -186,7 +194,7 @@ class TrainLoop:
         summary["examples_per_second"] = summary.pop("examples") / max(now - self.last_log, 1e-9)
         self.last_log = now
         self._record("train", summary)
-        self.bar.log()
+        self.bar.log(summary["loss"])
         return summary
 
     def _record(self, split: str, metrics: dict[str, float], *, show: bool = False) -> None:
@@ -231,8 +239,13 @@ class TrainLoop:
         return result
 
     def _timed_scores(self, split: str) -> dict[str, float]:
+        """The split's scores; NaN or infinite ones stop the run as a non-finite loss does: such
+        weights are never scored, kept as the best model, or exported."""
         start = time.perf_counter()
-        scores = self.scorer.scores(split, self.params())
+        try:
+            scores = self.scorer.scores(split, self.params())
+        except metrics_lib.NonFiniteScores as err:
+            self._stop(f"the weights after step {self.step} give non-finite {split} scores: {err}")
         self.eval_seconds += time.perf_counter() - start
         return scores
 
@@ -271,13 +284,13 @@ class TrainLoop:
         lines = [f"{what}."]
         if self.checkpoints is not None:
             lines += self._set_aside_unconfirmed()
-        advice = "Lower --learning_rate"
+        advice = f"Lower learning_rate={self.cfg.learning_rate}"
         if self.cfg.max_grad_norm <= 0:
-            advice += ", set --max_grad_norm (e.g. 1.0)"
+            advice += ", set max_grad_norm=1.0"
         if self.cfg.param_dtype != "float32":
-            advice += ", or use --param_dtype float32 --dtype float32"
+            advice += ", or use param_dtype='float32' and dtype='float32'"
         elif self.cfg.dtype != "float32":
-            advice += ", or use --dtype float32"
+            advice += ", or use dtype='float32'"
         lines.append(advice + ".")
         raise NonFiniteLoss(" ".join(lines))
 
@@ -295,7 +308,7 @@ class TrainLoop:
                          "the pretrained weights.")
         else:
             lines.append(f"The newest checkpoint whose weights gave a finite loss is step {good}: continue from it "
-                         f"with --resume_from_checkpoint {good}.")
+                         f"with resume_from_checkpoint={good}.")
         return lines
 
     # -- finish ---------------------------------------------------------------------------------
@@ -324,7 +337,10 @@ class TrainLoop:
         for them (one batch of the training data when there is no scored split)."""
         losses = [results[split]["loss"] for split in ("validation", "test") if split in results]
         if not losses:
-            losses = [self.scorer.scores("train", self.params(), max_batches=1)["loss"]]
+            try:
+                losses = [self.scorer.scores("train", self.params(), max_batches=1)["loss"]]
+            except metrics_lib.NonFiniteScores as err:
+                self._stop(f"the final weights (step {self.step}) give non-finite scores on the training data: {err}")
         if not all(np.isfinite(losses)):
             self._stop(f"the final weights (step {self.step}) give an evaluation loss of {losses}")
         if self.checkpoints is not None:

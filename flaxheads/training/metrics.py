@@ -45,6 +45,11 @@ METRIC_NAMES: Mapping[str, tuple[str, ...]] = {
     PAIRWISE_REWARD: ("accuracy", "margin"),
 }
 
+class NonFiniteScores(FloatingPointError):
+    """Logits or a loss that are NaN or infinite: no metric is computed from them (argmax of NaN
+    still "predicts" a class, which would pass for an accuracy)."""
+
+
 _HIGHER_IS_BETTER = {
     "accuracy": True,
     "macro_f1": True,
@@ -294,6 +299,7 @@ def compute_metrics(
 
     Raises:
       ValueError: unknown problem type, mismatched shapes, or no unmasked rows.
+      NonFiniteScores: any unmasked row has a NaN or infinite logit.
     """
     problem.require_known(problem_type)
     logits = _as_float_array(logits)
@@ -303,6 +309,13 @@ def compute_metrics(
     keep = _example_keep(example_mask, logits.shape[0])
     if not keep.any():
         raise ValueError("compute_metrics needs at least one row with example_mask != 0.")
+    finite = np.isfinite(logits.reshape(logits.shape[0], -1)).all(axis=1)
+    if not finite[keep].all():
+        bad = np.flatnonzero(keep & ~finite)
+        raise NonFiniteScores(
+            f"{bad.size} of {int(keep.sum())} examples have non-finite logits (e.g. example {int(bad[0])}); no metric "
+            "is computed from NaN or infinite scores"
+        )
     metrics = problem.by_problem_type(
         problem_type,
         single_label=_single_label_metrics,
@@ -386,6 +399,7 @@ class MetricAccumulator:
 
         Raises:
           ValueError: when no unmasked example has been added.
+          NonFiniteScores: a logit or the loss is NaN or infinite.
         """
         if self.num_examples == 0:
             raise ValueError("MetricAccumulator.compute() called before any unmasked example.")
@@ -394,6 +408,9 @@ class MetricAccumulator:
         )
         if self._loss_weight > 0:
             results["loss"] = self._loss_sum / self._loss_weight
+            if not np.isfinite(results["loss"]):
+                raise NonFiniteScores(f"the loss is {results['loss']} although every logit is finite (labels the "
+                                      "loss cannot take?); no metric is reported")
         return results
 
     def reset(self) -> None:

@@ -1,12 +1,19 @@
 """What a training run may do with its output folder: start, resume, report itself complete,
-or refuse. One home for the decision, so that a folder holding another run, another model or the
-pretrained checkpoint itself is never written over without `--overwrite_output_dir`.
+or refuse. One home for the decision, so that a folder holding another run, another model, the
+user's own files or the pretrained checkpoint itself is never written over without a flag.
 
-A run records who it is in `<output_dir>/run.json`: its identity (everything that changes the
-trained weights: model, head, labels, data files and a hash of their content, batch, sequence
-length, optimiser and schedule settings, seed, steps, compute and parameter dtypes) and whether
-it finished. The same command again resumes, or reports the finished run; any other command is
-refused with each differing setting named.
+A run records who it is in `<output_dir>/run.json`: its identity (everything that decides what
+the trained weights mean: the model and tokenizer by content, head, labels in order, data files by
+content, batch, sequence length, optimiser and schedule settings, seed, steps, compute and
+parameter dtypes, what trains), whether it finished, and every name it writes in the folder
+(`RUN_OUTPUTS`, and the files of its export). The same command again resumes, or reports the
+finished run; any other command is refused with each differing setting named.
+
+Files flaxheads did not write are never replaced or deleted: a name in `RUN_OUTPUTS` that no
+run recorded writing (the user's own `results.json`, `checkpoints/`, `adapter/`) makes the run
+refuse the folder, `overwrite_output_dir=True` included, which removes only what the earlier
+run recorded. Messages name Python arguments (`overwrite_output_dir=True`); the command line
+turns them into its flags.
 """
 
 from __future__ import annotations
@@ -14,39 +21,55 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
+
+import numpy as np
 
 from flaxheads import atomic, data
-from flaxheads.conversion.formats import checkpoint_files
+from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion.formats import PYTORCH, TOKENIZER_FILES, checkpoint_files
 from flaxheads.data.packing import segments_per_row
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
+from flaxheads.training.run_log import METRICS_FILENAME, TENSORBOARD_DIRNAME
 
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.json"
 CHECKPOINTS_DIR = "checkpoints"
+SET_ASIDE_DIR = CHECKPOINTS_DIR + "_set_aside"
 BEST_MODEL_DIR = "best_model"
 PREDICTIONS_FILE = "predict_results.txt"
+ADAPTER_DIR = "adapter"
+"""Where a LoRA run with lora_export="both" writes its peft adapter folder, inside output_dir."""
+TOKENIZED_DIR = "tokenized"
 
-# What a run creates in its output folder, and so what --overwrite_output_dir may remove. The
-# exported model's files (conversion.formats.checkpoint_files) are replaced by the export itself;
-# everything else is the user's.
-_RUN_ARTIFACTS = (RUN_FILE, RESULTS_FILE, "metrics.jsonl", CHECKPOINTS_DIR, BEST_MODEL_DIR, "tensorboard",
-                  "tokenized", PREDICTIONS_FILE)
+RUN_OUTPUTS = (RUN_FILE, RESULTS_FILE, METRICS_FILENAME, CHECKPOINTS_DIR, SET_ASIDE_DIR, BEST_MODEL_DIR,
+               TENSORBOARD_DIRNAME, TOKENIZED_DIR, PREDICTIONS_FILE, ADAPTER_DIR)
+"""Every name a run may create in its output folder besides its export (config.json, weights,
+tokenizer files). A run claims them all when it starts, so it must find none it did not write."""
 
 TRAINING_SETTINGS = (
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
     "num_train_epochs", "max_steps", "warmup_ratio", "lr_scheduler_type", "seed", "dtype", "classifier_dropout",
 )
 """Settings that change how the weights are trained, not what is trained: an explicit
-`--resume_from_checkpoint` may continue a run with other values (e.g. a lower learning rate
+`resume_from_checkpoint` may continue a run with other values (e.g. a lower learning rate
 after a non-finite loss); an implicit resume must match them too."""
+
+FINGERPRINT = "sha256:"
+"""How a content fingerprint starts; an identity recorded before fingerprints named the model by its path."""
 
 
 class RunConflict(ValueError):
     """The output folder holds something this run must not write over."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity
 
 
 def _sha256(file: str | os.PathLike) -> str:
@@ -57,27 +80,53 @@ def _sha256(file: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def model_fingerprint(folder: str | os.PathLike) -> str:
+    """The content of a checkpoint folder's config.json and weight files, whatever path names it:
+    the same model given by a relative and an absolute path, or copied elsewhere, is the same."""
+    folder = Path(folder)
+    names = [name for name in checkpoint_files(folder) if name not in TOKENIZER_FILES]
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(f"{name}\0{_sha256(folder / name)}\0".encode())
+    return FINGERPRINT + digest.hexdigest()
+
+
+def params_fingerprint(params) -> str:
+    """The content of an in-memory model's parameters (an `nnx.State`)."""
+    from flax import nnx
+
+    digest = hashlib.sha256()
+    for path, variable in nnx.to_flat_state(params):
+        value = np.asarray(variable[...])
+        digest.update(f"{'.'.join(map(str, path))}\0{value.dtype}\0{value.shape}\0".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return FINGERPRINT + digest.hexdigest()
+
+
 def _data_identity(cfg: TrainConfig) -> dict[str, Any]:
     columns = {"text_column": cfg.text_column, "text_pair_column": cfg.text_pair_column,
                "label_column": cfg.label_column}
     if cfg.train_file:
         files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
-        return {"files": {split: {"name": Path(f).name, "sha256": _sha256(f)} for split, f in files.items() if f},
-                **columns}
+        return {"files": {split: {"sha256": _sha256(f)} for split, f in files.items() if f}, **columns}
     if cfg.dataset_name:
         return {"dataset_name": cfg.dataset_name, **columns}
-    return {"dataset": cfg.dataset}
+    # The built-in splits' rows come in a seeded random order since 2026-11-24 (not the file's):
+    # recorded, so a run of the earlier order is never resumed with the new one.
+    return {"dataset": cfg.dataset, "order": "shuffled by seed"}
 
 
 def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[str, Any], head: str,
-                 global_batch_size: int, *, total_steps: int, model_name: str | None = None,
+                 global_batch_size: int, *, total_steps: int, model: str, tokenizer: str,
                  data_identity: dict[str, Any] | None = None) -> dict[str, Any]:
     """{"trained": what is trained, "settings": how}: both decide whether a folder's run resumes.
 
-    `model_name` defaults to cfg.model_name_or_path (or the shipped MiniLM), `data_identity` to
-    what cfg says of the data (files and their hashes, a data set's name)."""
+    `model` and `tokenizer` are content fingerprints (`model_fingerprint`, `params_fingerprint`,
+    `data.tokenization.tokenizer_fingerprint`); `data_identity` defaults to what cfg says of the data (files by
+    the hash of their content, a data set's name)."""
     trained = {
-        "model": model_name or cfg.model_name_or_path or "shipped all-MiniLM-L6-v2",
+        "model": model,
+        "tokenizer": tokenizer,
         "backbone": backbone_config,
         "head": head,
         "problem_type": task.problem_type,
@@ -105,25 +154,37 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     return {"trained": trained, "settings": settings}
 
 
+def _implied_trained(saved: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:
+    """`saved` (a trained identity) read as this version records it: a run recorded before
+    content fingerprints named its model by path and had no tokenizer entry, and named its data
+    files too; those entries take the current values, so a re-run of the same command still
+    resumes it."""
+    saved = dict(saved or {})
+    if not str(saved.get("model", "")).startswith(FINGERPRINT):
+        saved["model"] = current.get("model")
+    saved.setdefault("tokenizer", current.get("tokenizer"))
+    files = (saved.get("data") or {}).get("files")
+    if isinstance(files, dict):
+        stripped = {split: {k: v for k, v in entry.items() if k != "name"} if isinstance(entry, dict) else entry
+                    for split, entry in files.items()}
+        saved["data"] = {**saved["data"], "files": stripped}
+    return saved
+
+
 def _implied(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
-    """`saved`, where a run recorded before warmup_steps existed lacks it, with the current
-    count: such a run's warmup followed warmup_ratio, which is compared on its own, so a re-run of
-    the same command still resumes it."""
+    """A saved run identity read as this version records it (`_implied_trained`); a run recorded
+    before warmup_steps existed lacks it and gets the current count: its warmup followed
+    warmup_ratio, which is compared on its own."""
     settings = dict(saved.get("settings") or {})
     if settings and "warmup_steps" not in settings:
         settings["warmup_steps"] = current["settings"]["warmup_steps"]
-    return {**saved, "settings": settings}
+    return {**saved, "trained": _implied_trained(saved.get("trained"), current["trained"]), "settings": settings}
 
 
-def refuse_output_inside_model(output_dir: str | os.PathLike, model_dir: str | os.PathLike) -> None:
-    """RunConflict when the output folder is the model folder or inside it: the export would
-    write over the pretrained checkpoint a run starts from."""
-    out, model = Path(output_dir).resolve(), Path(model_dir).resolve()
-    if out == model or model in out.parents:
-        raise RunConflict(
-            f"--output_dir {output_dir} is {'the model folder' if out == model else 'inside the model folder'} "
-            f"{model_dir}; the run would write over the checkpoint it starts from. Choose an --output_dir outside it"
-        )
+def trained_differences(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """Each way the trained identity `saved` (from run.json or a checkpoint) differs from
+    `current`, as "field: value in the folder, value now"; [] for the same run."""
+    return _differences(_implied_trained(saved, current), current)
 
 
 def _differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
@@ -142,6 +203,21 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+# ---------------------------------------------------------------------------------------------
+# The folder
+
+
+def refuse_output_inside_model(output_dir: str | os.PathLike, model_dir: str | os.PathLike) -> None:
+    """RunConflict when the output folder is the model folder or inside it: the export would
+    write over the pretrained checkpoint a run starts from."""
+    out, model = Path(output_dir).resolve(), Path(model_dir).resolve()
+    if out == model or model in out.parents:
+        raise RunConflict(
+            f"output_dir {output_dir} is {'the model folder' if out == model else 'inside the model folder'} "
+            f"{model_dir}; the run would write over the checkpoint it starts from. Choose an output_dir outside it"
+        )
+
+
 def read_run(output_dir: str | os.PathLike) -> dict[str, Any] | None:
     file = Path(output_dir) / RUN_FILE
     if not file.is_file():
@@ -150,60 +226,153 @@ def read_run(output_dir: str | os.PathLike) -> dict[str, Any] | None:
         record = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise RunConflict(
-            f"{file} is damaged, so flaxheads cannot tell which run the folder holds. Pass "
-            "--overwrite_output_dir to start over there, or choose another --output_dir"
+            f"{file} is damaged, so flaxheads cannot tell which run the folder holds, nor which of its files "
+            "the run wrote. Delete it and the run's files by hand to start over there, or choose another output_dir"
         ) from None
     return record if isinstance(record, dict) else None
 
 
-def write_run(output_dir: str | os.PathLike, identity: dict[str, Any], *, complete: bool) -> None:
-    atomic.write_json(Path(output_dir) / RUN_FILE, {"identity": identity, "complete": complete})
+def recorded_outputs(record: dict[str, Any] | None) -> set[str]:
+    """The names an earlier run recorded writing: its `RUN_OUTPUTS` and its export's files. A
+    run recorded before the list existed wrote at most `RUN_OUTPUTS` (its export was replaced,
+    not removed)."""
+    if record is None:
+        return set()
+    if "outputs" not in record:
+        return set(RUN_OUTPUTS)
+    return set(record.get("outputs") or ()) | set(record.get("exported") or ())
 
 
-def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, explicit_resume: bool) -> dict | None:
-    """The folder's run record when this run may continue it (None for a fresh folder).
+def write_run(output_dir: str | os.PathLike, identity: dict[str, Any], *, complete: bool, model_name: str,
+              exported: Iterable[str] = ()) -> None:
+    """run.json: the identity, whether the run finished, every name it writes in the folder, and
+    the command that started it (quoted back to whoever finds the run unfinished)."""
+    atomic.write_json(Path(output_dir) / RUN_FILE, {
+        "identity": identity, "complete": complete, "model_name": model_name,
+        "outputs": list(RUN_OUTPUTS), "exported": sorted(exported),
+        "command": " ".join(shlex.quote(arg) for arg in sys.argv),
+    })
 
-    Raises CheckpointMismatch naming every setting that differs (with both values), and
-    RunConflict for a folder holding a model or checkpoints flaxheads did not write for a run.
-    """
+
+def not_a_model(folder: str | os.PathLike) -> str | None:
+    """Why `folder` is a training run's folder or checkpoint rather than a model, with how to get
+    the model; None when it is neither (or when it holds an exported model)."""
+    folder = Path(folder)
+    if (folder / checkpoint_io.CONFIG_NAME).is_file():
+        return None
+    run, step = folder, None
+    if folder.parent.name == CHECKPOINTS_DIR and folder.name.isdigit():
+        run, step = folder.parent.parent, int(folder.name)
+    elif folder.name == CHECKPOINTS_DIR:
+        run = folder.parent
+    try:
+        record = read_run(run)
+    except RunConflict:
+        record = None
+    if record is None:
+        return None
+    command = record.get("command")
+    again = (f"re-run its command, which resumes from the newest checkpoint and exports: {command}" if command
+             else "re-run the flaxheads train command that started it: it resumes from the newest checkpoint and exports")
+    if step is not None:
+        return (f"{folder} is checkpoint step {step} of the training run in {run}, not a model folder (a checkpoint holds "
+                f"the train state, not config.json and weights). The run exports its model into {run} when it finishes; "
+                f"to get it, {again}")
+    return (f"{run} is a training run that has not exported its model yet (it stopped before it finished). To export "
+            f"it, {again}")
+
+
+def _strangers(output_dir: Path, record: dict[str, Any] | None, names: Iterable[str] = RUN_OUTPUTS) -> list[str]:
+    """Which of `names` exist in the folder although no run recorded writing them."""
+    ours = recorded_outputs(record)
+    return [name for name in names if os.path.lexists(output_dir / name) and name not in ours]
+
+
+def _stale_weights(output_dir: Path, record: dict[str, Any] | None) -> list[str]:
+    """Weight files the run's export (config.json + model.safetensors) would leave beside its own,
+    where a loader could read them instead: another format's, or a .bin or sharded index."""
+    ours = recorded_outputs(record)
+    keep = {checkpoint_io.CONFIG_NAME, PYTORCH.written_as, *TOKENIZER_FILES}
+    return [name for name in checkpoint_files(output_dir) if name not in keep and name not in ours]
+
+
+def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, explicit_resume: bool,
+                 overwrite: bool = False) -> dict | None:
+    """The folder's run record when this run may continue it (None for a fresh folder, or with
+    `overwrite`, where `clear_run` then removes the earlier run's files). Reads only; the caller
+    writes.
+
+    Raises RunConflict for a folder holding files with the names a run writes that no run
+    recorded writing (with `overwrite` too), weights of another format the export would leave
+    beside its own, or (without `overwrite`) a model no flaxheads run wrote there; and
+    CheckpointMismatch naming every setting that differs from the folder's run."""
     output_dir = Path(output_dir)
     record = read_run(output_dir)
+    strangers = _strangers(output_dir, record)
+    if strangers:
+        raise RunConflict(
+            f"output_dir {output_dir} holds {', '.join(strangers)}, which no flaxheads run recorded writing there, "
+            "and this run would write over them. Move them out of the folder, or choose another output_dir "
+            "(overwrite_output_dir=True removes only what an earlier run recorded writing)"
+        )
+    stale = _stale_weights(output_dir, record)
+    if stale:
+        raise RunConflict(
+            f"output_dir {output_dir} holds {', '.join(stale)}, which the run's export (config.json + "
+            f"{PYTORCH.written_as}) would leave beside its own, so a loader could read either. Move them out of "
+            "the folder, or choose another output_dir"
+        )
+    if overwrite:
+        return None
     if record is None:
         foreign = checkpoint_files(output_dir)
         if foreign:
             raise RunConflict(
-                f"--output_dir {output_dir} already holds a model that no flaxheads run wrote there "
-                f"({', '.join(foreign)}). Pass --overwrite_output_dir to replace it, or choose another --output_dir"
+                f"output_dir {output_dir} already holds a model that no flaxheads run wrote there "
+                f"({', '.join(foreign)}). Pass overwrite_output_dir=True to replace it, or choose another output_dir"
             )
-        return None  # a legacy run's checkpoints are checked against their own saved identity
+        return None
     saved = _implied(record.get("identity") or {}, identity)
-    differing = _differences(saved.get("trained") or {}, identity["trained"])
-    if not explicit_resume:
-        differing += _differences(saved.get("settings") or {}, identity["settings"])
-    if differing:
+    trained = _differences(saved.get("trained") or {}, identity["trained"])
+    settings = [] if explicit_resume else _differences(saved.get("settings") or {}, identity["settings"])
+    if trained or settings:
+        resume = ("; to continue that run's checkpoints with these training settings pass "
+                  "resume_from_checkpoint=STEP" if not trained else "")
         raise CheckpointMismatch(
-            f"--output_dir {output_dir} holds a different run:\n  " + "\n  ".join(differing) + "\nPass "
-            "--overwrite_output_dir to start over there, or choose another --output_dir"
-            + ("" if explicit_resume else "; to continue that run's checkpoints with new training settings "
-               "pass --resume_from_checkpoint STEP")
+            f"output_dir {output_dir} holds a different run:\n  " + "\n  ".join(trained + settings) + "\nPass "
+            "overwrite_output_dir=True to start over there, or choose another output_dir" + resume
         )
     return record
 
 
 def clear_run(output_dir: str | os.PathLike) -> list[str]:
-    """Removes what an earlier run created in `output_dir` (never the user's other files);
+    """Removes what the folder's earlier run recorded writing (never the user's other files);
     returns the names removed."""
+    output_dir = Path(output_dir)
+    record = read_run(output_dir)
     removed = []
-    for name in _RUN_ARTIFACTS:
-        target = Path(output_dir) / name
+    for name in sorted(recorded_outputs(record) - {RUN_FILE}) + [RUN_FILE]:
+        target = output_dir / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
+        elif os.path.lexists(target):
             target.unlink()
         else:
             continue
         removed.append(name)
     return removed
+
+
+def export_snapshot(output_dir: str | os.PathLike) -> dict[str, int]:
+    """{checkpoint file: inode} before an export, to tell afterwards which files it wrote."""
+    folder = Path(output_dir)
+    return {name: (folder / name).stat().st_ino for name in checkpoint_files(folder)}
+
+
+def exported_since(output_dir: str | os.PathLike, before: dict[str, int]) -> list[str]:
+    """The checkpoint files an export wrote since `before` (new, or replaced: a new inode)."""
+    folder = Path(output_dir)
+    return [name for name, inode in export_snapshot(folder).items() if before.get(name) != inode]
 
 
 def read_results(output_dir: str | os.PathLike) -> dict[str, Any] | None:
@@ -218,6 +387,17 @@ def write_results(output_dir: str | os.PathLike, results: dict[str, Any]) -> Non
     atomic.write_json(Path(output_dir) / RESULTS_FILE, results)
 
 
-def write_predictions(output_dir: str | os.PathLike, text: str) -> Path:
-    """`text` as <output_dir>/predict_results.txt, written atomically; returns the path."""
-    return atomic.write_text(Path(output_dir) / PREDICTIONS_FILE, text)
+def write_predictions(output_dir: str | os.PathLike, text: str, *, overwrite: bool = False) -> Path:
+    """`text` as <output_dir>/predict_results.txt, written atomically; returns the path.
+    RunConflict when the file exists and no run recorded writing it (`overwrite` allows replacing
+    one a run wrote)."""
+    output_dir = Path(output_dir)
+    record = read_run(output_dir)
+    file = output_dir / PREDICTIONS_FILE
+    if _strangers(output_dir, record, [PREDICTIONS_FILE]):
+        raise RunConflict(f"{file} exists and no flaxheads run recorded writing it: move it away, or choose another "
+                          "output_dir")
+    if file.exists() and not overwrite and not (record and record.get("complete") is False):
+        raise RunConflict(f"{file} exists; pass overwrite_output_dir=True to replace it, or choose another output_dir")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return atomic.write_text(file, text)

@@ -137,4 +137,4 @@ def _held_message(output_dir: str, holder: dict[str, Any] | None) -> str:
         who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}, command: "
                f"{holder.get('command')}")
     return (f"{output_dir} is in use by another run ({who}). Wait for it to finish, or pick another "
-            "--output_dir (output_dir=)")
+            "output_dir")

@@ -211,6 +211,11 @@ class MovingThroughput:
             self._losses.append(float(loss))
         self._last = now
 
+    def restart_clock(self, now: float | None = None) -> None:
+        """Time since the last step held no training (an evaluation, a save): the next interval
+        starts now."""
+        self._last = time.perf_counter() if now is None else now
+
     @property
     def examples_per_second(self) -> float | None:
         """Real examples over seconds of the timed steps in the window; None before any."""
@@ -223,15 +228,15 @@ class MovingThroughput:
 
 
 def progress_line(step: int, total: int | None, *, loss: float | None, learning_rate: float | None,
-                  examples_per_second: float | None, elapsed: float) -> str:
-    """The plain line printed every logging step when the output is not a terminal.
+                  examples_per_second: float | None, elapsed: float, loss_label: str = "loss") -> str:
+    """The plain line printed when the output is not a terminal.
 
     >>> progress_line(50, 265, loss=0.61234, learning_rate=9.8e-05, examples_per_second=51.23, elapsed=75.4)
     'train  step 50/265  loss 0.6123  lr 9.80e-05  ex/s 51.2  elapsed 1:15  eta 5:24'
     """
     parts = ["train", f"step {step}" + (f"/{total}" if total else "")]
     if loss is not None:
-        parts.append(f"loss {loss:.4f}")
+        parts.append(f"{loss_label} {loss:.4f}")
     if learning_rate is not None:
         parts.append(f"lr {learning_rate:.2e}")
     if examples_per_second is not None:
@@ -250,12 +255,17 @@ def _clock(seconds: float) -> str:
 
 class ProgressBar:
     """Training progress: on a terminal, a tqdm bar over steps whose postfix shows the running
-    loss, the learning rate and examples/s (`MovingThroughput`), refreshed every step; elsewhere
-    (CI logs, files, pipes), a plain `progress_line` every `log` call (every logging step) instead
-    of a bar's carriage returns.
+    loss (the mean of the last `window` steps, labelled so), the learning rate and examples/s
+    (`MovingThroughput`), refreshed every step; elsewhere (CI logs, files, pipes), a plain
+    `progress_line` instead of a bar's carriage returns: at every `log` call (every logging step,
+    its loss the logging window's mean, as metrics.jsonl records it), after the first step, and at
+    least every `quiet_seconds` in between (the running mean, labelled so), so a slow start is
+    never silent.
 
     Disabled (a no-op) on non-main processes and when `disable=True`.
     """
+
+    QUIET_SECONDS = 60.0
 
     def __init__(
         self,
@@ -289,6 +299,9 @@ class ProgressBar:
             disable=not (self._shown and self._interactive), dynamic_ncols=True, mininterval=0.1,
         )
         self._total, self._step, self._start = total, initial, time.perf_counter()
+        self._initial = initial
+        self._last_line = self._start
+        self.window = window
         self.throughput = MovingThroughput(window, start=self._start)
         self.learning_rate: float | None = None
 
@@ -321,11 +334,15 @@ class ProgressBar:
         self._step += steps
         if learning_rate is not None:
             self.learning_rate = float(learning_rate)
+        if self._shown and not self._interactive:
+            first = self._step == self._initial + steps
+            if first or time.perf_counter() - self._last_line >= self.QUIET_SECONDS:
+                self._line(self.throughput.loss, f"loss (mean of last {self.window} steps)")
         if self._bar.disable:
             return
         postfix = {}
         if self.throughput.loss is not None:
-            postfix["loss"] = f"{self.throughput.loss:.4f}"
+            postfix[f"loss (last {self.window})"] = f"{self.throughput.loss:.4f}"
         if self.learning_rate is not None:
             postfix["lr"] = f"{self.learning_rate:.2e}"
         if self.examples_per_second is not None:
@@ -335,14 +352,25 @@ class ProgressBar:
             self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(steps)
 
-    def log(self) -> None:
+    def log(self, loss: float | None = None) -> None:
         """Prints a `progress_line` of where the run stands, when the output is not a terminal
-        (on a terminal the bar shows the same)."""
+        (on a terminal the bar shows the same). `loss`: the logging window's mean, as recorded in
+        metrics.jsonl (None: the running mean, labelled so)."""
         if self._shown and not self._interactive:
-            self._print(progress_line(self._step, self._total, loss=self.throughput.loss,
-                                      learning_rate=self.learning_rate,
-                                      examples_per_second=self.examples_per_second,
-                                      elapsed=time.perf_counter() - self._start))
+            if loss is None:
+                self._line(self.throughput.loss, f"loss (mean of last {self.window} steps)")
+            else:
+                self._line(loss, "loss")
+
+    def restart_clock(self) -> None:
+        """The time since the last step held no training (an evaluation, a save)."""
+        self.throughput.restart_clock()
+
+    def _line(self, loss: float | None, loss_label: str) -> None:
+        self._last_line = time.perf_counter()
+        self._print(progress_line(self._step, self._total, loss=loss, learning_rate=self.learning_rate,
+                                  examples_per_second=self.examples_per_second,
+                                  elapsed=self._last_line - self._start, loss_label=loss_label))
 
     def write(self, message: str) -> None:
         """Prints a line (e.g. an evaluation summary) above the bar without garbling it."""

@@ -105,6 +105,9 @@ class SplitScorer:
             return PredictionOutput(logits, None, {})
         metrics = metrics_lib.compute_metrics(self.problem_type, logits, labels)
         metrics["loss"] = float(np.mean(losses))
+        if not np.isfinite(metrics["loss"]):
+            raise metrics_lib.NonFiniteScores(f"the {split} loss is {metrics['loss']} although every logit is finite "
+                                              "(labels the loss cannot take?); no metric is reported")
         if self.compute_metrics is not None:
             metrics.update(self.compute_metrics(EvalPrediction(logits, labels)))
         return PredictionOutput(logits, labels, metrics)
@@ -138,14 +141,19 @@ class SplitScorer:
         return in_order["logits"], in_order["labels"], in_order["loss"]
 
     def export(self, params, directory: Path) -> None:
-        """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0.
-        Sharded parameters are gathered first, a collective every process takes part in."""
+        """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0,
+        written as one staged export (`save_pretrained` with the tokenizer). Sharded parameters
+        are gathered first, a collective every process takes part in. Raises NonFiniteScores, and
+        writes nothing, when a parameter holds NaN or infinity."""
         params = host_copy(params, self.layout)
+        bad = [".".join(map(str, path)) for path, value in nnx.to_flat_state(params)
+               if jax.numpy.issubdtype(value[...].dtype, jax.numpy.inexact) and not np.isfinite(value[...]).all()]
+        if bad:
+            raise metrics_lib.NonFiniteScores(f"parameters {bad[:3]} hold NaN or infinity: nothing is exported to "
+                                              f"{directory}")
         if jax.process_index() != 0:
             return
-        save_pretrained(nnx.merge(self.graphdef, params), directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(directory))
+        save_pretrained(nnx.merge(self.graphdef, params), directory, tokenizer=self.tokenizer)
 
 
 def describe_predictions(problem_type: str, logits: np.ndarray, label_names) -> list:

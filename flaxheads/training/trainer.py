@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -30,7 +31,7 @@ from flaxheads.backbones import stacking
 from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
-from flaxheads.tokenizer import fitting_max_length, load_tokenizer
+from flaxheads.tokenizer import check_room_for_text, fitting_max_length, for_model, load_tokenizer
 from flaxheads.training import run_dir
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
@@ -93,7 +94,7 @@ def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> Classif
             "the sorted names of the train labels): give the data the model's classes, or load the model with "
             f"from_pretrained(..., id2label={list(names)}) to relabel its head"
         )
-    return dataclasses.replace(config, problem_type=task.problem_type, labels=names)
+    return dataclasses.replace(config, problem_type=task.problem_type, labels=names, text_pair=task.has_text_pair)
 
 
 class Trainer:
@@ -125,10 +126,13 @@ class Trainer:
                  eval_dataset=None, test_dataset=None, tokenizer, compute_metrics: MetricsFunction | None = None,
                  task: data.TaskData | None = None):
         self.args = args = args if args is not None else TrainConfig(output_dir=None, dataset=None)
-        self.tokenizer, self.compute_metrics = tokenizer, compute_metrics
+        self.tokenizer, self.compute_metrics = for_model(tokenizer, model.config.backbone), compute_metrics
         self.data = self._load_data(model.config, task, train_dataset, eval_dataset, test_dataset)
         self.task = task = self.data.task
         print0(f"problem type {task.problem_type_reason or task.problem_type}")
+        imbalance = data.labels.imbalance_warning(task) if args.do_train else None
+        if imbalance:
+            print0(f"warning: {imbalance}", file=sys.stderr)
         if args.do_train and "train" not in self.data.given:
             raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
                              "TrainConfig(do_train=False)")
@@ -136,11 +140,13 @@ class Trainer:
         self.eval_batch = args.per_device_eval_batch_size * jax.device_count()
         data.check_data_shards(args.data_shards, task, self.global_batch, self.eval_batch)
         if args.parallel not in PARALLEL:
-            raise ValueError(f"--parallel {args.parallel!r}: choose one of {sorted(PARALLEL)}")
+            raise ValueError(f"parallel={args.parallel!r}: choose one of {sorted(PARALLEL)}")
         self.layout = Layout.create(args.mesh)
         self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
+        if task.problem_type != "pairwise_reward":
+            check_room_for_text(self.tokenizer, self.max_seq_length, pairs=task.has_text_pair)
         self.batch_format = data.BatchFormat.for_task(
-            task, tokenizer, self.max_seq_length, model_pad_token_id=model.config.backbone.pad_token_id,
+            task, self.tokenizer, self.max_seq_length, model_pad_token_id=model.config.backbone.pad_token_id,
             pad_to_multiple_of=args.pad_to_multiple_of,
             max_segments=segments_per_row(args.packing, args.max_segments_per_row, self.max_seq_length))
         self.config = fit_config_to_task(model.config, task)
@@ -152,11 +158,16 @@ class Trainer:
         self.total_steps = 0 if not args.do_train else (
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self._batches_per_epoch()))
         self.model_name = args.model_name_or_path or "in-memory model"
-        """Names the model in the run identity (`run_dir.run_identity`)."""
+        """Names the model in run.json, for people; the identity has its content (`model_identity`)."""
+        self.model_identity: str | None = (run_dir.params_fingerprint(self.params)
+                                           if self.output_dir is not None and args.do_train else None)
+        """The model's content fingerprint in the run identity; from_config gives its folder's."""
         self.data_identity: dict[str, Any] | None = self._fingerprints()
         """What the run identity records of the data; None: what args say (files, data set names)."""
         self.loading_info = None
         """Printed when a run starts afresh (not when it resumes)."""
+        self._exported: list[str] = []
+        """The files the final export wrote in output_dir, for run.json."""
         self._scorer: SplitScorer | None = None
 
     @classmethod
@@ -175,10 +186,11 @@ class Trainer:
             placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
         )
         if not cfg.do_train:
-            require_trained(loading_info, model, src, fix="do_train is off: train it (leave --do_train on) or pass a "
-                            "trained model folder as --model_name_or_path")
+            require_trained(loading_info, model, src, fix="do_train is off: train it (do_train=True) or pass a trained "
+                            "model folder as model_name_or_path")
         trainer = cls(model, cfg, task=task, tokenizer=tokenizer)
         trainer.model_name = cfg.model_name_or_path or "shipped all-MiniLM-L6-v2"
+        trainer.model_identity = run_dir.model_fingerprint(src)
         trainer.data_identity = None
         trainer.loading_info = loading_info
         return trainer
@@ -260,19 +272,22 @@ class Trainer:
         if args.do_train:
             loop = self._loop(splits, scorer)
             if self.output_dir is not None and jax.process_index() == 0:
-                run_dir.write_run(self.output_dir, self.identity, complete=False)
+                run_dir.write_run(self.output_dir, self.identity, complete=False, model_name=self.model_name)
             results = loop.run()
             self.params = loop.params()
             if self.output_dir is not None:
+                before = run_dir.export_snapshot(self.output_dir)
                 scorer.export(self.params, self.output_dir)
+                self._exported = run_dir.exported_since(self.output_dir, before)
                 if args.lora and args.lora_export == "both":
-                    self._export_adapter(self.output_dir / ADAPTER_DIR)
+                    self._export_adapter(self.output_dir / run_dir.ADAPTER_DIR)
         else:
             results = self._scores_without_training(splits)
         predictions = self._predictions() if args.do_predict and "test" in splits else None
         if args.do_train and self.output_dir is not None and jax.process_index() == 0:
             run_dir.write_results(self.output_dir, results)
-            run_dir.write_run(self.output_dir, self.identity, complete=True)
+            run_dir.write_run(self.output_dir, self.identity, complete=True, model_name=self.model_name,
+                              exported=self._exported)
         return TrainOutput(self.model, results, predictions)
 
     def _loop(self, splits: dict[str, data.OwnSplit], scorer: SplitScorer) -> TrainLoop:
@@ -290,7 +305,7 @@ class Trainer:
         checkpoints = None
         if self.output_dir is not None:
             checkpoints = RunCheckpoints(self.output_dir / run_dir.CHECKPOINTS_DIR, max_to_keep=args.save_total_limit,
-                                         identity=self.identity["trained"])
+                                         identity=self.identity["trained"], differences=run_dir.trained_differences)
         eval_splits = tuple(name for name in ("validation", "test")
                             if name in splits and name not in self.data.unlabelled)
         return TrainLoop(args, runner, state, splits["train"], self.batch_format, scorer, total_steps=total,
@@ -318,29 +333,34 @@ class Trainer:
     @property
     def identity(self) -> dict[str, Any]:
         return run_dir.run_identity(self.args, self.task, self.config.backbone.to_hf_config(), self.config.head,
-                                    self.global_batch, total_steps=self.total_steps, model_name=self.model_name,
-                                    data_identity=self.data_identity)
+                                    self.global_batch, total_steps=self.total_steps, model=self.model_identity,
+                                    tokenizer=self._tokenizer_identity, data_identity=self.data_identity)
+
+    @functools.cached_property
+    def _tokenizer_identity(self) -> str:
+        return data.tokenization.tokenizer_fingerprint(self.tokenizer)
 
     def _claim_folder(self) -> dict[str, Any] | None:
         """Decides what the output folder allows; returns the results of this run when the folder
         already holds it finished (a re-run of the same command), else None."""
         args, output_dir = self.args, self.output_dir
+        explicit_resume = args.resume_from_checkpoint is not None
+        record = run_dir.check_folder(output_dir, self.identity, explicit_resume=explicit_resume,
+                                      overwrite=args.overwrite_output_dir)
         if args.overwrite_output_dir:
             if jax.process_index() == 0:
                 removed = run_dir.clear_run(output_dir)
                 if removed:
-                    print(f"--overwrite_output_dir: removed the earlier run's {', '.join(removed)} "
-                          f"from {output_dir}", file=sys.stderr)
+                    print(f"overwrite_output_dir: removed the earlier run's {', '.join(removed)} from {output_dir}",
+                          file=sys.stderr)
             sync("flaxheads: output_dir cleared")
             return None
-        explicit_resume = args.resume_from_checkpoint is not None
-        record = run_dir.check_folder(output_dir, self.identity, explicit_resume=explicit_resume)
         # Without resume_from_checkpoint, check_folder has compared the whole identity already.
         if record and record.get("complete") and args.resume_from_checkpoint is None:
             results = run_dir.read_results(output_dir)
             if results is not None:
                 print0(f"the run in {output_dir} is already complete ({results.get('steps')} steps); its results "
-                       f"are in {run_dir.RESULTS_FILE}. Pass --overwrite_output_dir to train again")
+                       f"are in {run_dir.RESULTS_FILE}. Pass overwrite_output_dir=True to train again")
                 return {**results, "already_complete": True}
         return None
 
@@ -374,12 +394,8 @@ class Trainer:
         return predicted
 
     def _write_predictions(self, predicted: list) -> None:
-        file = self.output_dir / run_dir.PREDICTIONS_FILE
-        if not self.args.do_train and file.exists() and not self.args.overwrite_output_dir:
-            raise run_dir.RunConflict(f"{file} exists; pass overwrite_output_dir=True (--overwrite_output_dir) to "
-                                      "replace it, or choose another output_dir")
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        written = run_dir.write_predictions(self.output_dir, format_predictions(predicted))
+        written = run_dir.write_predictions(self.output_dir, format_predictions(predicted),
+                                            overwrite=self.args.overwrite_output_dir)
         print(f"predictions for the test split written to {written}")
 
     def _scorer_of(self, split: str, dataset) -> SplitScorer:
@@ -398,10 +414,6 @@ class Trainer:
         tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
                                              data_shards=self.args.data_shards, splits=(split,))
         return self._scorer_for(tokenized, extra.unlabelled)
-
-
-ADAPTER_DIR = "adapter"
-"""Where a LoRA run with lora_export="both" writes its peft adapter folder, inside output_dir."""
 
 
 def check_param_dtype(model: SequenceClassifier, param_dtype: str) -> None:
@@ -458,7 +470,8 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     """
     initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
     if cfg.output_dir is None:
-        raise ValueError("--output_dir is needed: flaxheads train writes its checkpoints and model there")
+        raise ValueError("train() needs output_dir=: it writes its checkpoints and model there (flaxheads.Trainer "
+                         "trains in memory with output_dir=None)")
     run_dir.refuse_output_inside_model(cfg.output_dir, cfg.model_folder())
     output = Trainer.from_config(cfg).train()
     return output.metrics
