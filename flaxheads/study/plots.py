@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flaxheads import atomic
 from flaxheads.study.table import StudyTable
 
 DPI = 110
@@ -39,7 +40,7 @@ def _panels(plt, count: int, *, width: float = 4.2, height: float = 3.4):
 def _save(plt, figure, path: Path) -> Path:
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=DPI)
+    atomic.write_file(path, lambda tmp: figure.savefig(tmp, dpi=DPI, format=path.suffix.lstrip(".") or "png"))
     plt.close(figure)
     return path
 
