@@ -27,7 +27,7 @@ from flaxheads.tokenizer import (
     check_room_for_text, check_tokenizer_fits, fitting_max_length, for_model, load_tokenizer, pad_token_ids,
 )
 from flaxheads.training import metrics as metrics_lib
-from flaxheads.training import run_dir
+from flaxheads.training import run_files
 from flaxheads.training.scoring import Evaluator
 from flaxheads.training.sharding import Layout
 
@@ -35,7 +35,7 @@ from flaxheads.training.sharding import Layout
 def require_model_folder(model_dir: str | os.PathLike) -> None:
     """ValueError, with the way to the model, when `model_dir` is a training run that has not
     exported yet or one of its checkpoints (neither holds config.json)."""
-    reason = run_dir.not_a_model(model_dir) if Path(model_dir).is_dir() else None
+    reason = run_files.not_a_model(model_dir) if Path(model_dir).is_dir() else None
     if reason:
         raise ValueError(reason)
 

@@ -298,7 +298,7 @@ def test_missing_column_error_names_the_column_the_flag_and_the_columns_present(
 def test_label_outside_num_labels_error_names_value_row_and_flag(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ["text", "label"], [["a", 0], ["b", 1]])
     valid = _write_csv(tmp_path / "valid.csv", ["text", "label"], [["c", 1], ["d", 7]])
-    with pytest.raises(ValueError, match=r"label 7 in row 1 of the validation split.*--num_labels"):
+    with pytest.raises(ValueError, match=r"label 7 in row 1 of the validation split.*num_labels"):
         _load(tmp_path, train_file=train, validation_file=valid)
 
 
@@ -364,7 +364,7 @@ def test_tokenization_with_cache_dir_writes_one_file_per_max_seq_length(tmp_path
 
 
 def test_max_seq_length_beyond_the_tokenizer_limit_is_rejected(trec_task, tokenizer):
-    with pytest.raises(ValueError, match="--max_seq_length 1024"):
+    with pytest.raises(ValueError, match="max_seq_length=1024"):
         tokenize_split(trec_task.splits["test"], tokenizer, 1024)
 
 

@@ -202,7 +202,7 @@ def test_one_non_integer_float_among_class_ids_is_refused_with_both_ways_on(tmp_
     message = str(error.value)
     print(message)
     assert "mostly whole numbers (75%, e.g. 0.0 at train row 0) with some other values (first: 0.5 at train row 3)" in message
-    assert "--problem_type regression" in message and "fix the label 0.5 in row 3 of the train split" in message
+    assert "problem_type='regression'" in message and "fix the label 0.5 in row 3 of the train split" in message
 
 
 def test_scores_that_are_mostly_fractional_stay_regression_even_where_one_is_whole(tmp_path):
@@ -228,7 +228,7 @@ def test_a_non_integer_float_in_another_split_is_refused_naming_that_split(tmp_p
     train = _write_csv(tmp_path / "train.csv", ["a,0.0", "b,1.0"])
     valid = _write_csv(tmp_path / "valid.csv", ["c,1.0", "d,1.5"])
 
-    with pytest.raises(ValueError, match=r"first: 1\.5 at validation row 1.*--problem_type regression"):
+    with pytest.raises(ValueError, match=r"first: 1\.5 at validation row 1.*problem_type='regression'"):
         _load(tmp_path, train_file=train, validation_file=valid)
 
 
@@ -248,7 +248,7 @@ def test_whole_number_floats_are_class_ids_and_the_reason_says_how_to_get_scores
     assert (task.problem_type, task.num_labels, task.splits["train"]["label"][:]) == (SINGLE_LABEL, 3, [0, 2, 1])
     assert task.problem_type_reason == (
         "single_label_classification: the label column holds floats that are all whole numbers "
-        "(e.g. 0.0 at train row 0), read as class ids in [0, 3); --problem_type regression reads "
+        "(e.g. 0.0 at train row 0), read as class ids in [0, 3); problem_type='regression' reads "
         "them as scores instead"
     )
 

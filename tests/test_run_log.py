@@ -167,7 +167,7 @@ def test_progress_bar_shows_running_loss_learning_rate_and_throughput_on_a_termi
     bar.update(1, loss=0.2, learning_rate=2e-5, examples=64)
     bar.update(1, loss=0.1, learning_rate=1e-5, examples=32)
     assert bar.examples_per_second == 32.0  # 96 examples in 3 s
-    assert bar.postfix == "loss=0.1500, lr=1.00e-05, ex/s=32.0"
+    assert bar.postfix == "loss (last 20)=0.1500, lr=1.00e-05, ex/s=32.0"  # says which mean it is
     bar.close()
     assert "2/10" in stream.getvalue()
 
@@ -184,15 +184,32 @@ def test_moving_throughput_leaves_out_steps_that_compiled_and_forgets_beyond_its
     assert throughput.examples_per_second == 46 / 3 and throughput.loss == (0.5 + 0.25) / 2  # NaN not counted
 
 
-def test_progress_bar_off_a_terminal_prints_a_plain_line_per_log_call_and_no_bar(monkeypatch):
-    clock = iter([0.0, 2.0, 4.0, 5.0])
+def test_progress_bar_off_a_terminal_prints_a_line_after_the_first_step_and_per_log_call_and_no_bar(monkeypatch):
+    # start; step 1 ends, its line; step 2 ends, the quiet check; the log line
+    clock = iter([0.0, 2.0, 2.0, 4.0, 4.5, 5.0])
     monkeypatch.setattr(run_log, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     stream = io.StringIO()  # not a TTY, as in CI
     with run_log.ProgressBar(4, is_main_process=True, file=stream) as bar:
         bar.update(1, loss=0.5, learning_rate=1e-4, examples=32, timed=False)
         bar.update(1, loss=0.25, learning_rate=5e-5, examples=32)
-        bar.log()
-    assert stream.getvalue() == "train  step 2/4  loss 0.3750  lr 5.00e-05  ex/s 16.0  elapsed 0:05  eta 0:05\n"
+        bar.log(0.3)  # the logging window's mean, as metrics.jsonl records it
+    assert stream.getvalue() == (
+        "train  step 1/4  loss (mean of last 20 steps) 0.5000  lr 1.00e-04  elapsed 0:02  eta 0:06\n"
+        "train  step 2/4  loss 0.3000  lr 5.00e-05  ex/s 16.0  elapsed 0:05  eta 0:05\n"
+    )
+
+
+def test_progress_bar_off_a_terminal_prints_at_least_once_a_minute_between_log_calls(monkeypatch):
+    # start; step 1 ends, its line; step 2 ends, the quiet check (29 s: none); step 3 ends, the check
+    # (61 s since the last line), its line
+    clock = iter([0.0, 1.0, 1.0, 30.0, 30.0, 61.5, 62.0, 62.0])
+    monkeypatch.setattr(run_log, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    stream = io.StringIO()
+    with run_log.ProgressBar(100, is_main_process=True, file=stream) as bar:
+        for _ in range(3):
+            bar.update(1, loss=0.5, learning_rate=1e-4, examples=32)
+    steps = [line.split()[2] for line in stream.getvalue().splitlines()]
+    assert steps == ["1/100", "3/100"]  # the first step, then the one a minute after the last line
 
 
 def test_progress_bar_on_non_main_process_prints_nothing():

@@ -156,12 +156,12 @@ def test_wrappers_run_the_repositorys_venv_python_when_there_is_one(repo_copy):
     venv_python.chmod(0o755)
 
     result = bash("scripts/flaxheads train --help && bash scripts/test.sh -k x && source scripts/python_env.sh "
-                  "&& use_repo_python && type -P flaxheads", repo_copy, PYTHON="/nowhere")
+                  "&& use_repo_python && type -P flaxheads", repo_copy, PYTHON="/nowhere", FLAXHEADS_TEST_WORKERS="0")
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "venv python -m flaxheads.cli train --help",
-        "venv python -m pytest -q -k x",
+        "venv python -m pytest -q --durations=25 -k x",
         str(venv_python.parent / "flaxheads"),  # the tests' `flaxheads` subprocess finds .venv's script
     ]
 

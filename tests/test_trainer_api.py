@@ -278,7 +278,8 @@ def _identity(**overrides):
     from flaxheads.training import run_dir
 
     task = data.load_in_memory({"train": (["a", "b"], [0, 1])}).task
-    return run_dir.run_identity(_args(**overrides), task, {"model_type": "bert"}, "cls", 8, total_steps=10)
+    return run_dir.run_identity(_args(**overrides), task, {"model_type": "bert"}, "cls", 8, total_steps=10,
+                                model="sha256:model", tokenizer="tokenizer")
 
 
 def test_the_identity_records_sampling_only_where_group_by_length_does_not_say_it():
@@ -298,5 +299,18 @@ def test_a_run_recorded_before_warmup_steps_existed_is_still_the_same_run(tmp_pa
     identity = _identity()
     older = {"trained": identity["trained"],
              "settings": {k: v for k, v in identity["settings"].items() if k != "warmup_steps"}}
-    run_dir.write_run(tmp_path, older, complete=False)
+    run_dir.write_run(tmp_path, older, complete=False, model_name="m")
     assert run_dir.check_folder(tmp_path, identity, explicit_resume=False) is not None
+
+
+def test_a_run_recorded_before_content_fingerprints_is_still_the_same_run(tmp_path):
+    """Earlier run.json files named the model by its path, had no tokenizer entry, and named data files."""
+    from flaxheads.training import run_dir
+
+    identity = _identity()
+    trained = {**identity["trained"], "model": "path/to/model"}
+    del trained["tokenizer"]
+    run_dir.write_run(tmp_path, {"trained": trained, "settings": identity["settings"]}, complete=False, model_name="m")
+    assert run_dir.check_folder(tmp_path, identity, explicit_resume=False) is not None
+    assert run_dir.trained_differences(trained, identity["trained"]) == []
+    assert run_dir.trained_differences({**identity["trained"], "model": "sha256:other"}, identity["trained"])

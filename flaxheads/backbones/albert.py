@@ -29,7 +29,7 @@ from flax import nnx
 
 from flaxheads.backbones import layers, segments, stacking
 from flaxheads.backbones.encoder import Embeddings, EncoderLayer
-from flaxheads.backbones.interface import BackboneOutput, known_fields
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +72,7 @@ class AlbertConfig:
     def __post_init__(self):
         if self.model_type != "albert":
             raise ValueError(f"AlbertConfig serves model_type 'albert', not {self.model_type!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads={self.num_attention_heads}"
-            )
+        require_multiple(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         if not 1 <= self.num_hidden_groups <= self.num_hidden_layers:
             raise ValueError(
                 f"num_hidden_groups={self.num_hidden_groups}: it must be between 1 and "

@@ -39,7 +39,7 @@ from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, segments, stacking
 from flaxheads.backbones.encoder import EncoderLayer
-from flaxheads.backbones.interface import BackboneOutput, known_fields
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
 
 POSITION_ATTENTION_TYPES = ("c2p", "p2c")
 
@@ -102,18 +102,15 @@ class DebertaV2Config:
     def __post_init__(self):
         if self.model_type != "deberta-v2":
             raise ValueError(f"DebertaV2Config serves model_type 'deberta-v2', not {self.model_type!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads={self.num_attention_heads}"
-            )
+        require_multiple(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         unknown = set(self.pos_att_type) - set(POSITION_ATTENTION_TYPES)
         if unknown:
             raise ValueError(f"pos_att_type {sorted(unknown)}: DeBERTa's are {POSITION_ATTENTION_TYPES}")
         if self.conv_kernel_size > 0 and self.conv_kernel_size % 2 == 0:
             # transformers pads (k - 1) // 2 on each side: an even kernel shortens the sequence and fails there too.
             raise ValueError(f"conv_kernel_size={self.conv_kernel_size}: it must be odd (or 0 for no ConvLayer)")
-        if self.conv_kernel_size > 0 and self.hidden_size % self.conv_groups:
-            raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of conv_groups={self.conv_groups}")
+        if self.conv_kernel_size > 0:
+            require_multiple(hidden_size=self.hidden_size, conv_groups=self.conv_groups)
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any]) -> "DebertaV2Config":

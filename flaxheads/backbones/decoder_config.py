@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flaxheads.backbones.interface import known_fields
+from flaxheads.backbones.interface import known_fields, require_multiple
 from flaxheads.backbones.rope import Rope
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -155,11 +155,7 @@ class DecoderConfig:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
+        require_multiple(num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads)
         for name in ("eos_token_id", "layer_types"):  # configs must hash: they are static in jit
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))

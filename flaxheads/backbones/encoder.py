@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
 
 _ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
 # transformers' RobertaConfig / XLMRobertaConfig / ElectraConfig defaults where they differ from
@@ -62,11 +62,7 @@ class EncoderConfig:
     def __post_init__(self):
         if self.model_type not in _ENCODER_FAMILIES:
             raise ValueError(f"EncoderConfig serves {_ENCODER_FAMILIES}, not {self.model_type!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not a multiple of "
-                f"num_attention_heads={self.num_attention_heads}"
-            )
+        require_multiple(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         if self.position_ids_from_padding and self.pad_token_id is None:
             raise ValueError("position_ids_from_padding needs pad_token_id")
         if self.embedding_size is not None and self.model_type != "electra":

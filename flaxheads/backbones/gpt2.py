@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +58,7 @@ class GPT2Config:
     def __post_init__(self):
         if self.model_type != "gpt2":
             raise ValueError(f"GPT2Config serves model_type 'gpt2', not {self.model_type!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+        require_multiple(n_embd=self.n_embd, n_head=self.n_head)
         if isinstance(self.eos_token_id, list):  # configs must hash: they are static in jit
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 

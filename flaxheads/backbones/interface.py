@@ -71,3 +71,12 @@ def known_fields(hf: Mapping[str, Any], names: Iterable[str] | type) -> dict[str
     dataclass defaults."""
     fields = {f.name for f in dataclasses.fields(names)} if isinstance(names, type) else set(names)
     return {key: value for key, value in hf.items() if key in fields}
+
+
+def require_multiple(**sizes: int) -> None:
+    """ValueError unless the first size is a multiple of the second, naming both as config.json
+    does: `require_multiple(hidden_size=36, num_attention_heads=5)` -> "hidden_size=36 is not a
+    multiple of num_attention_heads=5"."""
+    (whole_name, whole), (part_name, part) = sizes.items()
+    if whole % part:
+        raise ValueError(f"{whole_name}={whole} is not a multiple of {part_name}={part}")

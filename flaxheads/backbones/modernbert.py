@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, rope, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
 
 GLOBAL, SLIDING = "full_attention", "sliding_attention"
 """transformers' `layer_types` names."""
@@ -86,10 +86,7 @@ class ModernBertConfig:
     def __post_init__(self):
         if self.model_type != "modernbert":
             raise ValueError(f"ModernBertConfig serves model_type 'modernbert', not {self.model_type!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads={self.num_attention_heads}"
-            )
+        require_multiple(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         if self.head_dim % 2:
             raise ValueError(
                 f"head_dim={self.head_dim} (hidden_size / num_attention_heads) is odd: RoPE rotates pairs of "

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones import dropout, layers, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
 
 # transformers subtracts this from masked attention scores (float32/bfloat16 models).
 _MASKED_SCORE = -1e30
@@ -93,8 +93,7 @@ class XLNetConfig:
     def __post_init__(self):
         if self.model_type != "xlnet":
             raise ValueError(f"XLNetConfig serves model_type 'xlnet', not {self.model_type!r}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not a multiple of n_head={self.n_head}")
+        require_multiple(d_model=self.d_model, n_head=self.n_head)
         if self.attn_type != "bi":
             raise NotImplementedError(
                 f"attn_type={self.attn_type!r} is not supported; flaxheads' XLNet is bidirectional "

@@ -65,6 +65,7 @@ def checkpoint_tensors(shape: dict[str, Any], head: str | None = None) -> tuple[
     from flax import nnx
 
     from flaxheads import conversion
+    from flaxheads.conversion import rules
     from flaxheads.conversion.loading import flat_variables
     from flaxheads.model import ClassifierConfig, SequenceClassifier
 
@@ -74,12 +75,11 @@ def checkpoint_tensors(shape: dict[str, Any], head: str | None = None) -> tuple[
     shapes = {key: tuple(var.shape) for key, (_, var) in flat_variables(abstract).items()}
     base = f"{table.base_prefix}."
     head_paths = [k[len("head."):] for k in shapes if k.startswith("head.")]
-    rules = conversion.backbone_rules(table, config.backbone, base, shapes)
-    rules += conversion.head_rules(table, config.head, head_paths, base)
-    architecture = (table.classification_architecture if conversion.is_canonical(table, config.head)
-                    else table.base_architecture)
+    model_rules = rules.backbone_rules(table, config.backbone, base, shapes)
+    model_rules += rules.head_rules(table, config.head, head_paths, base)
+    architecture = table.classification_architecture if table.is_canonical(config.head) else table.base_architecture
     hf_config = {**config.to_hf_config(architecture), "dtype": "bfloat16"}
-    return hf_config, [(rule.hf, rule.transform.hf_shape(shapes[rule.flax])) for rule in rules]
+    return hf_config, [(rule.hf, rule.transform.hf_shape(shapes[rule.flax])) for rule in model_rules]
 
 
 def write_random_checkpoint(directory: str | Path, shape: dict[str, Any] = BERT_1B, *, seed: int = 0,

@@ -6,7 +6,7 @@ Their `*Model`, `*ForCausalLM` and `*ForSequenceClassification` keep the base mo
 `lm_head.weight` (absent from the file when tied to the embeddings) is reported unused.
 
 One rule list serves every family: a rule whose parameter a model lacks (biases, q/k norms) is
-dropped for that model (`conversion.backbone_rules`). Only the meaning of
+dropped for that model (`conversion.rules.backbone_rules`). Only the meaning of
 `post_attention_layernorm` differs: the norm before the MLP in Llama's layout, the norm on the
 attention output in Gemma2/3's sandwich layout (which names the pre-MLP norm
 `pre_feedforward_layernorm`).

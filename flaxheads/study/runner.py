@@ -228,7 +228,7 @@ def learning_curve(run_dir: Path) -> list[dict[str, Any]]:
     """The validation metrics a run logged, one {"step": n, metric: value, ...} per evaluation."""
     import json
 
-    from flaxheads.training.run_log import METRICS_FILENAME
+    from flaxheads.training.run_files import METRICS_FILENAME
 
     curve = []
     path = run_dir / METRICS_FILENAME

@@ -35,22 +35,10 @@ from flaxheads.conversion.formats import PYTORCH, TOKENIZER_FILES, checkpoint_fi
 from flaxheads.data.packing import segments_per_row
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
-from flaxheads.training.run_log import METRICS_FILENAME, TENSORBOARD_DIRNAME
-
-RUN_FILE = "run.json"
-RESULTS_FILE = "results.json"
-CHECKPOINTS_DIR = "checkpoints"
-SET_ASIDE_DIR = CHECKPOINTS_DIR + "_set_aside"
-BEST_MODEL_DIR = "best_model"
-PREDICTIONS_FILE = "predict_results.txt"
-ADAPTER_DIR = "adapter"
-"""Where a LoRA run with lora_export="both" writes its peft adapter folder, inside output_dir."""
-TOKENIZED_DIR = "tokenized"
-
-RUN_OUTPUTS = (RUN_FILE, RESULTS_FILE, METRICS_FILENAME, CHECKPOINTS_DIR, SET_ASIDE_DIR, BEST_MODEL_DIR,
-               TENSORBOARD_DIRNAME, TOKENIZED_DIR, PREDICTIONS_FILE, ADAPTER_DIR)
-"""Every name a run may create in its output folder besides its export (config.json, weights,
-tokenizer files). A run claims them all when it starts, so it must find none it did not write."""
+from flaxheads.training.run_files import (  # noqa: F401 (re-exported: the names of a run folder belong to run_dir too)
+    ADAPTER_DIR, BEST_MODEL_DIR, CHECKPOINTS_DIR, PREDICTIONS_FILE, RESULTS_FILE, RUN_FILE, RUN_OUTPUTS, SCORING_RECORD,
+    SET_ASIDE_DIR, TOKENIZED_DIR, RunConflict, not_a_model, read_run, recorded_outputs,
+)
 
 TRAINING_SETTINGS = (
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
@@ -62,10 +50,6 @@ after a non-finite loss); an implicit resume must match them too."""
 
 FINGERPRINT = "sha256:"
 """How a content fingerprint starts; an identity recorded before fingerprints named the model by its path."""
-
-
-class RunConflict(ValueError):
-    """The output folder holds something this run must not write over."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,31 +202,6 @@ def refuse_output_inside_model(output_dir: str | os.PathLike, model_dir: str | o
         )
 
 
-def read_run(output_dir: str | os.PathLike) -> dict[str, Any] | None:
-    file = Path(output_dir) / RUN_FILE
-    if not file.is_file():
-        return None
-    try:
-        record = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RunConflict(
-            f"{file} is damaged, so flaxheads cannot tell which run the folder holds, nor which of its files "
-            "the run wrote. Delete it and the run's files by hand to start over there, or choose another output_dir"
-        ) from None
-    return record if isinstance(record, dict) else None
-
-
-def recorded_outputs(record: dict[str, Any] | None) -> set[str]:
-    """The names an earlier run recorded writing: its `RUN_OUTPUTS` and its export's files. A
-    run recorded before the list existed wrote at most `RUN_OUTPUTS` (its export was replaced,
-    not removed)."""
-    if record is None:
-        return set()
-    if "outputs" not in record:
-        return set(RUN_OUTPUTS)
-    return set(record.get("outputs") or ()) | set(record.get("exported") or ())
-
-
 def write_run(output_dir: str | os.PathLike, identity: dict[str, Any], *, complete: bool, model_name: str,
               exported: Iterable[str] = ()) -> None:
     """run.json: the identity, whether the run finished, every name it writes in the folder, and
@@ -254,44 +213,16 @@ def write_run(output_dir: str | os.PathLike, identity: dict[str, Any], *, comple
     })
 
 
-def not_a_model(folder: str | os.PathLike) -> str | None:
-    """Why `folder` is a training run's folder or checkpoint rather than a model, with how to get
-    the model; None when it is neither (or when it holds an exported model)."""
-    folder = Path(folder)
-    if (folder / checkpoint_io.CONFIG_NAME).is_file():
-        return None
-    run, step = folder, None
-    if folder.parent.name == CHECKPOINTS_DIR and folder.name.isdigit():
-        run, step = folder.parent.parent, int(folder.name)
-    elif folder.name == CHECKPOINTS_DIR:
-        run = folder.parent
-    try:
-        record = read_run(run)
-    except RunConflict:
-        record = None
-    if record is None:
-        return None
-    command = record.get("command")
-    again = (f"re-run its command, which resumes from the newest checkpoint and exports: {command}" if command
-             else "re-run the flaxheads train command that started it: it resumes from the newest checkpoint and exports")
-    if step is not None:
-        return (f"{folder} is checkpoint step {step} of the training run in {run}, not a model folder (a checkpoint holds "
-                f"the train state, not config.json and weights). The run exports its model into {run} when it finishes; "
-                f"to get it, {again}")
-    return (f"{run} is a training run that has not exported its model yet (it stopped before it finished). To export "
-            f"it, {again}")
-
-
 def _strangers(output_dir: Path, record: dict[str, Any] | None, names: Iterable[str] = RUN_OUTPUTS) -> list[str]:
     """Which of `names` exist in the folder although no run recorded writing them."""
-    ours = recorded_outputs(record)
+    ours = recorded_outputs(record, output_dir)
     return [name for name in names if os.path.lexists(output_dir / name) and name not in ours]
 
 
 def _stale_weights(output_dir: Path, record: dict[str, Any] | None) -> list[str]:
     """Weight files the run's export (config.json + model.safetensors) would leave beside its own,
     where a loader could read them instead: another format's, or a .bin or sharded index."""
-    ours = recorded_outputs(record)
+    ours = recorded_outputs(record, output_dir)
     keep = {checkpoint_io.CONFIG_NAME, PYTORCH.written_as, *TOKENIZER_FILES}
     return [name for name in checkpoint_files(output_dir) if name not in keep and name not in ours]
 
@@ -351,7 +282,7 @@ def clear_run(output_dir: str | os.PathLike) -> list[str]:
     output_dir = Path(output_dir)
     record = read_run(output_dir)
     removed = []
-    for name in sorted(recorded_outputs(record) - {RUN_FILE}) + [RUN_FILE]:
+    for name in sorted(recorded_outputs(record, output_dir) - {RUN_FILE}) + [RUN_FILE, SCORING_RECORD]:
         target = output_dir / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
@@ -388,9 +319,10 @@ def write_results(output_dir: str | os.PathLike, results: dict[str, Any]) -> Non
 
 
 def write_predictions(output_dir: str | os.PathLike, text: str, *, overwrite: bool = False) -> Path:
-    """`text` as <output_dir>/predict_results.txt, written atomically; returns the path.
-    RunConflict when the file exists and no run recorded writing it (`overwrite` allows replacing
-    one a run wrote)."""
+    """`text` as <output_dir>/predict_results.txt, written atomically; returns the path. RunConflict
+    when the file exists and no run recorded writing it, or (without `overwrite`) when a finished
+    run or an earlier scoring run wrote it. A folder without run.json records the file in
+    `SCORING_RECORD`, so the same scoring command may replace it with `overwrite`."""
     output_dir = Path(output_dir)
     record = read_run(output_dir)
     file = output_dir / PREDICTIONS_FILE
@@ -400,4 +332,6 @@ def write_predictions(output_dir: str | os.PathLike, text: str, *, overwrite: bo
     if file.exists() and not overwrite and not (record and record.get("complete") is False):
         raise RunConflict(f"{file} exists; pass overwrite_output_dir=True to replace it, or choose another output_dir")
     output_dir.mkdir(parents=True, exist_ok=True)
+    if record is None:
+        atomic.write_json(output_dir / SCORING_RECORD, {"outputs": [PREDICTIONS_FILE]})
     return atomic.write_text(file, text)

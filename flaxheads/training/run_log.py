@@ -23,10 +23,9 @@ import tensorboardX
 import tqdm
 
 from flaxheads import atomic
+from flaxheads.training.run_files import METRICS_FILENAME, TENSORBOARD_DIRNAME  # noqa: F401 (re-exported)
 
 SPLITS = ("train", "eval", "test")
-METRICS_FILENAME = "metrics.jsonl"
-TENSORBOARD_DIRNAME = "tensorboard"
 # tensorboardX writes events from a background thread and flushes on this period; close()
 # writes everything. 10 s keeps a live TensorBoard current without a disk flush per scalar.
 _TENSORBOARD_FLUSH_SECS = 10

@@ -159,9 +159,9 @@ class Trainer:
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self._batches_per_epoch()))
         self.model_name = args.model_name_or_path or "in-memory model"
         """Names the model in run.json, for people; the identity has its content (`model_identity`)."""
-        self.model_identity: str | None = (run_dir.params_fingerprint(self.params)
-                                           if self.output_dir is not None and args.do_train else None)
-        """The model's content fingerprint in the run identity; from_config gives its folder's."""
+        self.model_identity: str | None = None
+        """The model's content fingerprint in the run identity: from_config gives its folder's; an
+        in-memory model's parameters are hashed when the identity is first asked for, before training."""
         self.data_identity: dict[str, Any] | None = self._fingerprints()
         """What the run identity records of the data; None: what args say (files, data set names)."""
         self.loading_info = None
@@ -230,7 +230,7 @@ class Trainer:
     def _own_splits(self, names, *, cache: bool = True) -> dict[str, data.OwnSplit]:
         early = {"train": self._tokenized_train} if self._tokenized_train is not None else {}
         rest = tuple(name for name in names if name not in early)
-        cache_dir = self.output_dir / "tokenized" if self.output_dir is not None and cache else None
+        cache_dir = self.output_dir / run_dir.TOKENIZED_DIR if self.output_dir is not None and cache else None
         own = data.tokenize_own_shards(self.task, self.tokenizer, self.max_seq_length,
                                        data_shards=self.args.data_shards, splits=rest, cache_dir=cache_dir
                                        ) if rest else {}
@@ -263,7 +263,11 @@ class Trainer:
             previous = self._claim_folder() if self.args.do_train else None
             if previous is not None:
                 return TrainOutput(None, previous, None)
-            return self._run()
+            output = self._run()
+        # Process 0 writes the export and the records alone: the others wait here, not at jax's
+        # shutdown barrier, whose deadline a slow disk (or a busy CPU) can pass.
+        sync("flaxheads: run written")
+        return output
 
     def _run(self) -> TrainOutput:
         args = self.args
@@ -332,6 +336,8 @@ class Trainer:
 
     @property
     def identity(self) -> dict[str, Any]:
+        if self.model_identity is None:
+            self.model_identity = run_dir.params_fingerprint(self.params)
         return run_dir.run_identity(self.args, self.task, self.config.backbone.to_hf_config(), self.config.head,
                                     self.global_batch, total_steps=self.total_steps, model=self.model_identity,
                                     tokenizer=self._tokenizer_identity, data_identity=self.data_identity)
