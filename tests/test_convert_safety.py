@@ -195,3 +195,32 @@ def test_a_new_dst_and_its_files_get_the_modes_of_any_new_folder_and_file(hf_che
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
     for name in ["config.json", "flaxheads_model.safetensors"]:
         assert (tmp_path / "out" / name).stat().st_mode & 0o777 == 0o644, name
+
+
+def test_a_conversion_killed_between_two_renames_leaves_a_folder_loaders_refuse(pretraining, occupied):
+    """`convert --overwrite` moves its files in one by one; killed between two, the folder would
+    pair a new config.json with old weights. The marker it holds meanwhile makes loaders refuse it."""
+    import subprocess
+    import sys
+
+    import flaxheads
+
+    script = (
+        "import os, sys, pathlib\n"
+        "from flaxheads.convert import convert\n"
+        "out = pathlib.Path(sys.argv[2]).resolve()\n"
+        "real = os.replace\n"
+        "def replace(a, b):\n"
+        "    real(a, b)\n"
+        "    if pathlib.Path(b).parent == out and pathlib.Path(b).name == 'config.json':\n"
+        "        os._exit(9)\n"
+        "os.replace = replace\n"
+        "convert(sys.argv[1], out, to='pytorch', num_labels=5, head='mean', overwrite=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(pretraining), str(occupied)], capture_output=True, text=True)
+    assert proc.returncode == 9, proc.stderr[-2000:]
+
+    with pytest.raises(flaxheads.CheckpointError, match="was being written when the writer stopped"):
+        flaxheads.from_pretrained(occupied)
+    convert(pretraining, occupied, to="pytorch", num_labels=5, head="mean", overwrite=True)  # done again, whole
+    assert flaxheads.from_pretrained(occupied).config.num_labels == 5

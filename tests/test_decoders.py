@@ -461,6 +461,8 @@ def test_train_evaluate_predict_inspect_and_convert_commands_work_on_llama(tiny_
     # An empty text gives no tokens (this tokenizer adds no BOS): refused, as transformers refuses it.
     assert main(["predict", "--model_name_or_path", str(run), "so dull", ""]) == 2
     assert "give no tokens at all" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="give no tokens at all"):
+        flaxheads.pipeline(model=str(run))("")
     # A tokenizer saved to return token types (Llama has none) is read without them.
     typed = tmp_path / "typed"
     shutil.copytree(run, typed)

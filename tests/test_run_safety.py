@@ -582,3 +582,24 @@ def test_evaluate_matches_classes_by_name_and_refuses_other_classes(trained_mode
         name: split.map(lambda row: {"label": 1 - row["label"]}) for name, split in same.splits.items()}))
     assert evaluate(trained_model, swapped_task, "validation", max_seq_length=32) == pytest.approx(
         evaluate(trained_model, same, "validation", max_seq_length=32))
+
+
+@pytest.mark.parametrize("settings, named", [
+    (dict(param_dtype="bfloat16", dtype="float32"), r"dtype='float32' contradicts param_dtype='bfloat16'"),
+    (dict(bf16=True, dtype="float32"), r"dtype='float32' contradicts bf16=True"),
+    (dict(lora_export="both"), r"lora_export='both' exports LoRA adapters, but lora_r=0"),
+    (dict(lora_target_modules=("query",)), r"lora_target_modules names layers .* but lora_r=0"),
+    (dict(overwrite_output_dir=True, resume_from_checkpoint="2"), r"overwrite_output_dir=True .* resume_from_checkpoint"),
+])
+def test_settings_that_contradict_or_do_nothing_are_refused_naming_both(settings, named):
+    with pytest.raises(ValueError, match=named):
+        TrainConfig(**settings)
+    assert TrainConfig(param_dtype="bfloat16").dtype == "bfloat16"  # implied, not contradicted
+
+
+def test_do_predict_without_a_test_split_is_refused_before_training(tiny_bert, snippets_csv, tmp_path, capsys):
+    code = main(["train", "--model_name_or_path", str(tiny_bert), "--train_file", str(snippets_csv["train"]),
+                 "--text_column", "sentence", "--output_dir", str(tmp_path / "out"), "--do_predict"])
+
+    assert code == 2 and "--do_predict predicts the test split, but the data has none" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -145,9 +145,9 @@ class TrainConfig:
     evaluation is packed too, with the same metrics. Ignores group_by_length and pad_to_multiple_of."""
     max_segments_per_row: int | None = None
     """Most examples in one packed row (with packing); default: max_seq_length // 8."""
-    dtype: str = "float32"
+    dtype: str | None = None
     """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state unless param_dtype
-    is bfloat16."""
+    is bfloat16. Default: bfloat16 with bf16 or param_dtype bfloat16, else float32."""
     bf16: bool = False
     """Same as dtype="bfloat16"."""
     param_dtype: str = "float32"
@@ -246,10 +246,15 @@ class TrainConfig:
             raise ValueError(f"lora_r={self.lora_r}: it must be 0 (no LoRA) or a positive rank")
         if self.lora_target_modules is not None:
             object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))  # frozen: normalised here
-        if self.bf16 or self.param_dtype == "bfloat16":
+        half = [why for why, on in (("bf16=True", self.bf16), ("param_dtype='bfloat16'", self.param_dtype == "bfloat16"))
+                if on]
+        if half and self.dtype == "float32":
             # bf16 storage with float32 compute would convert every weight at every use; bf16
-            # parameters go with bf16 compute, as in every pure-bf16 recipe.
-            object.__setattr__(self, "dtype", "bfloat16")  # frozen: normalised once, here
+            # parameters go with bf16 compute, as in every pure-bf16 recipe. Never overridden silently.
+            raise ValueError(f"dtype='float32' contradicts {' and '.join(half)}, which compute in bfloat16: pass one "
+                             "of them, not both")
+        object.__setattr__(self, "dtype", "bfloat16" if half else self.dtype or "float32")  # frozen: normalised here
+        self._refuse_flags_without_effect()
         if self.eval_steps is not None and self.eval_steps <= 0:
             raise ValueError(f"eval_steps={self.eval_steps}: it must be positive")
         if self.eval_steps is not None and self.eval_strategy in ("no", "epoch"):
@@ -257,6 +262,20 @@ class TrainConfig:
                 f"eval_steps={self.eval_steps} with eval_strategy={self.eval_strategy!r}: evaluating every N steps needs "
                 "eval_strategy='steps' (or leave eval_strategy unset)"
             )
+
+    def _refuse_flags_without_effect(self) -> None:
+        """ValueError, naming both, for settings that contradict each other or one that another
+        makes meaningless: no setting is silently overridden or ignored."""
+        if self.lora_export != "merged" and not self.lora_r:
+            raise ValueError(f"lora_export={self.lora_export!r} exports LoRA adapters, but lora_r=0 trains none: "
+                             "pass a lora_r (and lora_target_modules), or leave lora_export out")
+        if self.lora_target_modules and not self.lora_r:
+            raise ValueError("lora_target_modules names layers for LoRA adapters, but lora_r=0 trains none: pass a "
+                             "lora_r, or leave lora_target_modules out")
+        if self.overwrite_output_dir and self.resume_from_checkpoint is not None:
+            raise ValueError(f"overwrite_output_dir=True starts over, removing the checkpoints that "
+                             f"resume_from_checkpoint={self.resume_from_checkpoint!r} would continue from: pass one "
+                             "of them, not both")
 
     @property
     def evaluation(self) -> str:

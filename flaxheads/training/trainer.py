@@ -136,6 +136,9 @@ class Trainer:
         if args.do_train and "train" not in self.data.given:
             raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
                              "TrainConfig(do_train=False)")
+        if args.do_predict and "test" not in self.data.given:
+            raise ValueError("do_predict=True predicts the test split, but the data has none: give a test_file (or a "
+                             "test_dataset), or leave do_predict out")
         self.global_batch = args.per_device_train_batch_size * jax.device_count() * args.gradient_accumulation_steps
         self.eval_batch = args.per_device_eval_batch_size * jax.device_count()
         data.check_data_shards(args.data_shards, task, self.global_batch, self.eval_batch)
