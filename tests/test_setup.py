@@ -170,3 +170,17 @@ def test_wrappers_run_python_from_the_environment_without_a_venv(repo_copy):
     result = bash("source scripts/python_env.sh && repo_python", repo_copy, PYTHON="/opt/my/python")
 
     assert result.stdout.strip() == "/opt/my/python"
+
+
+def test_test_script_runs_the_fast_lane_and_spreads_files_over_workers(repo_copy):
+    """`--fast` leaves out the tests marked slow; tests run in parallel workers, a file to a worker."""
+    venv_python = repo_copy / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text('#!/usr/bin/env bash\nprintf "%s|" "$@"; echo\n')
+    venv_python.chmod(0o755)
+
+    fast = bash("bash scripts/test.sh --fast -k x", repo_copy, FLAXHEADS_TEST_WORKERS="2")
+    everything = bash("bash scripts/test.sh", repo_copy, FLAXHEADS_TEST_WORKERS="3")
+
+    assert fast.stdout.strip() == "-m|pytest|-q|--durations=25|-n|2|--dist|loadfile|-m|not slow|-k|x|"
+    assert everything.stdout.strip() == "-m|pytest|-q|--durations=25|-n|3|--dist|loadfile|"
