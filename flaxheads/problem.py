@@ -214,6 +214,58 @@ def _binary_cross_entropy(logits, labels) -> jax.Array:
     return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, labels.astype(jnp.float32)), axis=-1)
 
 
+def weighted_loss_terms(logits, labels, problem_type: str, *, class_weights=None,
+                        label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """(numerators, denominators), each (batch,): the loss over real examples is
+    sum(numerators * mask) / sum(denominators * mask). Without class weights or smoothing these are
+    `per_example_loss` and ones.
+
+    Single-label, as PyTorch's `CrossEntropyLoss(weight=class_weights, label_smoothing=e)`:
+    numerator (1 - e) w[y] (-log p_y) + e/C sum_c w_c (-log p_c), denominator w[y]; with no
+    weights this is transformers' Trainer `label_smoothing_factor` (its `LabelSmoother`).
+    Multi-label, as `BCEWithLogitsLoss(pos_weight=class_weights)`: the mean over labels of
+    -(w_c y log s(x) + (1 - y) log(1 - s(x))), denominator 1."""
+    if problem_type == SINGLE_LABEL and (class_weights is not None or label_smoothing):
+        log_p = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        num_classes = log_p.shape[-1]
+        weights = jnp.ones(num_classes, jnp.float32) if class_weights is None else jnp.asarray(class_weights, jnp.float32)
+        labels = labels.astype(jnp.int32)
+        nll = -jnp.take_along_axis(log_p, labels[:, None], axis=-1)[:, 0]
+        weight_of_label = weights[labels]
+        smoothed = -jnp.sum(log_p * weights, axis=-1) / num_classes
+        return (1.0 - label_smoothing) * weight_of_label * nll + label_smoothing * smoothed, weight_of_label
+    if problem_type == MULTI_LABEL and class_weights is not None:
+        x, y = logits.astype(jnp.float32), labels.astype(jnp.float32)
+        pos_weight = jnp.asarray(class_weights, jnp.float32)
+        # -log s(x) = softplus(-x), -log(1 - s(x)) = softplus(x): finite for any x
+        losses = jnp.mean(pos_weight * y * jax.nn.softplus(-x) + (1.0 - y) * jax.nn.softplus(x), axis=-1)
+        return losses, jnp.ones_like(losses)
+    losses = per_example_loss(logits, labels, problem_type)
+    return losses, jnp.ones_like(losses)
+
+
+def balanced_class_weights(labels, problem_type: str, num_labels: int) -> tuple[float, ...]:
+    """Weights that balance the classes of `labels` (the train split's): single-label
+    n / (C * count_c), as scikit-learn's `compute_class_weight("balanced")`; multi-label the
+    positive weight negatives_c / positives_c of each label, as `BCEWithLogitsLoss(pos_weight)`
+    is usually set. ValueError naming a class (label) with no example (no positive)."""
+    import numpy as np
+
+    labels = np.asarray(labels)
+    if problem_type == SINGLE_LABEL:
+        counts = np.bincount(labels.astype(np.int64), minlength=num_labels)
+        if (counts == 0).any():
+            raise ValueError(f"class_weights='balanced': class {int(np.argmin(counts))} has no training example, so "
+                             "its weight would be infinite; give the weights (class_weights='w1,w2,...')")
+        return tuple(float(w) for w in counts.sum() / (num_labels * counts))
+    positives = labels.reshape(-1, num_labels).sum(axis=0)
+    negatives = labels.reshape(-1, num_labels).shape[0] - positives
+    if (positives == 0).any():
+        raise ValueError(f"class_weights='balanced': label {int(np.argmin(positives))} is never positive in the training "
+                         "data, so its weight would be infinite; give the weights (class_weights='w1,w2,...')")
+    return tuple(float(w) for w in negatives / positives)
+
+
 def loss(logits, labels, *, problem_type: str | None, num_labels: int, example_mask=None) -> jax.Array:
     """Mean loss over real examples (`example_mask` 1) after checking labels; float32 scalar."""
     resolved = check_labels(labels, num_labels=num_labels, problem_type=problem_type, batch_size=logits.shape[0])

@@ -347,8 +347,8 @@ def imbalance_warning(task: TaskData, split: str = "train") -> str | None:
     if share <= IMBALANCE_SHARE:
         return None
     return (f"{share:.1%} of the {counts.sum()} {split} examples are {task.id2label[top]!r}: a model that always "
-            "answers it scores that accuracy, so watch macro_f1 and mcc, and rebalance the data (resample it, or "
-            "weight the classes) if the rare classes matter")
+            "answers it scores that accuracy, so watch macro_f1 and mcc; if the rare classes matter, weight them "
+            "(class_weights='balanced', on the command line --class_weights balanced) or resample the data")
 
 
 def relabelled(task: TaskData, split: str, class_names: Sequence[str]) -> datasets.Dataset:

@@ -93,6 +93,15 @@ class TrainConfig:
     """Number of labels; default: as many as the data set has."""
     classifier_dropout: float | None = None
     """Dropout rate of the head; default: the checkpoint config's."""
+    class_weights: str | None = None
+    """Weights of the classes in the training loss: "balanced" (n / (classes x count), from the train
+    split) or one weight per class, comma-separated, in class-id order ("1,4.5"). Single-label: the
+    cross-entropy's class weights (PyTorch's CrossEntropyLoss(weight=...)); multi-label: each label's
+    positive weight (BCEWithLogitsLoss(pos_weight=...); balanced: negatives / positives). The
+    evaluation loss stays unweighted, so runs stay comparable."""
+    label_smoothing_factor: float = 0.0
+    """Label smoothing of the single-label training loss, as transformers' Trainer applies it:
+    (1 - f) x cross-entropy + f x the mean over classes of -log p."""
 
     # How to train.
     max_seq_length: int = 128
@@ -255,6 +264,9 @@ class TrainConfig:
                              "of them, not both")
         object.__setattr__(self, "dtype", "bfloat16" if half else self.dtype or "float32")  # frozen: normalised here
         self._refuse_flags_without_effect()
+        self.class_weight_values()  # its errors name the setting
+        if not 0.0 <= self.label_smoothing_factor < 1.0:
+            raise ValueError(f"label_smoothing_factor={self.label_smoothing_factor}: it must be in [0, 1)")
         if self.eval_steps is not None and self.eval_steps <= 0:
             raise ValueError(f"eval_steps={self.eval_steps}: it must be positive")
         if self.eval_steps is not None and self.eval_strategy in ("no", "epoch"):
@@ -262,6 +274,21 @@ class TrainConfig:
                 f"eval_steps={self.eval_steps} with eval_strategy={self.eval_strategy!r}: evaluating every N steps needs "
                 "eval_strategy='steps' (or leave eval_strategy unset)"
             )
+
+    def class_weight_values(self) -> tuple[float, ...] | None:
+        """The weights `class_weights` gives, in class-id order; None for "balanced" (decided by
+        the data) or none. ValueError for weights that are not positive numbers."""
+        if self.class_weights in (None, "balanced"):
+            return None
+        try:
+            values = tuple(float(part) for part in str(self.class_weights).split(","))
+        except ValueError:
+            raise ValueError(f"class_weights={self.class_weights!r}: give 'balanced' or one number per class, "
+                             "comma-separated (e.g. '1,4.5')") from None
+        bad = [v for v in values if not v > 0 or v == float("inf")]
+        if bad:
+            raise ValueError(f"class_weights={self.class_weights!r}: every weight must be a positive number, got {bad[0]}")
+        return values
 
     def _refuse_flags_without_effect(self) -> None:
         """ValueError, naming both, for settings that contradict each other or one that another

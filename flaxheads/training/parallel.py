@@ -38,7 +38,7 @@ class JitParallel:
     name = "jit"
 
     def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State,
-                 frozen: nnx.State | None = None):
+                 frozen: nnx.State | None = None, *, loss_options: dict | None = None):
         self.layout = layout
         frozen = nnx.State({}) if frozen is None else frozen
         frozen_shardings = layout.tree_shardings(frozen)
@@ -49,7 +49,7 @@ class JitParallel:
         self.state_shardings = layout.tree_shardings(jax.eval_shape(init, params))
         self._init = jax.jit(init, out_shardings=self.state_shardings)
         self._step = jax.jit(
-            make_train_step(graphdef, tx, schedule, problem_type),
+            make_train_step(graphdef, tx, schedule, problem_type, **(loss_options or {})),
             in_shardings=(self.state_shardings, layout.batch(1), layout.replicated, frozen_shardings),
             out_shardings=(self.state_shardings, layout.replicated),
             donate_argnums=0,
@@ -81,14 +81,14 @@ class PmapParallel:
     name = "pmap"
 
     def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State,
-                 frozen: nnx.State | None = None):
+                 frozen: nnx.State | None = None, *, loss_options: dict | None = None):
         self.layout = layout
         self.devices = jax.local_devices()
         self.frozen = nnx.State({}) if frozen is None else frozen
         self._frozen_replicas = self._replicate(self.frozen)
         self._init = jax.jit(_init_fn(tx))
         self._step = jax.pmap(
-            make_train_step(graphdef, tx, schedule, problem_type, axis_name=PMAP_AXIS),
+            make_train_step(graphdef, tx, schedule, problem_type, axis_name=PMAP_AXIS, **(loss_options or {})),
             axis_name=PMAP_AXIS,
             in_axes=(0, 0, None, 0),
             donate_argnums=0,

@@ -102,12 +102,14 @@ def _data_identity(cfg: TrainConfig) -> dict[str, Any]:
 
 def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[str, Any], head: str,
                  global_batch_size: int, *, total_steps: int, model: str, tokenizer: str,
-                 data_identity: dict[str, Any] | None = None) -> dict[str, Any]:
+                 data_identity: dict[str, Any] | None = None, objective: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
     """{"trained": what is trained, "settings": how}: both decide whether a folder's run resumes.
 
     `model` and `tokenizer` are content fingerprints (`model_fingerprint`, `params_fingerprint`,
     `data.tokenization.tokenizer_fingerprint`); `data_identity` defaults to what cfg says of the data (files by
-    the hash of their content, a data set's name)."""
+    the hash of their content, a data set's name); `objective` is the loss's options (class weights,
+    label smoothing) when any is set."""
     trained = {
         "model": model,
         "tokenizer": tokenizer,
@@ -133,6 +135,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
         lora = cfg.lora and {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
                              "target_modules": list(cfg.lora.target_modules)}  # as JSON reads it back
         trained["trainable"] = {"freeze_backbone": cfg.freeze_backbone, "lora": lora or None}
+    if objective:  # the loss's class weights (resolved) and label smoothing (recorded only when set)
+        trained["objective"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(objective.items())}
     settings = {name: getattr(cfg, name) for name in TRAINING_SETTINGS}
     settings["warmup_steps"] = cfg.num_warmup_steps(total_steps)
     return {"trained": trained, "settings": settings}

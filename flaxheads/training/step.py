@@ -83,6 +83,8 @@ def make_train_step(
     problem_type: str,
     *,
     axis_name: str | None = None,
+    class_weights: tuple[float, ...] | None = None,
+    label_smoothing: float = 0.0,
 ) -> Callable[..., tuple[TrainState, dict]]:
     """`(state, batch, rng, frozen=None) -> (state, metrics)`.
 
@@ -101,13 +103,21 @@ def make_train_step(
     `jax.pmap(..., axis_name=axis_name)` each device sees its slice; the example-weighted sums
     of loss and gradients are then summed over `axis_name` before dividing (a pmean weighted by
     real examples, which equals the plain pmean when every device has the same count).
+
+    `class_weights` and `label_smoothing` shape the training loss (`problem.weighted_loss_terms`):
+    the gradient is then that of sum(numerators) / sum(denominators) over the real examples of the
+    whole global batch, as PyTorch's weighted cross-entropy over the same batch.
     """
 
     def summed_loss(params, micro_batch, key, frozen):
         logits = _logits(graphdef, params, micro_batch, train=True, rngs=nnx.Rngs(dropout=key), frozen=frozen)
         logits, examples = per_example_logits(logits, micro_batch), per_example(micro_batch)
-        losses = problem.per_example_loss(logits, examples["labels"], problem_type)
-        return jnp.sum(losses * examples["example_mask"])
+        mask = examples["example_mask"]
+        if class_weights is None and not label_smoothing:
+            return jnp.sum(problem.per_example_loss(logits, examples["labels"], problem_type) * mask), jnp.sum(mask)
+        numerators, denominators = problem.weighted_loss_terms(
+            logits, examples["labels"], problem_type, class_weights=class_weights, label_smoothing=label_smoothing)
+        return jnp.sum(numerators * mask), jnp.sum(denominators * mask)
 
     def train_step(state: TrainState, batch: dict, rng: jax.Array, frozen=None) -> tuple[TrainState, dict]:
         step_key = jax.random.fold_in(rng, state.step)
@@ -116,25 +126,29 @@ def make_train_step(
         accum = batch["example_mask"].shape[0]
 
         def accumulate(carry, xs):
-            grads, loss_sum = carry
+            grads, loss_sum, weight_sum = carry
             micro_batch, index = xs
             key = jax.random.fold_in(step_key, index)
-            loss_i, grads_i = jax.value_and_grad(summed_loss)(state.params, micro_batch, key, frozen)
-            return (jax.tree.map(jnp.add, grads, grads_i), loss_sum + loss_i), None
+            (loss_i, weight_i), grads_i = jax.value_and_grad(summed_loss, has_aux=True)(
+                state.params, micro_batch, key, frozen)
+            return (jax.tree.map(jnp.add, grads, grads_i), loss_sum + loss_i, weight_sum + weight_i), None
 
         if accum == 1:  # no scan: its zero-filled carry and adds cost a pass over every parameter
             micro_batch = jax.tree.map(lambda x: x[0], batch)
             key = jax.random.fold_in(step_key, 0)
-            loss_sum, grads = jax.value_and_grad(summed_loss)(state.params, micro_batch, key, frozen)
+            (loss_sum, weight_sum), grads = jax.value_and_grad(summed_loss, has_aux=True)(
+                state.params, micro_batch, key, frozen)
         else:
             zeros = jax.tree.map(jnp.zeros_like, state.params)
-            (grads, loss_sum), _ = jax.lax.scan(
-                accumulate, (zeros, jnp.zeros((), jnp.float32)), (batch, jnp.arange(accum))
+            (grads, loss_sum, weight_sum), _ = jax.lax.scan(
+                accumulate, (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
+                (batch, jnp.arange(accum))
             )
         examples = jnp.sum(batch["example_mask"])
         if axis_name is not None:
-            grads, loss_sum, examples = jax.lax.psum((grads, loss_sum, examples), axis_name)
-        count = jnp.maximum(examples, 1.0)
+            grads, loss_sum, weight_sum, examples = jax.lax.psum((grads, loss_sum, weight_sum, examples), axis_name)
+        # Unweighted, the example count: the mean over real examples.
+        count = jnp.maximum(weight_sum, 1e-12) if class_weights is not None else jnp.maximum(weight_sum, 1.0)
         # kept in the gradients' dtype: bf16 ones (param_dtype bfloat16) stay half size until the
         # optimizer upcasts them inside its fused update; float32 ones are unchanged
         grads = jax.tree.map(lambda g: (g / count).astype(g.dtype), grads)

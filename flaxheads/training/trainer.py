@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads import data, lora
+from flaxheads import data, lora, problem
 from flaxheads.backbones import stacking
 from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
@@ -153,6 +153,8 @@ class Trainer:
             pad_to_multiple_of=args.pad_to_multiple_of,
             max_segments=segments_per_row(args.packing, args.max_segments_per_row, self.max_seq_length))
         self.config = fit_config_to_task(model.config, task)
+        self.loss_options = loss_options(args, task)
+        """The training loss's class weights and label smoothing (`problem.weighted_loss_terms`)."""
         check_param_dtype(model, args.param_dtype)
         self.graphdef, self.params = _split_with_config(_prepared(model, args), self.config)
         self.output_dir = Path(args.output_dir) if args.output_dir else None
@@ -306,7 +308,7 @@ class Trainer:
         trainable, frozen = split_trainable(self.params, freeze_backbone=args.freeze_backbone)
         print0(lora.trainable_summary(trainable, frozen))
         runner = PARALLEL[args.parallel](self.layout, self.graphdef, tx, schedule, self.task.problem_type,
-                                         trainable, frozen)
+                                         trainable, frozen, loss_options=self.loss_options)
         state = runner.init(trainable)
         self.params = None  # the weights live in the train state now: one copy in memory, not two
         checkpoints = None
@@ -343,7 +345,8 @@ class Trainer:
             self.model_identity = run_dir.params_fingerprint(self.params)
         return run_dir.run_identity(self.args, self.task, self.config.backbone.to_hf_config(), self.config.head,
                                     self.global_batch, total_steps=self.total_steps, model=self.model_identity,
-                                    tokenizer=self._tokenizer_identity, data_identity=self.data_identity)
+                                    tokenizer=self._tokenizer_identity, data_identity=self.data_identity,
+                                    objective=self.loss_options)
 
     @functools.cached_property
     def _tokenizer_identity(self) -> str:
@@ -423,6 +426,34 @@ class Trainer:
         tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
                                              data_shards=self.args.data_shards, splits=(split,))
         return self._scorer_for(tokenized, extra.unlabelled)
+
+
+def loss_options(args: TrainConfig, task: data.TaskData) -> dict[str, Any]:
+    """The training loss's options the settings give for this data: {"class_weights": weights in
+    class-id order (resolved from the train split for "balanced")} and {"label_smoothing": f},
+    each only when set. ValueError naming the setting when it does not fit the problem type or
+    the number of classes."""
+    options: dict[str, Any] = {}
+    if args.label_smoothing_factor:
+        if task.problem_type != data.SINGLE_LABEL:
+            raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor} smooths single-label targets, but "
+                             f"the data reads as {task.problem_type}: leave it out")
+        options["label_smoothing"] = float(args.label_smoothing_factor)
+    if args.class_weights is None:
+        return options
+    if task.problem_type not in (data.SINGLE_LABEL, data.MULTI_LABEL):
+        raise ValueError(f"class_weights={args.class_weights!r} weights classes, but the data reads as "
+                         f"{task.problem_type}, which has none: leave class_weights out")
+    weights = args.class_weight_values()
+    if weights is None:
+        weights = problem.balanced_class_weights(task.splits["train"][data.task.LABEL], task.problem_type,
+                                                 task.num_labels)
+    if len(weights) != task.num_labels:
+        names = [task.id2label[i] for i in range(task.num_labels)]
+        raise ValueError(f"class_weights={args.class_weights!r} gives {len(weights)} weight(s) but the data has "
+                         f"{task.num_labels} classes ({', '.join(names)}, in this order): give one weight per class")
+    options["class_weights"] = tuple(weights)
+    return options
 
 
 def check_param_dtype(model: SequenceClassifier, param_dtype: str) -> None:
