@@ -225,8 +225,20 @@ class TrainConfig:
     save_total_limit: int = 2
     """Checkpoints kept in output_dir; older ones are deleted."""
     metric_for_best_model: str | None = None
-    """Validation metric whose best value (and step) the results report; default: accuracy
-    (classification) or mse (regression)."""
+    """Validation metric whose best value (and step) the results report, best_model/ holds, and
+    load_best_model_at_end and early stopping follow; default: accuracy (classification) or mse
+    (regression). Any metric the task reports, or "loss"."""
+    greater_is_better: bool | None = None
+    """Whether a larger metric_for_best_model is better; default: the metric's own direction (lower
+    for loss and mse)."""
+    load_best_model_at_end: bool = False
+    """Export (and return) the weights of the best validation evaluation instead of the last step's;
+    results.json says which step (exported_step)."""
+    early_stopping_patience: int | None = None
+    """Stop training after this many evaluations in a row without an improvement of
+    metric_for_best_model by more than early_stopping_threshold (transformers' EarlyStoppingCallback)."""
+    early_stopping_threshold: float = 0.0
+    """How much metric_for_best_model must improve to reset the early-stopping patience."""
     disable_tqdm: bool = False
     """Hide the progress bar."""
     report_to: str = "tensorboard"
@@ -299,6 +311,24 @@ class TrainConfig:
         if self.lora_target_modules and not self.lora_r:
             raise ValueError("lora_target_modules names layers for LoRA adapters, but lora_r=0 trains none: pass a "
                              "lora_r, or leave lora_target_modules out")
+        if self.early_stopping_threshold and self.early_stopping_patience is None:
+            raise ValueError(f"early_stopping_threshold={self.early_stopping_threshold} applies to early stopping, which "
+                             "early_stopping_patience=None leaves off: pass a patience, or leave the threshold out")
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
+            raise ValueError(f"early_stopping_patience={self.early_stopping_patience}: it must be at least 1 evaluation")
+        if self.early_stopping_threshold < 0:
+            raise ValueError(f"early_stopping_threshold={self.early_stopping_threshold}: it must be 0 or positive")
+        follows_best = [name for name, on in (("load_best_model_at_end=True", self.load_best_model_at_end),
+                                              (f"early_stopping_patience={self.early_stopping_patience}",
+                                               self.early_stopping_patience is not None)) if on]
+        if follows_best and (self.eval_strategy == "no" or not self.do_eval):
+            raise ValueError(f"{' and '.join(follows_best)} follow the validation evaluations, which "
+                             f"{'do_eval=False' if not self.do_eval else 'eval_strategy=' + repr(self.eval_strategy)} "
+                             "turns off: evaluate during training, or leave them out")
+        if self.load_best_model_at_end and self.lora_r:
+            raise ValueError("load_best_model_at_end=True with lora_r: the best LoRA adapters are not kept apart from "
+                             "the last ones yet; best_model/ holds the best weights merged (leave load_best_model_at_end "
+                             "out and use best_model/), or train without LoRA")
         if self.overwrite_output_dir and self.resume_from_checkpoint is not None:
             raise ValueError(f"overwrite_output_dir=True starts over, removing the checkpoints that "
                              f"resume_from_checkpoint={self.resume_from_checkpoint!r} would continue from: pass one "

@@ -60,7 +60,14 @@ class TrainLoop:
         self.total_steps, self.eval_splits = total_steps, eval_splits
         self.checkpoints, self.output_dir = checkpoints, output_dir
         self.start_time = time.perf_counter()
-        self.best = {"metric": best_metric_name(cfg, batch_format.problem_type), "value": None, "step": None}
+        self.best = {"metric": best_metric_name(cfg, batch_format.problem_type), "value": None, "step": None,
+                     "evaluations_without_improvement": 0}
+        """The best validation evaluation so far, and the early-stopping count (saved with every
+        checkpoint, so a resumed run stops exactly where an uninterrupted one would)."""
+        self.stopped_early: int | None = None
+        """The step at which early stopping ended the run."""
+        self.best_params = None
+        """Host copies of the best evaluation's weights, with load_best_model_at_end."""
         self.step = 0
         self.earlier_seconds = 0.0
         self.unconfirmed: list[int] = []
@@ -101,7 +108,7 @@ class TrainLoop:
         target = self.runner.restore_target(self.state)
         restored, meta, self.step = checkpoints.restore_newest_intact(target, steps=steps)
         self.state = self.runner.from_restored(restored)
-        self.best = meta["best"]
+        self.best = {"evaluations_without_improvement": 0, **meta["best"]}
         self.earlier_seconds = float(meta.get("train_seconds", 0.0))
         if self.step not in checkpoints.confirmed_steps():
             self.unconfirmed.append(self.step)
@@ -131,7 +138,7 @@ class TrainLoop:
     def run(self) -> dict[str, Any]:
         try:
             rng = jax.random.key(self.cfg.seed)
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and self.stopped_early is None:
                 self.train_step(rng)
             return self.finish()
         finally:
@@ -232,10 +239,23 @@ class TrainLoop:
         result = self._timed_scores("validation")
         self.last_eval.update(step=self.step, result=result)
         self._record("eval", result, show=True)
-        if self._improves_best(result.get(self.best["metric"])):
-            self.best.update(value=float(result[self.best["metric"]]), step=self.step)
+        value = result.get(self.best["metric"])
+        patience = self.cfg.early_stopping_patience
+        if patience is not None:
+            significant = self._improves_best(value, by=self.cfg.early_stopping_threshold)
+            self.best["evaluations_without_improvement"] = (
+                0 if significant else self.best.get("evaluations_without_improvement", 0) + 1)
+        if self._improves_best(value):
+            self.best.update(value=float(value), step=self.step)
             if self.output_dir is not None:
                 self.scorer.export(self.params(), self.output_dir / "best_model")
+            if self.cfg.load_best_model_at_end:
+                self.best_params = self.runner.host_params(self.state)
+        if patience is not None and self.best["evaluations_without_improvement"] >= patience:
+            self.stopped_early = self.step
+            self.bar.write(f"early stopping at step {self.step}: {self.best['metric']} has not improved by more than "
+                           f"{self.cfg.early_stopping_threshold} in {patience} evaluation(s); best "
+                           f"{self.best['value']} at step {self.best['step']}")
         return result
 
     def _timed_scores(self, split: str) -> dict[str, float]:
@@ -249,13 +269,17 @@ class TrainLoop:
         self.eval_seconds += time.perf_counter() - start
         return scores
 
-    def _improves_best(self, value) -> bool:
+    def _improves_best(self, value, *, by: float = 0.0) -> bool:
+        """Whether `value` beats the best so far (by more than `by`) in the metric's direction."""
         best = self.best
         if value is None or not np.isfinite(value):
             return False
         if best["value"] is None:
             return True
-        return value > best["value"] if metrics_lib.higher_is_better(best["metric"]) else value < best["value"]
+        greater = self.cfg.greater_is_better
+        if greater is None:
+            greater = metrics_lib.higher_is_better(best["metric"])
+        return value - best["value"] > by if greater else best["value"] - value > by
 
     # -- save -----------------------------------------------------------------------------------
 
@@ -327,6 +351,8 @@ class TrainLoop:
             self._record("test", results["test"], show=True)
         self._confirm_final(results)
         results["best"] = self.best
+        if self.stopped_early is not None:
+            results["stopped_early"] = {"step": self.stopped_early, "patience": self.cfg.early_stopping_patience}
         results["seconds"] = self.seconds()
         results["eval_seconds"] = self.eval_seconds
         results["train_examples"] = self.examples_trained

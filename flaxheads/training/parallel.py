@@ -73,6 +73,10 @@ class JitParallel:
     def params(self, state: TrainState) -> nnx.State:
         return merge_trainable(state.params, self.frozen)
 
+    def host_params(self, state: TrainState) -> nnx.State:
+        """numpy copies of the whole model's parameters, on every process (a collective)."""
+        return host_copy(self.params(state), self.layout)
+
 
 class PmapParallel:
     """The same step body under `jax.pmap`: state replicated on every local device, each device
@@ -123,6 +127,10 @@ class PmapParallel:
 
     def params(self, state: TrainState) -> nnx.State:
         return merge_trainable(self.checkpointable(state).params, self.frozen)
+
+    def host_params(self, state: TrainState) -> nnx.State:
+        """numpy copies of the whole model's parameters, on every process."""
+        return host_copy(self.params(state), self.layout)
 
     def _replicate(self, tree: Any) -> Any:
         """One copy per local device, stacked on a leading axis; pmap places the copies."""

@@ -136,6 +136,7 @@ class Trainer:
         if args.do_train and "train" not in self.data.given:
             raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
                              "TrainConfig(do_train=False)")
+        check_best_model_settings(args, task, self.data.given)
         if args.do_predict and "test" not in self.data.given:
             raise ValueError("do_predict=True predicts the test split, but the data has none: give a test_file (or a "
                              "test_dataset), or leave do_predict out")
@@ -284,6 +285,8 @@ class Trainer:
                 run_dir.write_run(self.output_dir, self.identity, complete=False, model_name=self.model_name)
             results = loop.run()
             self.params = loop.params()
+            if args.load_best_model_at_end:
+                self._take_the_best(loop, results)
             if self.output_dir is not None:
                 before = run_dir.export_snapshot(self.output_dir)
                 scorer.export(self.params, self.output_dir)
@@ -298,6 +301,35 @@ class Trainer:
             run_dir.write_run(self.output_dir, self.identity, complete=True, model_name=self.model_name,
                               exported=self._exported)
         return TrainOutput(self.model, results, predictions)
+
+    def _take_the_best(self, loop: TrainLoop, results: dict[str, Any]) -> None:
+        """With load_best_model_at_end: the weights of the best evaluation become the run's (kept in
+        memory since then, or, in a resumed run, read back from best_model/), and the results say
+        which step they are."""
+        best = results["best"]["step"]
+        if best is None:
+            print0("note: load_best_model_at_end: no evaluation gave a finite metric; the last weights are kept",
+                   file=sys.stderr)
+            results["exported_step"] = results["steps"]
+            return
+        if best != results["steps"]:
+            if loop.best_params is not None:
+                self.params = loop.best_params
+            else:
+                self.params = self._read_best_model(self.output_dir / run_dir.BEST_MODEL_DIR)
+        results["exported_step"] = best
+        print0(f"load_best_model_at_end: the weights of step {best} ({results['best']['metric']} "
+               f"{results['best']['value']}) are the run's model")
+
+    def _read_best_model(self, folder: Path):
+        """The best evaluation's weights from best_model/ (a resumed run no longer has them in
+        memory), as the parameters of this run's model."""
+        best = from_pretrained(folder, dtype=self.args.dtype, param_dtype=self.args.param_dtype)
+        _, state = nnx.split(best)
+        if jax.tree.structure(state) != jax.tree.structure(self.params):
+            raise ValueError(f"{folder} does not hold this run's model (its parameters differ): cannot load the best "
+                             "model; run again with overwrite_output_dir=True")
+        return state
 
     def _loop(self, splits: dict[str, data.OwnSplit], scorer: SplitScorer) -> TrainLoop:
         args, total = self.args, self.total_steps
@@ -426,6 +458,22 @@ class Trainer:
         tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
                                              data_shards=self.args.data_shards, splits=(split,))
         return self._scorer_for(tokenized, extra.unlabelled)
+
+
+def check_best_model_settings(args: TrainConfig, task: data.TaskData, given) -> None:
+    """ValueError naming the setting when metric_for_best_model is not a metric this task reports,
+    or load_best_model_at_end / early stopping have no validation data to follow."""
+    from flaxheads.training import metrics as metrics_lib
+
+    reported = (*metrics_lib.METRIC_NAMES[task.problem_type], "loss")
+    if args.metric_for_best_model is not None and args.metric_for_best_model not in reported:
+        raise ValueError(f"metric_for_best_model={args.metric_for_best_model!r} is not a metric of "
+                         f"{task.problem_type}: choose one of {', '.join(reported)}")
+    following = [name for name, on in (("load_best_model_at_end=True", args.load_best_model_at_end),
+                                       ("early_stopping_patience", args.early_stopping_patience is not None)) if on]
+    if following and args.do_train and "validation" not in given:
+        raise ValueError(f"{' and '.join(following)} follow the validation split, and the data has none: give a "
+                         "validation_file (an eval_dataset), or leave them out")
 
 
 def loss_options(args: TrainConfig, task: data.TaskData) -> dict[str, Any]:
