@@ -15,6 +15,7 @@ from flax import nnx
 
 from flaxheads import data, problem
 from flaxheads.model import save_pretrained
+from flaxheads.training import class_metrics
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.parallel import host_copy, host_values
 from flaxheads.training.sharding import Layout
@@ -86,17 +87,26 @@ class SplitScorer:
 
     def __init__(self, graphdef: nnx.GraphDef, splits: dict[str, data.OwnSplit], batch_format: data.BatchFormat,
                  layout: Layout, *, eval_batch: int, data_shards: int = 1, unlabelled: frozenset[str] = frozenset(),
-                 compute_metrics: MetricsFunction | None = None, tokenizer=None):
+                 compute_metrics: MetricsFunction | None = None, tokenizer=None,
+                 class_names: tuple[str, ...] | None = None):
         self.graphdef, self.splits, self.layout = graphdef, splits, layout
         self.problem_type = batch_format.problem_type
         self.unlabelled, self.compute_metrics, self.tokenizer = unlabelled, compute_metrics, tokenizer
+        self.class_names = class_names
         self.evaluator = Evaluator(graphdef, self.problem_type, layout, batch_format, eval_batch, data_shards)
+        self.reports: dict[str, dict[str, Any]] = {}
+        """The per-class report (`class_metrics.report`) of the latest scoring of each split."""
 
     def scores(self, split: str, params, *, max_batches: int | None = None) -> dict[str, float]:
-        """Metrics and loss of `split` (the first `max_batches` batches: built-in metrics only)."""
-        if self.compute_metrics is None or max_batches is not None:
+        """Metrics and loss of `split` (the first `max_batches` batches: built-in metrics only).
+        A whole split also gets its per-class report in `reports` (from the same logits)."""
+        if max_batches is not None or (self.compute_metrics is None and self.class_names is None):
             return self.evaluator(params, *self.splits[split], max_batches=max_batches)
-        return self.predict(split, params).metrics
+        prediction = self.predict(split, params)
+        if self.class_names is not None:
+            self.reports[split] = class_metrics.report(self.problem_type, prediction.predictions,
+                                                       prediction.label_ids, self.class_names)
+        return prediction.metrics
 
     def predict(self, split: str, params) -> PredictionOutput:
         """Logits of every example of `split` in dataset order, its labels and metrics."""

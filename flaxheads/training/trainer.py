@@ -244,6 +244,7 @@ class Trainer:
 
     def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str]) -> SplitScorer:
         return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, eval_batch=self.eval_batch,
+                           class_names=self.config.label_names,
                            data_shards=self.args.data_shards, unlabelled=unlabelled,
                            compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
 
@@ -295,6 +296,10 @@ class Trainer:
                     self._export_adapter(self.output_dir / run_dir.ADAPTER_DIR)
         else:
             results = self._scores_without_training(splits)
+        reports = {split: self._scorer.reports[split] for split in ("validation", "test")
+                   if split in results and self._scorer.reports.get(split)}
+        if reports:
+            results["reports"] = reports
         predictions = self._predictions() if args.do_predict and "test" in splits else None
         if args.do_train and self.output_dir is not None and jax.process_index() == 0:
             run_dir.write_results(self.output_dir, results)
@@ -317,6 +322,9 @@ class Trainer:
                 self.params = loop.best_params
             else:
                 self.params = self._read_best_model(self.output_dir / run_dir.BEST_MODEL_DIR)
+            for split in ("validation", "test"):  # the results describe the model the run gives
+                if split in results:
+                    results[split] = self._scorer.scores(split, self.params)
         results["exported_step"] = best
         print0(f"load_best_model_at_end: the weights of step {best} ({results['best']['metric']} "
                f"{results['best']['value']}) are the run's model")
