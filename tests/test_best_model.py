@@ -94,7 +94,7 @@ def test_load_best_model_at_end_exports_the_best_evaluations_weights(tiny_bert, 
                                                                      scripted_accuracy, monkeypatch, interrupted):
     """Interrupted after the best step, the resumed run no longer holds the best weights in
     memory: they come back from best_model/."""
-    scripted_accuracy([0.5, 0.8, 0.6, 0.7, 0.6, 0.6])
+    scripted_accuracy([0.5, 0.8, 0.6, 0.7, 0.6, 0.6, 0.8])  # the last: the best weights re-scored
     if interrupted:
         real_save = checkpoints_lib.RunCheckpoints.save
 
@@ -107,7 +107,7 @@ def test_load_best_model_at_end_exports_the_best_evaluations_weights(tiny_bert, 
         with pytest.raises(KeyboardInterrupt):
             train(_config(tiny_bert, snippets_csv, tmp_path, load_best_model_at_end=True))
         monkeypatch.setattr(checkpoints_lib.RunCheckpoints, "save", real_save)
-        scripted_accuracy([0.7, 0.6, 0.6])
+        scripted_accuracy([0.7, 0.6, 0.6, 0.8])
 
     results = train(_config(tiny_bert, snippets_csv, tmp_path, load_best_model_at_end=True))
 

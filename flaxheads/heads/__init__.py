@@ -55,6 +55,11 @@ HEADS: dict[str, HeadBuilder] = {
 HEAD_NAMES = tuple(HEADS)
 
 
+def output_layer(head: nnx.Module) -> nnx.Linear:
+    """The Linear layer whose output is a head's logits (each head class names it in OUTPUT_LAYER)."""
+    return getattr(head, type(head).OUTPUT_LAYER)
+
+
 def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
     """The head called `cfg.name`; ValueError listing the known names otherwise."""
     try:
@@ -64,4 +69,4 @@ def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Mo
     return builder(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
-__all__ = ["HEADS", "HEAD_NAMES", "HeadBuilder", "HeadConfig", "HeadInputs", "build_head"]
+__all__ = ["HEADS", "HEAD_NAMES", "HeadBuilder", "HeadConfig", "HeadInputs", "build_head", "output_layer"]

@@ -18,6 +18,9 @@ from flaxheads.heads.base import HeadConfig, HeadInputs
 class PoolerHead(nnx.Module):
     """`BertForSequenceClassification`: pooler (dense + tanh on the first token) -> dropout -> classifier."""
 
+    OUTPUT_LAYER = "classifier"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
+
     def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg
         kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -35,6 +38,9 @@ class RobertaHead(nnx.Module):
     """`RobertaClassificationHead`: first token -> dropout -> dense -> tanh -> dropout -> out_proj.
 
     `activation` replaces the tanh: ELECTRA's `ElectraClassificationHead` is this head with GELU."""
+
+    OUTPUT_LAYER = "out_proj"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
 
     def __init__(
         self,
@@ -63,6 +69,9 @@ class RobertaHead(nnx.Module):
 class DistilBertHead(nnx.Module):
     """`DistilBertForSequenceClassification`: first token -> pre_classifier -> ReLU -> dropout -> classifier."""
 
+    OUTPUT_LAYER = "classifier"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
+
     def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg
         kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -81,6 +90,9 @@ class DebertaHead(nnx.Module):
 
     The options default to `DebertaV2Config`'s (0.0, "gelu"); on a DeBERTa backbone they come
     from its config.json (`DebertaV2Config.deberta_options`)."""
+
+    OUTPUT_LAYER = "classifier"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
 
     def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -101,6 +113,9 @@ class DebertaHead(nnx.Module):
 
 class LinearHead(nnx.Module):
     """pool(hidden states) -> dropout -> classifier, for a pooling function of `heads.pooling`."""
+
+    OUTPUT_LAYER = "classifier"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
 
     def __init__(
         self,
@@ -187,6 +202,9 @@ class ModernBertHead(nnx.Module):
     classifier_bias -> classifier_activation -> LayerNorm(norm_eps, bias only with norm_bias))
     -> dropout -> classifier. New parameters start as transformers initialises them: dense
     ~ normal(init_std / sqrt(2 * layers)), classifier ~ normal(hidden_size ** -0.5) (untruncated)."""
+
+    OUTPUT_LAYER = "classifier"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
 
     def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg

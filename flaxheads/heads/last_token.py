@@ -64,6 +64,9 @@ class LastTokenHead(nnx.Module):
     """Last real token's final hidden state -> `score` (linear, no bias). No dropout, as in
     `GPT2ForSequenceClassification`."""
 
+    OUTPUT_LAYER = "score"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
+
     def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg
         self.score = layers.dense(

@@ -148,6 +148,9 @@ def _pick_packed(inputs: HeadInputs, summary_type: str) -> jax.Array:
 class SummaryHead(nnx.Module):
     """`XLNetSequenceSummary` -> `logits_proj`, options as in the module doc."""
 
+    OUTPUT_LAYER = "logits_proj"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
+
     def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg
         options = summary_options(cfg)

@@ -239,6 +239,11 @@ class TrainConfig:
     metric_for_best_model by more than early_stopping_threshold (transformers' EarlyStoppingCallback)."""
     early_stopping_threshold: float = 0.0
     """How much metric_for_best_model must improve to reset the early-stopping patience."""
+    calibrate: bool = False
+    """After training, fit a temperature on the validation split (temperature scaling) and fold it
+    into the head's output layer, so the exported model's probabilities are calibrated; results.json
+    gets "calibration": the temperature and ECE, Brier score and log-loss before and after.
+    Classification only; the predicted classes do not change."""
     disable_tqdm: bool = False
     """Hide the progress bar."""
     report_to: str = "tensorboard"

@@ -139,6 +139,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
         trained["objective"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(objective.items())}
     settings = {name: getattr(cfg, name) for name in TRAINING_SETTINGS}
     settings["warmup_steps"] = cfg.num_warmup_steps(total_steps)
+    if cfg.calibrate:  # what the export is (recorded only when set, so earlier runs' identities hold)
+        settings["calibrate"] = True
     return {"trained": trained, "settings": settings}
 
 

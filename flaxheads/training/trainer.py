@@ -32,7 +32,7 @@ from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
 from flaxheads.tokenizer import check_room_for_text, fitting_max_length, for_model, load_tokenizer
-from flaxheads.training import run_dir
+from flaxheads.training import calibration, run_dir
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.distributed import initialize as initialize_distributed
@@ -136,7 +136,7 @@ class Trainer:
         if args.do_train and "train" not in self.data.given:
             raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
                              "TrainConfig(do_train=False)")
-        check_best_model_settings(args, task, self.data.given)
+        check_best_model_settings(args, task, self.data.given, self.data.unlabelled)
         if args.do_predict and "test" not in self.data.given:
             raise ValueError("do_predict=True predicts the test split, but the data has none: give a test_file (or a "
                              "test_dataset), or leave do_predict out")
@@ -288,6 +288,8 @@ class Trainer:
             self.params = loop.params()
             if args.load_best_model_at_end:
                 self._take_the_best(loop, results)
+            if args.calibrate:
+                self._calibrate(results)
             if self.output_dir is not None:
                 before = run_dir.export_snapshot(self.output_dir)
                 scorer.export(self.params, self.output_dir)
@@ -328,6 +330,20 @@ class Trainer:
         results["exported_step"] = best
         print0(f"load_best_model_at_end: the weights of step {best} ({results['best']['metric']} "
                f"{results['best']['value']}) are the run's model")
+
+    def _calibrate(self, results: dict[str, Any]) -> None:
+        """Fits a temperature on the validation split, folds it into the weights the run exports,
+        and re-scores: the losses change, the predicted classes do not."""
+        out = self._scorer.predict("validation", self.params)
+        report = calibration.calibrate(out.predictions, out.label_ids, self.task.problem_type)
+        self.params = calibration.folded(self.graphdef, self.params, report["temperature"])
+        for split in ("validation", "test"):
+            if split in results:
+                results[split] = self._scorer.scores(split, self.params)
+        results["calibration"] = report
+        before, after = report["before"], report["after"]
+        print0(f"calibrate: temperature {report['temperature']:.4g} on the validation split; ECE "
+               f"{before['ece']:.4f} -> {after['ece']:.4f}, log-loss {before['log_loss']:.4f} -> {after['log_loss']:.4f}")
 
     def _read_best_model(self, folder: Path):
         """The best evaluation's weights from best_model/ (a resumed run no longer has them in
@@ -468,9 +484,9 @@ class Trainer:
         return self._scorer_for(tokenized, extra.unlabelled)
 
 
-def check_best_model_settings(args: TrainConfig, task: data.TaskData, given) -> None:
+def check_best_model_settings(args: TrainConfig, task: data.TaskData, given, unlabelled=frozenset()) -> None:
     """ValueError naming the setting when metric_for_best_model is not a metric this task reports,
-    or load_best_model_at_end / early stopping have no validation data to follow."""
+    or load_best_model_at_end / early stopping / calibrate have no validation data to follow."""
     from flaxheads.training import metrics as metrics_lib
 
     reported = (*metrics_lib.METRIC_NAMES[task.problem_type], "loss")
@@ -482,6 +498,14 @@ def check_best_model_settings(args: TrainConfig, task: data.TaskData, given) -> 
     if following and args.do_train and "validation" not in given:
         raise ValueError(f"{' and '.join(following)} follow the validation split, and the data has none: give a "
                          "validation_file (an eval_dataset), or leave them out")
+    if args.calibrate:
+        if not args.do_train:
+            raise ValueError("calibrate=True calibrates the model a run trains and exports, and do_train=False "
+                             "trains none: leave calibrate out, or train")
+        calibration.check_problem_type(task.problem_type)
+        if "validation" not in given or "validation" in unlabelled:
+            raise ValueError("calibrate=True fits its temperature on the labelled validation split, and the data "
+                             "has none: give a validation_file (an eval_dataset) with labels, or leave calibrate out")
 
 
 def loss_options(args: TrainConfig, task: data.TaskData) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""Temperature scaling (Guo et al., 2017): one number T, fitted on the validation split, divides
+the logits so that the probabilities say how often the model is right; the predicted classes do
+not change (T > 0 keeps the argmax, and every sigmoid's side of 0.5).
+
+`fit_temperature` minimises the validation log-loss over T by golden-section search on log T
+(the loss is convex in 1/T, so unimodal in log T). `calibration_scores` measures, before and
+after: expected calibration error (15 equal-width confidence bins), Brier score and log-loss.
+`folded` divides the head's output layer (`heads.output_layer`: kernel and bias) by T, so the
+exported model gives the calibrated logits and nothing downstream needs to know T.
+
+Single-label: softmax probabilities, confidence = the top probability. Multi-label: each class's
+sigmoid is a binary prediction of its own; the scores pool all (example, class) pairs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+from flaxheads import heads, problem
+
+PROBLEM_TYPES = (problem.SINGLE_LABEL, problem.MULTI_LABEL)
+"""The problem types whose outputs are probabilities to calibrate."""
+
+ECE_BINS = 15
+"""Confidence bins of the expected calibration error (Guo et al.'s number)."""
+
+LOG_T_RANGE = (math.log(0.05), math.log(20.0))
+"""Where the temperature is searched: a model 20 times over- or under-confident is out of reach."""
+
+
+def _log_probabilities(logits: np.ndarray, problem_type: str) -> tuple[np.ndarray, np.ndarray]:
+    """(log p, log (1 - p)) for multi-label; (log softmax, unused) for single-label; float64."""
+    z = np.asarray(logits, np.float64)
+    if problem_type == problem.MULTI_LABEL:
+        return -np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)
+    shifted = z - z.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)), np.empty(0)
+
+
+def log_loss(logits: np.ndarray, labels: np.ndarray, problem_type: str, temperature: float = 1.0) -> float:
+    """Mean negative log-likelihood of `labels` under logits / temperature (multi-label: mean
+    binary cross-entropy over every example and class)."""
+    log_p, log_not_p = _log_probabilities(np.asarray(logits, np.float64) / temperature, problem_type)
+    if problem_type == problem.MULTI_LABEL:
+        y = np.asarray(labels, np.float64)
+        return float(-np.mean(y * log_p + (1.0 - y) * log_not_p))
+    y = np.asarray(labels, np.int64)
+    return float(-np.mean(log_p[np.arange(len(y)), y]))
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, problem_type: str, *, tolerance: float = 1e-7) -> float:
+    """The T in LOG_T_RANGE that minimises `log_loss(logits, labels, problem_type, T)`."""
+    check_problem_type(problem_type)
+    if len(logits) == 0:
+        raise ValueError("calibrate: the validation split has no examples to fit a temperature on")
+    loss = lambda log_t: log_loss(logits, labels, problem_type, math.exp(log_t))  # noqa: E731
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = LOG_T_RANGE
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = loss(c), loss(d)
+    while b - a > tolerance:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = loss(d)
+    return math.exp((a + b) / 2.0)
+
+
+def probabilities(logits: np.ndarray, problem_type: str, temperature: float = 1.0) -> np.ndarray:
+    """Softmax (single-label) or per-class sigmoid (multi-label) of logits / temperature."""
+    log_p, _ = _log_probabilities(np.asarray(logits, np.float64) / temperature, problem_type)
+    return np.exp(log_p)
+
+
+def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Sum over equal-width bins (0, 1/bins], ... of (share of predictions in the bin) x
+    |accuracy - mean confidence| in it."""
+    confidence, correct = np.ravel(confidence), np.ravel(correct).astype(np.float64)
+    which = np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)
+    total = 0.0
+    for b in range(bins):
+        inside = which == b
+        if inside.any():
+            total += inside.mean() * abs(correct[inside].mean() - confidence[inside].mean())
+    return float(total)
+
+
+def calibration_scores(logits: np.ndarray, labels: np.ndarray, problem_type: str,
+                       temperature: float = 1.0) -> dict[str, float]:
+    """{"ece", "brier", "log_loss"} of logits / temperature against `labels`.
+
+    Single-label: ECE of the top probability against whether the top class is right; Brier score
+    = mean over examples of the squared distance between the probabilities and the one-hot label.
+    Multi-label: ECE of each class's probability against whether the class is present; Brier =
+    mean over examples and classes of (p - y)^2."""
+    p = probabilities(logits, problem_type, temperature)
+    if problem_type == problem.MULTI_LABEL:
+        y = np.asarray(labels, np.float64)
+        ece = expected_calibration_error(p, y)
+        brier = float(np.mean((p - y) ** 2))
+    else:
+        y = np.asarray(labels, np.int64)
+        ece = expected_calibration_error(p.max(axis=-1), p.argmax(axis=-1) == y)
+        brier = float(np.mean(np.sum((p - np.eye(p.shape[-1])[y]) ** 2, axis=-1)))
+    return {"ece": ece, "brier": brier, "log_loss": log_loss(logits, labels, problem_type, temperature)}
+
+
+def calibrate(logits: np.ndarray, labels: np.ndarray, problem_type: str) -> dict[str, Any]:
+    """{"temperature", "before": scores, "after": scores} for the validation `logits`, `labels`."""
+    temperature = fit_temperature(logits, labels, problem_type)
+    return {"temperature": temperature, "ece_bins": ECE_BINS,
+            "before": calibration_scores(logits, labels, problem_type),
+            "after": calibration_scores(logits, labels, problem_type, temperature)}
+
+
+def check_problem_type(problem_type: str) -> None:
+    if problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"calibrate fits a temperature to class probabilities, and {problem_type} has none: "
+                         f"it applies to {' and '.join(PROBLEM_TYPES)}; leave calibrate out")
+
+
+def folded(graphdef, params: nnx.State, temperature: float) -> nnx.State:
+    """`params` with the head's output layer divided by `temperature`: the classifier's logits
+    become logits / temperature."""
+    model = nnx.merge(graphdef, params, copy=True)  # params itself stays as it is
+    layer = heads.output_layer(model.head)
+    if type(layer) is not nnx.Linear:
+        raise ValueError(f"calibrate folds the temperature into the head's output layer, which is a "
+                         f"{type(layer).__name__} here (a LoRA target?): leave the head's "
+                         f"{type(model.head).OUTPUT_LAYER} out of lora_target_modules, or leave calibrate out")
+    for weight in (layer.kernel, layer.bias):
+        if weight is not None:
+            weight[...] = (weight[...] / temperature).astype(weight.dtype)
+    return nnx.split(model)[1]

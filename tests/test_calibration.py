@@ -1,0 +1,137 @@
+"""Temperature scaling: the fitted temperature is the log-loss minimum (scipy's bounded search
+agrees), the scores are the textbook ones (scikit-learn's log-loss and Brier score, ECE by its
+definition), folding divides every head's logits exactly, and a run with calibrate=True exports
+a calibrated model whose predicted classes are the uncalibrated ones."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+import sklearn.metrics
+from flax import nnx
+
+import flaxheads
+from flaxheads import problem
+from flaxheads.heads import HEAD_NAMES
+from flaxheads.training import calibration
+from flaxheads.training.config import TrainConfig
+from flaxheads.training.trainer import train
+
+
+def _overconfident(rng: np.random.Generator, n: int, k: int, scale: float):
+    """Labels drawn from softmax(z); the model's logits are scale * z (over-confident for scale > 1)."""
+    z = rng.normal(size=(n, k)) * 1.5
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    labels = np.array([rng.choice(k, p=row) for row in p])
+    return scale * z, labels
+
+
+def test_the_fitted_temperature_undoes_overconfidence_and_is_the_log_loss_minimum():
+    logits, labels = _overconfident(np.random.default_rng(0), 4000, 3, scale=2.5)
+
+    t = calibration.fit_temperature(logits, labels, problem.SINGLE_LABEL)
+
+    assert t == pytest.approx(2.5, rel=0.08)
+    best = scipy.optimize.minimize_scalar(
+        lambda log_t: sklearn.metrics.log_loss(labels, scipy.special.softmax(logits / np.exp(log_t), axis=1)),
+        bounds=calibration.LOG_T_RANGE, method="bounded", options={"xatol": 1e-9})
+    assert np.log(t) == pytest.approx(best.x, abs=1e-4)
+    before = calibration.calibration_scores(logits, labels, problem.SINGLE_LABEL)
+    after = calibration.calibration_scores(logits, labels, problem.SINGLE_LABEL, t)
+    assert after["log_loss"] < before["log_loss"] and after["ece"] < before["ece"] / 2
+
+
+def test_multi_label_temperature_minimises_the_mean_binary_cross_entropy():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(3000, 4)) * 2
+    labels = (rng.random(z.shape) < 1 / (1 + np.exp(-z))).astype(np.float32)
+    logits = 0.4 * z  # under-confident: the temperature comes out below 1
+
+    t = calibration.fit_temperature(logits, labels, problem.MULTI_LABEL)
+
+    assert t == pytest.approx(0.4, rel=0.08)
+    p = 1 / (1 + np.exp(-logits / t))
+    scores = calibration.calibration_scores(logits, labels, problem.MULTI_LABEL, t)
+    assert scores["log_loss"] == pytest.approx(sklearn.metrics.log_loss(labels.ravel(), p.ravel()), rel=1e-9)
+    assert scores["brier"] == pytest.approx(sklearn.metrics.brier_score_loss(labels.ravel(), p.ravel()), rel=1e-9)
+
+
+def test_single_label_scores_are_the_textbook_ones():
+    rng = np.random.default_rng(2)
+    logits, labels = rng.normal(size=(500, 4)) * 3, rng.integers(0, 4, size=500)
+    p = scipy.special.softmax(logits, axis=1)
+
+    scores = calibration.calibration_scores(logits, labels, problem.SINGLE_LABEL)
+
+    assert scores["log_loss"] == pytest.approx(sklearn.metrics.log_loss(labels, p, labels=range(4)), rel=1e-9)
+    assert scores["brier"] == pytest.approx(np.mean(np.sum((p - np.eye(4)[labels]) ** 2, axis=1)), rel=1e-12)
+    confidence, correct = p.max(axis=1), p.argmax(axis=1) == labels
+    expected = 0.0
+    for lo in np.arange(15) / 15:  # the definition, bin by bin: (lo, lo + 1/15]
+        inside = (confidence > lo) & (confidence <= lo + 1 / 15)
+        if inside.any():
+            expected += inside.sum() / len(labels) * abs(correct[inside].mean() - confidence[inside].mean())
+    assert scores["ece"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_ece_of_a_small_case_by_hand():
+    # bin (0.6, 0.667]: two predictions, confidence 0.65 each, one right -> |0.5 - 0.65| * 2/3
+    # bin (0.933, 1]: one prediction, confidence 1.0, right -> 0
+    ece = calibration.expected_calibration_error(np.array([0.65, 0.65, 1.0]), np.array([1, 0, 1]))
+    assert ece == pytest.approx(0.15 * 2 / 3)
+
+
+@pytest.mark.parametrize("problem_type", [problem.REGRESSION, problem.PAIRWISE_REWARD])
+def test_problem_types_without_class_probabilities_are_refused(problem_type):
+    with pytest.raises(ValueError, match=f"calibrate .* {problem_type} has none.*leave calibrate out"):
+        calibration.fit_temperature(np.zeros((3, 1)), np.zeros(3), problem_type)
+
+
+@pytest.mark.parametrize("head", HEAD_NAMES)
+def test_folding_divides_every_heads_logits_by_the_temperature(hf_checkpoint, head):
+    checkpoint = hf_checkpoint("BertModel", num_hidden_layers=4)  # concat_last4 needs four layers
+    model = flaxheads.from_pretrained(checkpoint.path, head=head, num_labels=3, seed=1)
+    ids = jnp.array([[1, 23, 20, 17, 31, 2], [1, 75, 2, 0, 0, 0]])
+    mask = (ids != 0).astype(jnp.int32)
+    before = np.asarray(model(input_ids=ids, attention_mask=mask))
+    graphdef, params = nnx.split(model)
+
+    calibrated = nnx.merge(graphdef, calibration.folded(graphdef, params, 2.5))
+
+    after = np.asarray(calibrated(input_ids=ids, attention_mask=mask))
+    np.testing.assert_allclose(after, before / 2.5, rtol=1e-5, atol=1e-6)
+    # the original weights are untouched
+    np.testing.assert_array_equal(np.asarray(model(input_ids=ids, attention_mask=mask)), before)
+
+
+@pytest.mark.slow  # a tiny training run
+def test_a_calibrated_run_exports_calibrated_logits_and_reports_before_and_after(tiny_bert, snippets_csv, tmp_path):
+    settings = dict(model_name_or_path=str(tiny_bert), train_file=str(snippets_csv["train"]),
+                    validation_file=str(snippets_csv["validation"]), text_column="sentence", max_seq_length=32,
+                    per_device_train_batch_size=16, learning_rate=1e-3, max_steps=8, disable_tqdm=True, seed=3)
+    plain = train(TrainConfig(**settings, output_dir=str(tmp_path / "plain")))
+    calibrated = train(TrainConfig(**settings, output_dir=str(tmp_path / "calibrated"), calibrate=True))
+
+    report = calibrated["calibration"]
+    t = report["temperature"]
+    assert report["after"]["log_loss"] <= report["before"]["log_loss"]
+    assert report["before"]["log_loss"] == pytest.approx(plain["validation"]["loss"], rel=1e-5)
+    assert calibrated["validation"]["loss"] == pytest.approx(report["after"]["log_loss"], rel=1e-5)
+    assert calibrated["validation"]["accuracy"] == plain["validation"]["accuracy"]
+    assert json.loads((tmp_path / "calibrated" / "results.json").read_text())["calibration"] == report
+    ids = jnp.array([[101, 2023, 2003, 1037, 3231, 102]])
+    mask = jnp.ones_like(ids)
+    plain_logits = flaxheads.from_pretrained(tmp_path / "plain")(input_ids=ids, attention_mask=mask)
+    calibrated_logits = flaxheads.from_pretrained(tmp_path / "calibrated")(input_ids=ids, attention_mask=mask)
+    np.testing.assert_allclose(np.asarray(calibrated_logits), np.asarray(plain_logits) / t, rtol=1e-5, atol=1e-6)
+
+
+def test_calibrate_without_labelled_validation_data_is_refused_before_training(tiny_bert, snippets_csv, tmp_path):
+    with pytest.raises(ValueError, match="calibrate=True fits its temperature on the labelled validation split"):
+        train(TrainConfig(model_name_or_path=str(tiny_bert), train_file=str(snippets_csv["train"]),
+                          text_column="sentence", output_dir=str(tmp_path), max_steps=1, calibrate=True))
