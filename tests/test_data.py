@@ -310,7 +310,7 @@ def test_negative_label_is_rejected_even_with_num_labels_given(tmp_path):
 
 def test_non_numeric_label_with_regression_error_names_the_value(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ["text", "label"], [["a", "1.5"], ["b", "high"]])
-    with pytest.raises(ValueError, match=r"regression needs finite numeric labels.*row 1 .*'high'"):
+    with pytest.raises(ValueError, match=r"regression' needs finite numeric labels.*row 1 .*'high'"):
         _load(tmp_path, train_file=train, problem_type=REGRESSION)
 
 

@@ -415,6 +415,9 @@ class Trainer:
         explicit_resume = args.resume_from_checkpoint is not None
         record = run_dir.check_folder(output_dir, self.identity, explicit_resume=explicit_resume,
                                       overwrite=args.overwrite_output_dir)
+        # Every process reads the folder before any writes to it (process 0's tokenized cache
+        # would otherwise look like a stranger's files to a process still checking).
+        sync("flaxheads: output_dir checked")
         if args.overwrite_output_dir:
             if jax.process_index() == 0:
                 removed = run_dir.clear_run(output_dir)
