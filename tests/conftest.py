@@ -165,3 +165,15 @@ def finished_run(tiny_bert, snippets_csv, tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("finished_run")
     train(four_step_config(tiny_bert, snippets_csv, out))
     return out
+
+
+# Tests of modules another change is rewriting, marked `slow` here (a training run each) so that
+# change merges without conflicts; the mark can move into those files once it has landed.
+_SLOW_MODULES = {"test_run_safety.py"}
+_SLOW_TESTS = {"test_functional.py::test_packed_call_returns_each_segments_logits_as_the_model_does"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in _SLOW_MODULES or f"{item.path.name}::{item.originalname}" in _SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

@@ -10,8 +10,8 @@ Every scenario the families share is one test parametrized over `FAMILIES` (ids:
     tests/test_family_sharding.py     FSDP rules on 4 fake CPU devices
     tests/test_family_cli.py          inspect, train, evaluate, predict and convert on a tiny checkpoint
                                       with a tokenizer
+    tests/test_family_tasks.py        the logits and loss of every task (problem type) equal transformers'
     tests/test_packing_model.py       packed rows give each example's logits
-    tests/test_problem_types.py       the loss of every task (problem type) equals transformers'
 
 What is particular to a family (a config switch, an error message, its own head on BERT) stays in
 its own file (test_albert.py, test_decoders.py, ...), which builds checkpoints with the same
@@ -24,6 +24,8 @@ canonical head, how its batches look. Every shared scenario then runs on it; the
 say what the family adds or leaves out:
 
 * `variants` / `paddings`: the configs and padding sides the canonical-head parity sweeps;
+* `other_heads`: the heads besides its own to run on it (default: every head);
+* `bf16_atol`, `padding_side`, `eager`, `load_options`: its tolerance, tokenizer side, attention;
 * `reports`: the loading report each checkpoint type must give (`unused`, `newly_initialized`);
 * `fsdp`: parameters the FSDP rules must split (or keep whole) and partition specs to check;
 * `cli`: how to build a tiny checkpoint with a tokenizer (then the command line is tested on it);
@@ -32,11 +34,18 @@ say what the family adds or leaves out:
 A second config of the same transformers classes is a second row (`deberta-v2` beside
 `deberta-v3`); pass `family=` to `hf_checkpoint` to pick it.
 
+Each scenario keeps one case per family in the fast lane (`scripts/test.sh --fast`: the first
+config variant, the "mean" head, the single-label task, ...) and marks the others `slow`
+(`case(..., fast=...)` below).
+
 Adding a task
 -------------
-A problem type is one row of `TASKS` (tests/test_problem_types.py reads it): its labels for a
-batch of three and the `num_labels` it needs. A new head joins `flaxheads.HEAD_NAMES`, which the
-every-head and packing tests read; give it a torch reference in tests/test_family_heads.py.
+A problem type transformers computes a loss for is one row of `TASKS` below (its `problem_type`,
+`num_labels` and the labels of a batch of three): tests/test_family_tasks.py then checks its
+logits and loss on every family. A new head joins `flaxheads.HEAD_NAMES`, which
+tests/test_family_heads.py (every head on every family) and tests/test_packing_model.py (every
+head on BERT) read; tests/test_bert.py holds the torch references of the heads transformers has
+no class for.
 """
 
 from __future__ import annotations
@@ -782,12 +791,19 @@ def family_of(architecture: str) -> Family:
     raise KeyError(f"no family row builds {architecture}")
 
 
-def rows(*, having: str | None = None) -> list:
-    """pytest params of every row (id: its name), those whose field `having` is set when given."""
+def rows(*, having: str | None = None, fast: bool = True) -> list:
+    """pytest params of every row (id: its name), those whose field `having` is set when given;
+    marked `slow` unless `fast`."""
+    return [case(row, id=row.name, fast=fast) for row in FAMILIES.values()
+            if having is None or getattr(row, having) is not None]
+
+
+def case(*values, id: str, fast: bool):
+    """A pytest param, marked `slow` (left out of `scripts/test.sh --fast`) unless `fast`: the fast
+    lane keeps one case of each scenario on each family, the full suite every case."""
     import pytest
 
-    return [pytest.param(row, id=row.name) for row in FAMILIES.values()
-            if having is None or getattr(row, having) is not None]
+    return pytest.param(*values, id=id, marks=() if fast else pytest.mark.slow)
 
 
 # ---------------------------------------------------------------------------------------------

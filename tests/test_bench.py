@@ -81,6 +81,7 @@ def test_the_flax_peer_is_refused_for_other_architectures_before_anything_runs()
         run(StepBench(arch="gpt2"), hf_flax_python="/x/python")
 
 
+@pytest.mark.slow  # compiles a scanned model and times it
 def test_the_scan_runner_times_the_scanned_model(monkeypatch):
     from flaxheads.backbones import stacking
     from flaxheads.benchmarks.steps import flaxheads_runners

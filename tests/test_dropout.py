@@ -68,6 +68,7 @@ def test_bad_rates_are_refused():
         dropout.keep_mask(jax.random.key(0), 1.0, (4,))
 
 
+@pytest.mark.slow  # a subprocess on 4 fake devices
 def test_a_batch_sharded_over_devices_draws_the_same_mask():
     script = textwrap.dedent("""
         import jax, numpy as np
@@ -216,6 +217,7 @@ def test_from_pretrained_and_load_backbone_return_eval_mode(hf_checkpoint):
     assert all(_modes(model).values()) and all(_modes(backbone).values())
 
 
+@pytest.mark.slow  # traces and compiles a train step
 def test_train_and_eval_steps_are_the_same_programs_whichever_mode_the_graphdef_was_split_in():
     # One dropout (the head's) keeps the compilation of the train step short on CPU.
     model = _model("bert-pooler", num_hidden_layers=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,

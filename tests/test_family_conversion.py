@@ -47,7 +47,7 @@ def test_pytorch_flaxheads_pytorch_round_trip_is_bit_identical(hf_checkpoint, tm
         assert config[name] == source[name], name
 
 
-@pytest.mark.parametrize("torch_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("torch_dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("row", rows())
 def test_flaxheads_format_round_trip_is_exact_and_converts_back_bit_identically(hf_checkpoint, tmp_path, row,
                                                                                  torch_dtype):
@@ -69,7 +69,7 @@ def test_flaxheads_format_round_trip_is_exact_and_converts_back_bit_identically(
     assert_state_dicts_identical(state_dict(tmp_path / "pytorch"), state_dict(checkpoint.path))
 
 
-@pytest.mark.parametrize("source", ["classifier", "pretrained"])
+@pytest.mark.parametrize("source", ["classifier", pytest.param("pretrained", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("row", rows())
 def test_export_loads_in_transformers_with_no_missing_or_unexpected_keys_and_same_logits(
     hf_checkpoint, tmp_path, row, source

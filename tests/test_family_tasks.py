@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import pytest
 
 import flaxheads
-from families import FAMILIES, TASKS
+from families import FAMILIES, TASKS, case
 from family_parity import assert_close, flax_inputs, torch_forward
 
-CASES = [pytest.param(row, task, id=f"{row.name}-{name}") for row in FAMILIES.values() for name, task in TASKS.items()]
+CASES = [case(row, task, id=f"{row.name}-{name}", fast=name == "single_label")
+         for row in FAMILIES.values() for name, task in TASKS.items()]
 
 
 @pytest.mark.parametrize(("row", "task"), CASES)

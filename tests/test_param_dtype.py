@@ -56,6 +56,7 @@ def test_bfloat16_parameters_imply_bfloat16_compute():
     assert config.dtype == "bfloat16"
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_optimizer_state_and_update_are_float32_while_parameters_stay_bfloat16(tiny_bert):
     model = flaxheads.from_pretrained(tiny_bert, num_labels=2, dtype="bfloat16", param_dtype="bfloat16")
     graphdef, params = nnx.split(model)
@@ -86,6 +87,7 @@ def test_float32_update_is_added_to_bfloat16_parameters_and_rounded_to_bfloat16(
     np.testing.assert_array_equal(np.asarray(new["w"], np.float32), np.float32(1 - 2**-8))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_training_with_bfloat16_parameters_decreases_the_loss(bf16_run):
     losses = [json.loads(line)["loss"] for line in open(bf16_run / "metrics.jsonl")
               if json.loads(line)["split"] == "train"]
@@ -93,6 +95,7 @@ def test_training_with_bfloat16_parameters_decreases_the_loss(bf16_run):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_run_exports_bfloat16_weights_that_transformers_loads_with_the_same_logits(bf16_run):
     assert _safetensors_dtypes(bf16_run) == {"BF16"}
     assert json.loads((bf16_run / "config.json").read_text())["dtype"] == "bfloat16"
@@ -109,11 +112,13 @@ def test_bfloat16_run_exports_bfloat16_weights_that_transformers_loads_with_the_
     np.testing.assert_allclose(logits, expected, atol=0.05)
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_export_round_trips_bit_identically(bf16_run, tmp_path):
     flaxheads.from_pretrained(bf16_run, param_dtype="auto").save_pretrained(tmp_path)
     assert_weights_identical(exported_weights(bf16_run), exported_weights(tmp_path))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_run_resumed_after_a_stop_is_bit_identical(tiny_bert, snippets_csv, bf16_run, tmp_path, monkeypatch):
     from flaxheads.training import checkpoints
 
@@ -131,6 +136,7 @@ def test_bfloat16_run_resumed_after_a_stop_is_bit_identical(tiny_bert, snippets_
     assert_weights_identical(exported_weights(bf16_run), exported_weights(tmp_path))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 @pytest.mark.parametrize("explicit", [False, True])
 def test_resuming_with_another_param_dtype_is_refused_naming_it(tiny_bert, snippets_csv, bf16_run, explicit):
     settings = {**BF16, "param_dtype": "float32", "resume_from_checkpoint": "4" if explicit else None}
@@ -146,6 +152,7 @@ def test_trainer_refuses_a_model_whose_parameters_are_not_in_param_dtype(tiny_be
                 train_dataset=(["good", "bad"], ["pos", "neg"]))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_parameters_train_with_pmap_accumulation_and_a_frozen_backbone(tiny_bert, snippets_csv, tmp_path):
     train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, param_dtype="bfloat16", max_steps=2, parallel="pmap",
                   gradient_accumulation_steps=2, per_device_train_batch_size=4, freeze_backbone=True))
@@ -154,6 +161,7 @@ def test_bfloat16_parameters_train_with_pmap_accumulation_and_a_frozen_backbone(
     np.testing.assert_array_equal(exported_weights(tmp_path)[f"bert.{frozen}"], exported_weights(tiny_bert)[frozen].astype(jnp.bfloat16))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_llama_trains_with_bfloat16_parameters_and_float32_lora_adapters(tiny_llama, review_csv, tmp_path):
     config = TrainConfig(
         model_name_or_path=str(tiny_llama), train_file=str(review_csv / "train.csv"),
@@ -198,6 +206,7 @@ _FSDP_STATE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_fsdp_shards_bfloat16_parameters_and_their_float32_moments_alike_on_two_fake_devices(tiny_bert):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     out = subprocess.run([sys.executable, "-c", _FSDP_STATE, str(tiny_bert)], env=env, capture_output=True,

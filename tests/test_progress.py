@@ -6,9 +6,12 @@ from __future__ import annotations
 import csv
 import re
 
+import pytest
 import transformers
 
 import flaxheads
+
+pytestmark = pytest.mark.slow  # a training run
 
 
 def test_a_run_off_a_terminal_prints_one_plain_progress_line_per_logging_step(tiny_bert, snippets_csv, capsys):

@@ -57,6 +57,7 @@ def assert_close(actual, expected, what: str, atol: float = ATOL, rtol: float = 
     np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, err_msg=what)
 
 
+@pytest.mark.slow  # the real 6-layer MiniLM, every layer
 def test_minilm_hidden_states_of_every_layer_match_transformers(minilm_path, torch_minilm, batch):
     encoder, info = flaxheads.load_backbone(minilm_path)
 

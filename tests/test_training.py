@@ -18,6 +18,8 @@ from flaxheads.inference import predict
 from flaxheads.training.trainer import NonFiniteLoss, train
 from runs import assert_weights_identical, exported_weights, two_epoch_config
 
+pytestmark = pytest.mark.slow  # training runs
+
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted")
