@@ -487,8 +487,9 @@ XLM_ROBERTA = Family(
         ("XLMRobertaForMaskedLM", (), _ROBERTA_LM, _ROBERTA_HEAD),
     ),
     fsdp=Fsdp(
-        split=frozenset({"backbone.embeddings.position_embeddings.embedding", "backbone.layers.1.attention.value.kernel",
-                         "backbone.layers.0.intermediate.kernel", "head.dense.kernel", "head.out_proj.kernel"}),
+        split=frozenset({"backbone.embeddings.position_embeddings.embedding",
+                         "backbone.layers.1.attention.value.kernel", "backbone.layers.0.intermediate.kernel",
+                         "head.dense.kernel", "head.out_proj.kernel"}),
         # 99 vocabulary rows and 37 feed-forward inputs do not divide by 4: those stay whole.
         whole=frozenset({"backbone.embeddings.word_embeddings.embedding", "backbone.layers.0.output.kernel"})),
     cli=Cli(_xlm_roberta_with_tokenizer, inspect_names=("classifier.out_proj.weight",)),
@@ -577,14 +578,16 @@ ELECTRA = Family(
     ),
     # (embedding_size 20, hidden 36): the projection's rows split over the fsdp axis.
     fsdp=Fsdp(specs=(("backbone.embeddings_project.kernel", ["fsdp", "None"]),), layout="data=1,fsdp=4"),
-    cli=Cli(_electra_with_tokenizer, inspect_names=("classifier.out_proj.weight", "discriminator_predictions.dense.weight"),
+    cli=Cli(_electra_with_tokenizer,
+            inspect_names=("classifier.out_proj.weight", "discriminator_predictions.dense.weight"),
             exported_names=("electra.embeddings_project.weight", "classifier.out_proj.weight")),
 )
 _DEBERTA = dict(vocab_size=99, hidden_size=36, num_attention_heads=4, intermediate_size=37, num_hidden_layers=2,
                 max_position_embeddings=64, initializer_range=0.1, pad_token_id=0, relative_attention=True)
 _DEBERTA_HEAD = ["classifier.bias", "classifier.weight", "pooler.dense.bias", "pooler.dense.weight"]
 _DEBERTA_MLM = ["lm_predictions.lm_head.LayerNorm.bias", "lm_predictions.lm_head.LayerNorm.weight",
-                "lm_predictions.lm_head.bias", "lm_predictions.lm_head.dense.bias", "lm_predictions.lm_head.dense.weight"]
+                "lm_predictions.lm_head.bias", "lm_predictions.lm_head.dense.bias",
+                "lm_predictions.lm_head.dense.weight"]
 # The legacy head's decoder weight is tied to the word embeddings and not saved.
 _DEBERTA_LEGACY_MLM = ["cls.predictions.bias", "cls.predictions.transform.LayerNorm.bias",
                        "cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.dense.bias",

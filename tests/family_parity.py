@@ -187,8 +187,9 @@ class FsdpJob(NamedTuple):
 def fsdp_on_fake_devices(jobs: list[FsdpJob], devices: int = 4) -> list[dict]:
     """Loads each job's checkpoint onto `devices` fake CPU devices with its layout's rules (in one
     subprocess: the device count is fixed when jax starts) and runs its batch through it under
-    jit. Returns, per job, {"error": its traceback} if it failed, else {"specs": {parameter path: partition spec} of the split parameters,
-    "split": their paths, "tree": the paths the train step's state shardings split, "logits": ...}."""
+    jit. Returns, per job, {"error": its traceback} if it failed, else {"specs": {parameter path:
+    partition spec} of the split parameters, "split": their paths, "tree": the paths the train
+    step's state shardings split, "logits": ...}."""
     import json
     import os
     import subprocess

@@ -77,6 +77,7 @@ def test_every_hidden_state_and_the_pooler_match_albert_model(hf_checkpoint, gro
     assert_close(out.pooler_output, expected.pooler_output, "AlbertModel pooler output")
 
 
+@pytest.mark.slow  # compiles the gradient of a train-mode model
 def test_dropout_is_active_only_in_train_mode_and_every_shared_layer_gets_gradients(hf_checkpoint):
     path, _ = albert(hf_checkpoint, "AlbertForSequenceClassification", num_labels=3, num_hidden_groups=2,
                      hidden_dropout_prob=0.2)
@@ -192,6 +193,7 @@ HF_FLAX_ALBERT = os.path.join(os.path.dirname(__file__), "fixtures", "hf_flax", 
 embedding_size 24, hidden 32, 2 groups of 2 layers; expected.npz holds its inputs and logits."""
 
 
+@pytest.mark.slow  # reads, runs and converts a msgpack checkpoint
 def test_hf_flax_albert_classifier_matches_transformers_flax_and_converts_to_pytorch(tmp_path):
     with np.load(os.path.join(HF_FLAX_ALBERT, "expected.npz")) as npz:
         values = dict(npz)

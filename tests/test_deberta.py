@@ -107,6 +107,7 @@ def test_v3_ignores_token_types_and_absolute_positions_as_it_has_neither(hf_chec
     assert_close(model(**flax_inputs(extra)), model(**flax_inputs(batch)), "v3 with types and positions", atol=0, rtol=0)
 
 
+@pytest.mark.slow  # compiles the gradient of a train-mode model
 def test_dropout_acts_only_in_train_mode_and_gradients_reach_the_position_table(hf_checkpoint):
     path, _ = deberta(hf_checkpoint, "DebertaV2ForSequenceClassification", "v2", num_labels=3)
     batch = flax_inputs(batch_for("v2", "right"))
@@ -128,7 +129,7 @@ def test_dropout_acts_only_in_train_mode_and_gradients_reach_the_position_table(
         assert np.any(np.asarray(node[...]) != 0), name
 
 
-@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("padding", ["right", pytest.param("left", marks=pytest.mark.slow)])
 def test_deberta_head_on_bert_matches_context_pooler_and_classifier(hf_checkpoint, tmp_path, padding):
     checkpoint = hf_checkpoint("BertModel")
     batch = padded_batch(padding, seq_len=10)

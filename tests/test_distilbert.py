@@ -33,7 +33,7 @@ def test_token_type_ids_are_ignored_as_distilbert_has_no_token_types(hf_checkpoi
     assert model.backbone.embeddings.token_type_embeddings is None
 
 
-@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("padding", ["right", pytest.param("left", marks=pytest.mark.slow)])
 def test_distilbert_head_on_bert_matches_a_torch_reference_and_round_trips(hf_checkpoint, tmp_path, padding):
     checkpoint = hf_checkpoint(BERT.base)
     batch = {**DISTILBERT.batch(padding), "token_type_ids": np.zeros((3, 11), np.int64)}
@@ -59,6 +59,7 @@ def test_head_dropout_is_seq_classif_dropout_on_distilbert_and_the_classifier_dr
     assert overridden.config.head_config().dropout_rate == 0.05
 
 
+@pytest.mark.slow  # initialises a model
 def test_fresh_sinusoidal_model_starts_from_transformers_position_table():
     config = DistilBertConfig(vocab_size=99, dim=32, n_heads=4, hidden_dim=37, n_layers=1, max_position_embeddings=24,
                               sinusoidal_pos_embds=True)

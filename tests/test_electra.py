@@ -126,7 +126,7 @@ def test_roberta_head_on_electra_matches_roberta_classification_head(hf_checkpoi
     assert_close(model(**flax_inputs(batch)), expected, "roberta head on ELECTRA")
 
 
-@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("padding", ["right", pytest.param("left", marks=pytest.mark.slow)])
 def test_electra_head_on_bert_matches_electra_classification_head(hf_checkpoint, tmp_path, padding):
     checkpoint = hf_checkpoint("BertModel")
     batch = token_batch(padding)

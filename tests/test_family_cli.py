@@ -18,8 +18,9 @@ pytestmark = pytest.mark.slow  # a training run per family
 def test_inspect_train_evaluate_predict_and_convert_commands_work_on_the_family(
     row, cli_checkpoint, snippets_csv, tmp_path, capsys
 ):
+    reference_options = {"attn_implementation": "eager"} if row.eager else None
     result = check_cli_lifecycle(cli_checkpoint(row.name), snippets_csv, tmp_path, capsys, model_type=row.model_type,
-                                 head=row.head, reference_options={"attn_implementation": "eager"} if row.eager else None)
+                                 head=row.head, reference_options=reference_options)
 
     for name in row.cli.inspect_names:
         assert name in result.inspected, name

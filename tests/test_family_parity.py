@@ -35,7 +35,7 @@ def test_canonical_head_logits_match_transformers(hf_checkpoint, row, overrides,
     assert_close(logits, torch_logits(checkpoint.model, batch), f"{row.name} {dict(overrides)} {num_labels} {padding}")
 
 
-@pytest.mark.parametrize("row", rows())
+@pytest.mark.parametrize("row", rows(fast=False))
 def test_every_hidden_state_matches_the_bare_model_padding_included(hf_checkpoint, row):
     checkpoint = hf_checkpoint(row.base, family=row.name, **{row.layers_key: 3})
     backbone, info = flaxheads.load_backbone(checkpoint.path)
@@ -70,7 +70,7 @@ def test_bfloat16_compute_stays_within_the_stated_tolerance_of_transformers_floa
                  row.bf16_atol, row.bf16_rtol or row.bf16_atol)
 
 
-@pytest.mark.parametrize("row", rows())
+@pytest.mark.parametrize("row", rows(fast=False))
 def test_backbone_of_a_classifier_checkpoint_is_its_bare_model_and_leaves_the_head_unused(hf_checkpoint, row):
     checkpoint = hf_checkpoint(row.classifier, family=row.name, num_labels=3)
     batch = row.batch(row.sample_padding)

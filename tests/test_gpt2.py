@@ -89,6 +89,7 @@ def test_changing_a_later_token_never_changes_an_earlier_hidden_state(hf_checkpo
     assert np.max(np.abs(np.asarray(before[-1])[:, 6:] - np.asarray(after[-1])[:, 6:])) > 1e-3
 
 
+@pytest.mark.slow  # initialises an 8-layer model
 def test_fresh_model_initialises_like_transformers_with_scaled_residual_projections():
     config = flaxheads.GPT2Config(**{**TINY_GPT2, "n_embd": 64, "n_inner": None, "n_layer": 8, "initializer_range": 0.02})
     model = flaxheads.SequenceClassifier(
@@ -263,7 +264,7 @@ def test_lm_head_weight_and_mask_buffers_of_old_checkpoints_are_reported_unused(
 # The "last_token" head on another backbone
 
 
-@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("padding", ["right", pytest.param("left", marks=pytest.mark.slow)])
 def test_last_token_head_on_bert_reads_the_last_real_token_and_round_trips(hf_checkpoint, tmp_path, padding):
     path, reference = hf_checkpoint("BertModel")
     batch = token_batch(padding, pad_id=0)

@@ -77,8 +77,6 @@ def _torch_logits(model, batch) -> np.ndarray:
     return out.logits.numpy()
 
 
-@pytest.mark.slow  # compiles train steps or gradients
-@pytest.mark.slow  # compiles train steps or gradients
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_fresh_lora_model_gives_the_base_models_logits(checkpoints, family):
     base, model = _lora_model(checkpoints[family], family)
@@ -197,6 +195,7 @@ def _optimizer_state_paths(state) -> set[str]:
     return paths
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_lora_steps_change_only_adapters_and_head_and_keep_no_state_for_frozen(checkpoints, family):
     _, model = _lora_model(checkpoints[family], family)
@@ -334,6 +333,7 @@ def _grads_and_jaxpr(family: str, checkpointing: bool):
     return _flat(jax.jit(grad_fn)(params)), str(jax.make_jaxpr(grad_fn)(params))
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 @pytest.mark.parametrize("family", list(TINY_HF))
 def test_gradient_checkpointing_gives_the_same_gradients_through_remat(family):
     plain, plain_jaxpr = _grads_and_jaxpr(family, checkpointing=False)

@@ -80,6 +80,7 @@ def test_a_window_shorter_than_the_sequence_changes_the_output(hf_checkpoint, tm
     assert difference[0].max() > 1e-3 and difference[2, :2].max() < 1e-5
 
 
+@pytest.mark.slow  # train-mode attention dropout
 def test_attention_dropout_in_training_keeps_the_sliding_window():
     rng = np.random.default_rng(0)
     query, key, value = (jnp.asarray(rng.normal(size=(1, 9, 2, 4)), jnp.float32) for _ in range(3))

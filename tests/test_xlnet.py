@@ -111,6 +111,7 @@ def test_cls_index_input_matches_xlnet_sequence_summary(hf_checkpoint):
     assert_close(jitted(model, flax_inputs(batch), jnp.asarray(cls_index)), expected, "cls_index given, under jit")
 
 
+@pytest.mark.slow  # compiles the gradient of a train-mode model
 def test_dropout_is_active_only_in_train_mode_and_gradients_flow(hf_checkpoint):
     path, _ = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=3, summary_first_dropout=0.2)
     batch = flax_inputs(xlnet_batch("left"))
@@ -137,6 +138,7 @@ def test_dropout_is_active_only_in_train_mode_and_gradients_flow(hf_checkpoint):
 # Padding side
 
 
+@pytest.mark.slow  # compiles a program per row length
 def test_left_padded_rows_give_the_logits_of_the_unpadded_sequences(hf_checkpoint):
     path, _ = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=3)
     batch = xlnet_batch("left")
@@ -257,7 +259,8 @@ def test_lm_head_checkpoint_loading_info_names_the_unused_lm_head_and_the_kept_q
 # The "summary" head on another backbone
 
 
-@pytest.mark.parametrize("options", [{}, {"summary_type": "mean", "summary_use_proj": False}, {"summary_type": "first"}])
+@pytest.mark.parametrize("options", [{}, *(pytest.param(options, marks=pytest.mark.slow) for options in (
+    {"summary_type": "mean", "summary_use_proj": False}, {"summary_type": "first"}))])
 def test_summary_head_on_bert_matches_transformers_sequence_summary(hf_checkpoint, tmp_path, options):
     path, bert = hf_checkpoint("BertModel")
     batch = {k: v for k, v in xlnet_batch("left", token_types=False).items()}
