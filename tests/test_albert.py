@@ -44,6 +44,7 @@ def test_shared_layers_exist_once_in_the_model(hf_checkpoint):
     assert len(model.backbone.groups) == 2 and all(len(group.layers) == 2 for group in model.backbone.groups)
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_token_types_position_ids_and_missing_inputs_match_transformers(hf_checkpoint):
     path, reference = albert(hf_checkpoint, "AlbertForSequenceClassification", num_labels=3)
     batch = albert_batch("right")
@@ -60,6 +61,7 @@ def test_token_types_position_ids_and_missing_inputs_match_transformers(hf_check
 
 # One group of one layer (the row's own config) is in tests/test_family_parity.py.
 @pytest.mark.parametrize(("groups", "inner"), [(1, 2), (2, 2)])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_every_hidden_state_and_the_pooler_match_albert_model(hf_checkpoint, groups, inner):
     """transformers 5 records every inner layer's output; flaxheads returns one state per layer
     (after its whole group), the interface's num_hidden_layers + 1: every inner_group_num-th of theirs."""

@@ -95,6 +95,7 @@ def test_the_scan_runner_times_the_scanned_model(monkeypatch):
     runners[0].run(1)
 
 
+@pytest.mark.slow  # saves checkpoints both ways and times them
 def test_the_checkpoint_bench_saves_both_ways_and_reports_the_blocked_seconds(tiny_bert):
     from flaxheads.benchmarks.checkpoint_save import measure
 

@@ -81,6 +81,7 @@ def test_relative_positions_match_transformers_build_relative_position(buckets, 
 # Parity
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_token_types_and_position_ids_reach_v2_logits_as_in_transformers(hf_checkpoint):
     path, reference = deberta(hf_checkpoint, "DebertaV2ForSequenceClassification", "v2", num_labels=3)
     batch = batch_for("v2", "right")
@@ -95,6 +96,7 @@ def test_token_types_and_position_ids_reach_v2_logits_as_in_transformers(hf_chec
     assert np.max(np.abs(np.asarray(with_types) - np.asarray(model(**flax_inputs(no_types))))) > 1e-3
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_v3_ignores_token_types_and_absolute_positions_as_it_has_neither(hf_checkpoint):
     path, _ = deberta(hf_checkpoint, "DebertaV2ForSequenceClassification", "v3", num_labels=3)
     batch = batch_for("v3", "right")
@@ -129,7 +131,8 @@ def test_dropout_acts_only_in_train_mode_and_gradients_reach_the_position_table(
         assert np.any(np.asarray(node[...]) != 0), name
 
 
-@pytest.mark.parametrize("padding", ["right", pytest.param("left", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_deberta_head_on_bert_matches_context_pooler_and_classifier(hf_checkpoint, tmp_path, padding):
     checkpoint = hf_checkpoint("BertModel")
     batch = padded_batch(padding, seq_len=10)
@@ -154,6 +157,7 @@ def test_deberta_head_on_bert_matches_context_pooler_and_classifier(hf_checkpoin
     assert_same_params(again, model)
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_head_options_default_to_config_json_and_head_options_override_them(hf_checkpoint, tmp_path):
     path, reference = deberta(hf_checkpoint, "DebertaV2ForSequenceClassification", "v2", num_labels=3)
     batch = batch_for("v2", "right")

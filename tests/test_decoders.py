@@ -18,7 +18,7 @@ import torch
 import transformers
 
 import flaxheads
-from families import DECODERS, FAMILIES, TINY_CONFIG, case, randomize_
+from families import DECODERS, FAMILIES, TINY_CONFIG, randomize_
 from family_parity import assert_close, assert_state_dicts_identical, flax_inputs, state_dict, torch_logits
 from flaxheads.backbones.decoder_config import FAMILIES as DECODER_FAMILIES, DecoderConfig
 
@@ -45,7 +45,8 @@ def batch(padding: str) -> dict[str, np.ndarray]:
 # Parity with transformers
 
 
-@pytest.mark.parametrize("row", [case(row, id=row.name, fast=row.name == "llama") for row in DECODERS])
+@pytest.mark.parametrize("row", CASES)
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_bfloat16_logits_match_transformers_bfloat16_within_the_stated_tolerance(hf_checkpoint, row):
     case = row.name
     path, reference = decoder(hf_checkpoint, row, num_labels=3, torch_dtype="bfloat16")
@@ -57,6 +58,7 @@ def test_bfloat16_logits_match_transformers_bfloat16_within_the_stated_tolerance
     assert_close(logits, torch_logits(reference, batch("left")), f"{case} bfloat16", atol=BF16_TOLERANCE, rtol=0)
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_explicit_position_ids_match_transformers(hf_checkpoint):
     path, reference = decoder(hf_checkpoint, FAMILIES["gemma3_text"], num_labels=3)
     inputs = batch("left")
@@ -71,6 +73,7 @@ def test_explicit_position_ids_match_transformers(hf_checkpoint):
     assert np.abs(np.asarray(logits) - np.asarray(model(**flax_inputs(batch("left"))))).max() > 1e-3
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_a_token_affects_only_later_positions_within_the_sliding_window(hf_checkpoint):
     path, _ = decoder(hf_checkpoint, FAMILIES["mistral"], "Model", num_hidden_layers=1)  # sliding_window=5: keys 0-4 back
     backbone, _ = flaxheads.load_backbone(path)
@@ -105,6 +108,7 @@ def test_config_json_of_either_transformers_dialect_reads_the_same_and_round_tri
     assert {w for w in windows} - {None} <= {config.effective_sliding_window}
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_mistral_config_with_layer_types_matches_transformers_ministral_and_exports_them(tmp_path):
     # Ministral-8B ships as model_type "mistral" with layer_types; transformers' AutoConfig then
     # builds Ministral (sliding windows on the named layers only).

@@ -21,6 +21,7 @@ from flaxheads.backbones import DistilBertConfig, backbone_config_from_hf
 from flaxheads.backbones.encoder import sinusoidal_table
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_token_type_ids_are_ignored_as_distilbert_has_no_token_types(hf_checkpoint):
     model = flaxheads.from_pretrained(hf_checkpoint(DISTILBERT.classifier).path)
     batch = DISTILBERT.batch("right")
@@ -33,7 +34,8 @@ def test_token_type_ids_are_ignored_as_distilbert_has_no_token_types(hf_checkpoi
     assert model.backbone.embeddings.token_type_embeddings is None
 
 
-@pytest.mark.parametrize("padding", ["right", pytest.param("left", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_distilbert_head_on_bert_matches_a_torch_reference_and_round_trips(hf_checkpoint, tmp_path, padding):
     checkpoint = hf_checkpoint(BERT.base)
     batch = {**DISTILBERT.batch(padding), "token_type_ids": np.zeros((3, 11), np.int64)}

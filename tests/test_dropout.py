@@ -168,6 +168,7 @@ def test_eval_mode_turns_dropout_off_even_with_rngs(name):
 
 
 @pytest.mark.parametrize("name", FAST_MODELS)
+@pytest.mark.slow  # train-mode dropout compiled per model
 def test_train_mode_draws_the_masks_of_earlier_releases_and_a_new_mask_per_key(name):
     model = _model(name)
 

@@ -61,6 +61,7 @@ def test_electra_config_reads_embedding_size_and_writes_it_back_while_bert_has_n
 # Parity: ElectraForSequenceClassification logits
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_token_type_ids_reach_the_logits_as_in_transformers(hf_checkpoint):
     path, reference = electra(hf_checkpoint, "ElectraForSequenceClassification", num_labels=3)
     batch = token_batch("right")
@@ -75,6 +76,7 @@ def test_token_type_ids_reach_the_logits_as_in_transformers(hf_checkpoint):
     assert_close(without, all_zero, "no token types vs all zeros", atol=0, rtol=0)
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_electra_head_uses_gelu_even_when_the_backbone_activation_is_another(hf_checkpoint):
     path, reference = electra(hf_checkpoint, "ElectraForSequenceClassification", num_labels=3, hidden_act="relu")
     batch = token_batch("right")
@@ -82,6 +84,7 @@ def test_electra_head_uses_gelu_even_when_the_backbone_activation_is_another(hf_
     assert_close(flaxheads.from_pretrained(path)(**flax_inputs(batch)), torch_forward(reference, batch).logits, "relu backbone")
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_every_hidden_state_matches_electra_model_without_a_projection_at_the_same_width(hf_checkpoint):
     widths = SAME_WIDTH  # the projected config is the row's own: tests/test_family_parity.py
     path, reference = electra(hf_checkpoint, "ElectraModel", **widths)
@@ -110,6 +113,7 @@ def test_pooler_head_on_electra_is_new_and_said_so_as_electra_has_no_pooler(hf_c
     assert "head.pooler.dense.weight" in info.newly_initialized
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_roberta_head_on_electra_matches_roberta_classification_head(hf_checkpoint, tmp_path):
     path, reference = electra(hf_checkpoint, "ElectraModel")
     batch = token_batch("left")
@@ -126,7 +130,8 @@ def test_roberta_head_on_electra_matches_roberta_classification_head(hf_checkpoi
     assert_close(model(**flax_inputs(batch)), expected, "roberta head on ELECTRA")
 
 
-@pytest.mark.parametrize("padding", ["right", pytest.param("left", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_electra_head_on_bert_matches_electra_classification_head(hf_checkpoint, tmp_path, padding):
     checkpoint = hf_checkpoint("BertModel")
     batch = token_batch(padding)

@@ -49,6 +49,7 @@ def copy_checkpoint(src: Path, dst: Path, **config_changes) -> Path:
 
 
 @pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_pad_token_other_than_eos_matches_transformers(hf_checkpoint, padding):
     path, reference = gpt2(hf_checkpoint, "GPT2ForSequenceClassification", num_labels=3, pad_token_id=0)
     batch = token_batch(padding, pad_id=0)
@@ -59,6 +60,7 @@ def test_pad_token_other_than_eos_matches_transformers(hf_checkpoint, padding):
     assert_close(logits, torch_outputs(reference, batch).logits, f"gpt2 pad_token_id=0, padding={padding}")
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_explicit_position_ids_and_token_type_ids_match_transformers(hf_checkpoint):
     path, reference = gpt2(hf_checkpoint, "GPT2ForSequenceClassification", num_labels=2)
     batch = token_batch("left")
@@ -74,6 +76,7 @@ def test_explicit_position_ids_and_token_type_ids_match_transformers(hf_checkpoi
     assert np.max(np.abs(np.asarray(logits - default_positions))) > 1e-3
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_changing_a_later_token_never_changes_an_earlier_hidden_state(hf_checkpoint):
     path, _ = gpt2(hf_checkpoint, "GPT2Model", n_layer=3)
     backbone, _ = flaxheads.load_backbone(path)
@@ -118,6 +121,7 @@ def test_last_real_token_index_handles_both_padding_sides_and_all_padding_rows()
     np.testing.assert_array_equal(last_real_token_index(ids, (ids != 0).astype(jnp.int32), None), [2, 4, 0, 0, 4])
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_pad_id_equal_to_eos_reads_a_text_ending_in_eos_one_token_earlier_as_transformers(hf_checkpoint):
     path, reference = gpt2(hf_checkpoint, "GPT2ForSequenceClassification", num_labels=3)
     batch = token_batch("right")
@@ -140,6 +144,7 @@ def test_without_pad_token_id_a_batch_without_mask_is_an_error_saying_what_to_se
         model(jnp.asarray(token_batch("none")["input_ids"]))
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_without_pad_token_id_a_single_sequence_reads_its_last_position_as_transformers(hf_checkpoint):
     path, reference = gpt2(hf_checkpoint, "GPT2ForSequenceClassification", num_labels=2, pad_token_id=None)
     batch = {"input_ids": token_batch("none")["input_ids"][:1]}
@@ -150,6 +155,7 @@ def test_without_pad_token_id_a_single_sequence_reads_its_last_position_as_trans
 
 
 @pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_without_pad_token_id_the_attention_mask_finds_the_last_real_token(hf_checkpoint, padding):
     path, _ = gpt2(hf_checkpoint, "GPT2ForSequenceClassification", num_labels=2, pad_token_id=None)
     batch = token_batch(padding, pad_id=EOS)
@@ -159,6 +165,7 @@ def test_without_pad_token_id_the_attention_mask_finds_the_last_real_token(hf_ch
     np.testing.assert_array_equal(np.asarray(model(**flax_inputs(batch))), np.asarray(with_pad_id(**flax_inputs(batch))))
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_pad_token_id_override_matches_transformers_and_is_saved(hf_checkpoint, tmp_path):
     path, reference = gpt2(hf_checkpoint, "GPT2ForSequenceClassification", num_labels=2, pad_token_id=None)
     batch = token_batch("right")
@@ -264,7 +271,8 @@ def test_lm_head_weight_and_mask_buffers_of_old_checkpoints_are_reported_unused(
 # The "last_token" head on another backbone
 
 
-@pytest.mark.parametrize("padding", ["right", pytest.param("left", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_last_token_head_on_bert_reads_the_last_real_token_and_round_trips(hf_checkpoint, tmp_path, padding):
     path, reference = hf_checkpoint("BertModel")
     batch = token_batch(padding, pad_id=0)

@@ -77,7 +77,7 @@ def _torch_logits(model, batch) -> np.ndarray:
     return out.logits.numpy()
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", ["bert", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_fresh_lora_model_gives_the_base_models_logits(checkpoints, family):
     base, model = _lora_model(checkpoints[family], family)
     batch = _batch()
@@ -142,6 +142,7 @@ def test_merged_export_loads_in_transformers_with_equal_logits(checkpoints, fami
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.slow  # loads peft and runs both models
 def test_adapter_export_loads_with_peft_with_equal_logits(checkpoints, family, tmp_path):
     peft = pytest.importorskip("peft")
     base, model = _lora_model(checkpoints[family], family)

@@ -64,6 +64,7 @@ def test_config_reads_transformers_5_and_4_layouts_and_writes_both():
 # The sliding window
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_a_window_shorter_than_the_sequence_changes_the_output(hf_checkpoint, tmp_path):
     path, _ = modernbert(hf_checkpoint, "ModernBertModel")
     batch = token_batch("right")
@@ -108,6 +109,7 @@ def test_masked_lm_prediction_head_never_fills_another_heads_parameters(hf_check
     assert {"head.dense.weight", "head.norm.weight", "decoder.bias"} <= set(info.unused)
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_modernbert_head_on_bert_matches_modernbert_prediction_head(hf_checkpoint, tmp_path):
     pooling, padding = "mean", "left"
     checkpoint = hf_checkpoint("BertModel")
@@ -136,6 +138,7 @@ def test_modernbert_head_on_bert_matches_modernbert_prediction_head(hf_checkpoin
     assert_same_params(again, model)
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_head_option_overrides_config_json_and_is_written_back_for_transformers(hf_checkpoint, tmp_path):
     path, _ = modernbert(hf_checkpoint, "ModernBertForSequenceClassification", num_labels=3)
     batch = token_batch("left")

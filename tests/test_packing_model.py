@@ -164,6 +164,7 @@ def test_packed_logits_without_num_segments_raise_naming_it():
         model(ids, segment_ids=ids)
 
 
+@pytest.mark.slow  # builds a perturbed 4-layer BERT eagerly
 def test_packed_cls_index_of_one_position_per_row_is_refused():
     model = _model("bert", "summary", (("summary_type", "cls_index"),))
     ids = jnp.ones((2, ROW), jnp.int32)
@@ -183,6 +184,7 @@ def test_attention_mask_keeps_each_segment_and_the_padding_apart():
     np.testing.assert_array_equal(mask, [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
 
 
+@pytest.mark.slow  # builds a perturbed 4-layer BERT and compiles it
 def test_packed_logits_under_jit_equal_eager_ones():
     """The train/eval steps jit the model with num_segments static: the shape checks must trace."""
     model = _model("bert", "mean", ())

@@ -7,6 +7,7 @@ are in tests/test_family_*.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import flaxheads
@@ -15,6 +16,7 @@ from family_parity import assert_close, flax_logits, torch_logits
 from flaxheads.backbones import backbone_config_from_hf
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_token_type_ids_reach_the_logits_as_in_transformers(hf_checkpoint):
     checkpoint = hf_checkpoint(XLM_ROBERTA.classifier, num_labels=3, type_vocab_size=2, hidden_act="gelu_new")
     batch = XLM_ROBERTA.batch("right")
@@ -28,6 +30,7 @@ def test_token_type_ids_reach_the_logits_as_in_transformers(hf_checkpoint):
     assert np.abs(with_types - flax_logits(model, {**batch, "token_type_ids": 0 * batch["token_type_ids"]})).max() > 1e-3
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_pooler_head_on_xlm_roberta_matches_transformers_pooler(hf_checkpoint):
     checkpoint = hf_checkpoint(XLM_ROBERTA.base)
     batch = XLM_ROBERTA.batch("left")

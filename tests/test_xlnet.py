@@ -36,6 +36,7 @@ def xlnet_checkpoint(hf_checkpoint, architecture: str, **overrides):
 
 
 @pytest.mark.parametrize("padding", ["none", "left"])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_logits_match_transformers_without_token_type_ids(hf_checkpoint, padding):
     path, reference = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=3)
     batch = xlnet_batch(padding, token_types=False)
@@ -44,6 +45,7 @@ def test_logits_match_transformers_without_token_type_ids(hf_checkpoint, padding
     assert_close(model(**flax_inputs(batch)), torch_forward(reference, batch).logits, f"no token types, {padding}")
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_token_type_ids_reach_the_logits_as_in_transformers(hf_checkpoint):
     path, reference = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=3)
     batch = xlnet_batch("none")
@@ -73,6 +75,7 @@ def test_token_type_ids_reach_the_logits_as_in_transformers(hf_checkpoint):
     ],
     ids=["no_proj", "no_activation", "relu_first_dropout", "gelu_mean_no_proj", "proj_to_labels"],
 )
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_every_summary_option_matches_transformers(hf_checkpoint, options):
     options = {"num_labels": 3, **options}
     path, reference = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", **options)
@@ -85,6 +88,7 @@ def test_every_summary_option_matches_transformers(hf_checkpoint, options):
 
 
 @pytest.mark.parametrize("backbone_options", [dict(clamp_len=3, ff_activation="relu"), dict(n_layer=4, ff_activation="gelu_new")])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_backbone_variants_match_transformers(hf_checkpoint, backbone_options):
     path, reference = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=2, **backbone_options)
     batch = xlnet_batch("left", seq_len=12)
@@ -93,6 +97,7 @@ def test_backbone_variants_match_transformers(hf_checkpoint, backbone_options):
     assert_close(model(**flax_inputs(batch)), torch_forward(reference, batch).logits, f"backbone {backbone_options}")
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_cls_index_input_matches_xlnet_sequence_summary(hf_checkpoint):
     # XLNetForSequenceClassification never passes cls_index; its summary module takes one.
     path, reference = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=3, summary_type="cls_index")
@@ -155,6 +160,7 @@ def test_left_padded_rows_give_the_logits_of_the_unpadded_sequences(hf_checkpoin
 
 
 @pytest.mark.parametrize("summary_type", ["last", "cls_index"])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_last_summary_reads_the_last_real_token_of_right_padded_rows(hf_checkpoint, summary_type):
     """transformers reads position -1, a pad token, and returns wrong logits (transformers #1882);
     flaxheads reads the last real token, so right padding classifies like left padding."""
@@ -170,6 +176,7 @@ def test_last_summary_reads_the_last_real_token_of_right_padded_rows(hf_checkpoi
     assert np.max(np.abs(transformers_on_right[1:] - expected.numpy()[1:])) > 1e-3  # the bug we avoid
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_mean_summary_averages_padding_as_transformers_does_unlike_the_mean_head(hf_checkpoint):
     path, reference = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=3, summary_type="mean")
     batch = xlnet_batch("left")
@@ -202,6 +209,7 @@ def test_convert_without_a_summary_projection_keeps_the_relative_biases_and_conv
     assert_state_dicts_identical(load_file(tmp_path / "pytorch" / "model.safetensors"), load_file(path / "model.safetensors"))
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_export_with_summary_options_loads_in_transformers_with_them_and_the_same_logits(hf_checkpoint, tmp_path):
     options = dict(summary_type="mean", summary_use_proj=False, summary_activation="")
     path, _ = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=3, **options)
@@ -218,6 +226,7 @@ def test_export_with_summary_options_loads_in_transformers_with_them_and_the_sam
     assert_close(model(**flax_inputs(batch)), torch_forward(reloaded.eval(), batch).logits, f"export {options}")
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_head_options_given_at_load_are_written_where_transformers_reads_them(hf_checkpoint, tmp_path):
     path, _ = xlnet_checkpoint(hf_checkpoint, "XLNetModel")
     batch = xlnet_batch("left")
@@ -259,8 +268,8 @@ def test_lm_head_checkpoint_loading_info_names_the_unused_lm_head_and_the_kept_q
 # The "summary" head on another backbone
 
 
-@pytest.mark.parametrize("options", [{}, *(pytest.param(options, marks=pytest.mark.slow) for options in (
-    {"summary_type": "mean", "summary_use_proj": False}, {"summary_type": "first"}))])
+@pytest.mark.parametrize("options", [{}, {"summary_type": "mean", "summary_use_proj": False}, {"summary_type": "first"}])
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_summary_head_on_bert_matches_transformers_sequence_summary(hf_checkpoint, tmp_path, options):
     path, bert = hf_checkpoint("BertModel")
     batch = {k: v for k, v in xlnet_batch("left", token_types=False).items()}
@@ -368,6 +377,7 @@ def test_unsupported_xlnet_configs_say_what_to_change(hf_checkpoint, tmp_path, c
         flaxheads.from_pretrained(tmp_path)
 
 
+@pytest.mark.slow  # runs the family beyond its canonical parity (the fast lane has that)
 def test_untie_r_false_keeps_per_layer_biases_as_transformers_does(hf_checkpoint, tmp_path):
     path, reference = xlnet_checkpoint(hf_checkpoint, "XLNetForSequenceClassification", num_labels=2, untie_r=False)
     batch = xlnet_batch("left")
