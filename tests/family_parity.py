@@ -1,7 +1,11 @@
-"""Helpers the backbone-family test files share: padded input batches, running a torch model and a
-flaxheads model on them, and comparisons that print the difference they measured."""
+"""Helpers the backbone-family tests share: running a torch model and a flaxheads model on the same
+inputs, comparisons that print the difference they measured, the command-line lifecycle and FSDP
+on fake devices. The families themselves are in tests/families.py."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -10,23 +14,6 @@ from flax import nnx
 from safetensors.torch import load_file
 
 ATOL = RTOL = 1e-5
-
-
-def padded_batch(padding: str = "right", *, seq_len: int, seed: int = 0, pad_id: int = 0, lowest_id: int = 1,
-                 token_types: bool = True) -> dict[str, np.ndarray]:
-    """Three sequences of lengths (seq_len, seq_len - 3, 2) padded with `pad_id` on `padding`
-    ("right", "left"), the second half of each in segment 1 when `token_types`."""
-    rng = np.random.default_rng(seed)
-    lengths = np.array([seq_len, seq_len - 3, 2])
-    positions = np.arange(seq_len)[None, :]
-    start = seq_len - lengths[:, None] if padding == "left" else np.zeros_like(lengths[:, None])
-    real = (positions >= start) & (positions < start + lengths[:, None])
-    offset = positions - start
-    ids = np.where(real, rng.integers(lowest_id, 99, (3, seq_len)), pad_id)
-    batch = {"input_ids": ids, "attention_mask": real.astype(np.int64)}
-    if token_types:
-        batch["token_type_ids"] = np.where(real & (offset >= lengths[:, None] // 2), 1, 0)
-    return batch
 
 
 def two_padded_rows(padding: str, *, seq_len: int = 11, seed: int = 0, pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -86,18 +73,34 @@ def assert_same_params(a, b) -> None:
     assert pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
 
 
+class CliResult(NamedTuple):
+    source: Path
+    """The checkpoint the run started from."""
+    run: Path
+    """The finished run's folder (its export)."""
+    inspected: str
+    """What `flaxheads inspect` printed about `source`."""
+    train_err: str
+    """What `flaxheads train` wrote to stderr."""
+    texts: tuple[str, ...]
+    """The texts `predict` was given."""
+
+
 def check_cli_lifecycle(source, data: dict, tmp_path, capsys, *, model_type: str, head: str,
-                        texts: tuple[str, ...] = ("a great film", "so dull, the worst plot")) -> str:
+                        texts: tuple[str, ...] = ("a great film", "so dull, the worst plot"),
+                        reference_options: dict | None = None) -> CliResult:
     """Runs `flaxheads inspect`, `train` (2 steps), `evaluate`, `predict` and `convert` (to a
     flaxheads checkpoint and back) on the family checkpoint `source`, which has its tokenizer next
     to it, with the `snippets_csv` files `data`. Asserts that the run exports `model_type`'s
     *ForSequenceClassification, evaluation reports accuracy, predicted probabilities equal
-    transformers' on the exported run, and the round trip is bit-identical with the tokenizer
-    carried along. Returns what `inspect` printed, for the family's own checks."""
+    transformers' on the exported run (loaded with `reference_options`; a tokenizer without a pad
+    token pads with the exported pad_token_id, on the family's side), and the round trip is
+    bit-identical with the tokenizer carried along."""
     import json
 
     import transformers
 
+    from flaxheads.backbones import backbone_spec
     from flaxheads.cli import main
 
     assert main(["inspect", str(source), "--num_labels", "3"]) == 0
@@ -109,9 +112,9 @@ def check_cli_lifecycle(source, data: dict, tmp_path, capsys, *, model_type: str
     assert main(["train", "--model_name_or_path", str(source), *common, "--output_dir", str(run),
                  "--per_device_train_batch_size", "8", "--max_steps", "2", "--logging_steps", "1",
                  "--save_steps", "2", "--disable_tqdm"]) == 0
-    capsys.readouterr()
+    train_err = capsys.readouterr().err
     exported = json.loads((run / "config.json").read_text())
-    reference = transformers.AutoModelForSequenceClassification.from_pretrained(run).eval()
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(run, **(reference_options or {})).eval()
     assert exported["model_type"] == model_type and exported["architectures"] == [type(reference).__name__]
 
     assert main(["evaluate", "--model_name_or_path", str(run), *common, "--validation_file", str(data["validation"]),
@@ -121,7 +124,11 @@ def check_cli_lifecycle(source, data: dict, tmp_path, capsys, *, model_type: str
     assert main(["predict", "--model_name_or_path", str(run), *texts]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["text"] for r in rows] == list(texts)
-    enc = transformers.AutoTokenizer.from_pretrained(run)(list(texts), padding=True, return_tensors="np")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(run)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = exported["pad_token_id"]
+        tokenizer.padding_side = backbone_spec(model_type).padding_side
+    enc = tokenizer(list(texts), padding=True, return_tensors="np")
     expected = torch.softmax(torch.as_tensor(torch_logits(reference, dict(enc))), -1).numpy()
     for row, p in zip(rows, expected):
         np.testing.assert_allclose(list(row["probabilities"].values()), p, atol=1e-5)
@@ -131,54 +138,81 @@ def check_cli_lifecycle(source, data: dict, tmp_path, capsys, *, model_type: str
     assert_state_dicts_identical(state_dict(tmp_path / "back"), state_dict(run))
     assert {p.name for p in run.glob("tokenizer*")} <= {p.name for p in (tmp_path / "back").iterdir()}
     capsys.readouterr()
-    return inspected
+    return CliResult(Path(source), run, inspected, train_err, tuple(texts))
 
 
 _FSDP_FORWARD = """
-import json, sys
+import json, sys, traceback
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 import flaxheads
 from flaxheads.conversion.loading import flat_variables
 from flaxheads.training.sharding import Layout
 
-path, layout_spec, batch = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-layout = Layout.create(layout_spec)
-# As the trainer loads a model: each parameter placed by the layout's rules.
-model = flaxheads.from_pretrained(path, placement=layout.param_sharding)
-variables = {name: var[...] for name, (_, var) in flat_variables(model).items()}
-graphdef, state = nnx.split(model)
-logits = jax.jit(lambda s, b: nnx.merge(graphdef, s)(**b))(state, {k: jnp.asarray(v) for k, v in batch.items()})
-# The train step's shardings: the same rules over the NNX state tree.
-tree = layout.tree_shardings(state)
-print(json.dumps({
-    "specs": {name: [str(a) for a in v.sharding.spec] for name, v in variables.items()
-              if not v.sharding.is_fully_replicated},
-    "devices": len(jax.devices()),
-    "tree": sorted(jax.tree_util.keystr(p, simple=True, separator=".").removesuffix(".value")
-                   for p, s in jax.tree_util.tree_leaves_with_path(tree) if not s.is_fully_replicated),
-    "logits": np.asarray(logits).tolist(),
-}))
+for job in json.loads(open(sys.argv[1]).read()):
+    try:
+        layout = Layout.create(job["layout"])
+        # As the trainer loads a model: each parameter placed by the layout's rules.
+        model = flaxheads.from_pretrained(job["path"], placement=layout.param_sharding, **job["options"])
+        variables = {name: var[...] for name, (_, var) in flat_variables(model).items()}
+        graphdef, state = nnx.split(model)
+        batch = {k: jnp.asarray(v) for k, v in job["batch"].items()}
+        logits = jax.jit(lambda s, b: nnx.merge(graphdef, s)(**b))(state, batch)
+        # The train step's shardings: the same rules over the NNX state tree.
+        tree = layout.tree_shardings(state)
+        result = {
+            "specs": {name: [str(a) for a in v.sharding.spec] for name, v in variables.items()
+                      if not v.sharding.is_fully_replicated},
+            "devices": len(jax.devices()),
+            "tree": sorted(jax.tree_util.keystr(p, simple=True, separator=".").removesuffix(".value")
+                           for p, s in jax.tree_util.tree_leaves_with_path(tree) if not s.is_fully_replicated),
+            "logits": np.asarray(logits).tolist(),
+        }
+    except Exception:  # one family's failure is that family's test's, not every family's
+        result = {"error": traceback.format_exc()}
+    print(json.dumps(result), flush=True)
 """
 
 
-def fsdp_on_fake_devices(path, batch: dict[str, np.ndarray], layout: str = "fsdp=4", devices: int = 4) -> dict:
-    """Loads the checkpoint at `path` onto `devices` fake CPU devices with `layout`'s rules (in a
-    subprocess: the device count is fixed when jax starts) and runs `batch` through it under jit.
-    Returns {"specs": {parameter path: partition spec} of the split parameters, "split": their
-    paths, "tree": the paths the train step's state shardings split, "logits": ...}."""
+class FsdpJob(NamedTuple):
+    path: Path
+    """A checkpoint folder."""
+    batch: dict
+    """numpy inputs to run through the sharded model."""
+    layout: str = "fsdp=4"
+    options: dict = {}
+    """from_pretrained keyword arguments."""
+
+
+def fsdp_on_fake_devices(jobs: list[FsdpJob], devices: int = 4) -> list[dict]:
+    """Loads each job's checkpoint onto `devices` fake CPU devices with its layout's rules (in one
+    subprocess: the device count is fixed when jax starts) and runs its batch through it under
+    jit. Returns, per job, {"error": its traceback} if it failed, else {"specs": {parameter path:
+    partition spec} of the split parameters, "split": their paths, "tree": the paths the train
+    step's state shardings split, "logits": ...}."""
     import json
     import os
     import subprocess
     import sys
+    import tempfile
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    arguments = json.dumps({k: np.asarray(v).tolist() for k, v in batch.items()})
-    proc = subprocess.run([sys.executable, "-c", _FSDP_FORWARD, str(path), layout, arguments], env=env,
-                          capture_output=True, text=True, timeout=300)
+    arguments = [{"path": str(job.path), "layout": job.layout, "options": job.options,
+                  "batch": {k: np.asarray(v).tolist() for k, v in job.batch.items()}} for job in jobs]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(arguments, f)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _FSDP_FORWARD, f.name], env=env, capture_output=True, text=True,
+                              timeout=600)
+    finally:
+        os.unlink(f.name)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.splitlines()[-1])
-    assert result["devices"] == devices
-    result["split"], result["tree"] = set(result["specs"]), set(result["tree"])
-    result["logits"] = np.asarray(result["logits"], np.float32)
-    return result
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(jobs)
+    for result in results:
+        if "error" in result:
+            continue
+        assert result["devices"] == devices
+        result["split"], result["tree"] = set(result["specs"]), set(result["tree"])
+        result["logits"] = np.asarray(result["logits"], np.float32)
+    return results

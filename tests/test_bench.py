@@ -81,6 +81,7 @@ def test_the_flax_peer_is_refused_for_other_architectures_before_anything_runs()
         run(StepBench(arch="gpt2"), hf_flax_python="/x/python")
 
 
+@pytest.mark.slow  # compiles a scanned model and times it
 def test_the_scan_runner_times_the_scanned_model(monkeypatch):
     from flaxheads.backbones import stacking
     from flaxheads.benchmarks.steps import flaxheads_runners
@@ -94,6 +95,7 @@ def test_the_scan_runner_times_the_scanned_model(monkeypatch):
     runners[0].run(1)
 
 
+@pytest.mark.slow  # saves checkpoints both ways and times them
 def test_the_checkpoint_bench_saves_both_ways_and_reports_the_blocked_seconds(tiny_bert):
     from flaxheads.benchmarks.checkpoint_save import measure
 

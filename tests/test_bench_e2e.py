@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from flaxheads.benchmarks import e2e
 from flaxheads.benchmarks.cli import main as bench_main
 from flaxheads.cli import build_parser
@@ -35,6 +37,7 @@ def test_the_job_cuts_every_split_to_the_sample_limits():
     assert {name: len(split) for name, split in task.splits.items()} == {"train": 40, "validation": 8, "test": 8}
 
 
+@pytest.mark.slow  # two training runs and a transformers Trainer run
 def test_bench_e2e_runs_both_sides_and_the_second_flaxheads_run_compiles_nothing(tiny_bert, tmp_path, capsys):
     out = tmp_path / "e2e.json"
     assert bench_main(["e2e", "--model", str(tiny_bert), "--max_steps", "2", "--max_train_samples", "64",

@@ -253,6 +253,7 @@ def test_predict_input_file_that_is_not_utf8_names_the_file_and_iconv(tmp_path, 
     assert "--input_file" in err and str(input_file) in err and "line 2" in err and "iconv" in err
 
 
+@pytest.mark.slow  # a subprocess running the installed console script
 def test_installed_console_script_shows_help():
     result = subprocess.run(["flaxheads", "--help"], capture_output=True, text=True, timeout=120)
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from flaxheads import compile_cache
 from flaxheads.cli import build_parser
 
@@ -38,6 +40,7 @@ _COMPILE_ONCE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two subprocesses
 def test_a_second_process_loads_every_compilation_from_the_cache_instead_of_compiling(tmp_path):
     def run():
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}

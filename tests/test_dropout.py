@@ -68,6 +68,7 @@ def test_bad_rates_are_refused():
         dropout.keep_mask(jax.random.key(0), 1.0, (4,))
 
 
+@pytest.mark.slow  # a subprocess on 4 fake devices
 def test_a_batch_sharded_over_devices_draws_the_same_mask():
     script = textwrap.dedent("""
         import jax, numpy as np
@@ -136,7 +137,11 @@ def _modes(model: nnx.Module) -> dict[str, bool]:
     }
 
 
-@pytest.mark.parametrize("name", MODELS)
+# The fast lane keeps BERT's pooler head; the other models compile their own dropout programs.
+FAST_MODELS = [pytest.param(name, marks=() if name == "bert-pooler" else pytest.mark.slow) for name in MODELS]
+
+
+@pytest.mark.parametrize("name", FAST_MODELS)
 def test_a_constructed_model_is_in_train_mode_and_eval_train_flip_every_dropout(name):
     model = _model(name)
     modes = _modes(model)
@@ -151,7 +156,7 @@ def test_a_constructed_model_is_in_train_mode_and_eval_train_flip_every_dropout(
     assert not any(_modes(model).values())
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", FAST_MODELS)
 def test_eval_mode_turns_dropout_off_even_with_rngs(name):
     model = _model(name)
     model.eval()
@@ -162,7 +167,8 @@ def test_eval_mode_turns_dropout_off_even_with_rngs(name):
     np.testing.assert_array_equal(with_rngs, without)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", FAST_MODELS)
+@pytest.mark.slow  # train-mode dropout compiled per model
 def test_train_mode_draws_the_masks_of_earlier_releases_and_a_new_mask_per_key(name):
     model = _model(name)
 
@@ -176,7 +182,7 @@ def test_train_mode_draws_the_masks_of_earlier_releases_and_a_new_mask_per_key(n
     assert np.max(np.abs(logits - deterministic)) > 1e-3
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", FAST_MODELS)
 def test_train_mode_without_rngs_raises_naming_the_fix(name):
     model = _model(name)
 
@@ -216,6 +222,7 @@ def test_from_pretrained_and_load_backbone_return_eval_mode(hf_checkpoint):
     assert all(_modes(model).values()) and all(_modes(backbone).values())
 
 
+@pytest.mark.slow  # traces and compiles a train step
 def test_train_and_eval_steps_are_the_same_programs_whichever_mode_the_graphdef_was_split_in():
     # One dropout (the head's) keeps the compilation of the train step short on CPU.
     model = _model("bert-pooler", num_hidden_layers=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,

@@ -20,9 +20,12 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 from flax import traverse_util
 
 from flaxheads.functional import FunctionalClassifier
+
+pytestmark = pytest.mark.slow  # a training loop in a subprocess on 2 fake devices
 
 STEPS = 10
 

@@ -164,7 +164,7 @@ def test_the_command_line_predicts_with_a_cached_hub_id(tmp_path, offline, monke
     import transformers
 
     from flaxheads import cli
-    from conftest import TINY_CONFIG
+    from families import TINY_CONFIG
 
     config = transformers.BertConfig(num_hidden_layers=1, num_labels=2, **TINY_CONFIG)
     source = tmp_path / "source"

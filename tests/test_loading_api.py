@@ -20,7 +20,7 @@ from flaxheads import convert as convert_module
 from flaxheads.conversion import checkpoint_io, loading
 from flaxheads.model import SequenceClassifier
 
-from conftest import TINY_CONFIG
+from families import TINY_CONFIG
 
 # ---------------------------------------------------------------------------------------------
 # Structure

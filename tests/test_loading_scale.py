@@ -11,6 +11,7 @@ import textwrap
 import weakref
 
 import numpy as np
+import pytest
 
 import flaxheads
 from flaxheads.conversion import loading
@@ -37,6 +38,7 @@ _SHARDED_BF16 = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess on 4 fake devices
 def test_sharded_bfloat16_load_places_each_tensor_on_its_fsdp_shards_with_plain_logits(hf_checkpoint):
     checkpoint = hf_checkpoint("BertForSequenceClassification", num_labels=3, torch_dtype="bfloat16")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}

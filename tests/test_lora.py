@@ -77,7 +77,7 @@ def _torch_logits(model, batch) -> np.ndarray:
     return out.logits.numpy()
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", ["bert", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_fresh_lora_model_gives_the_base_models_logits(checkpoints, family):
     base, model = _lora_model(checkpoints[family], family)
     batch = _batch()
@@ -104,6 +104,7 @@ def test_unknown_target_module_is_refused_naming_the_linear_layers(checkpoints):
         base.with_lora(lora.LoRAConfig(r=4, target_modules=("query", "q_proj")))
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 def test_lora_dropout_acts_in_train_mode_only(checkpoints):
     batch = _batch()
     _, model = _lora_model(checkpoints["bert"], "bert", dropout=0.5)
@@ -141,6 +142,7 @@ def test_merged_export_loads_in_transformers_with_equal_logits(checkpoints, fami
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.slow  # loads peft and runs both models
 def test_adapter_export_loads_with_peft_with_equal_logits(checkpoints, family, tmp_path):
     peft = pytest.importorskip("peft")
     base, model = _lora_model(checkpoints[family], family)
@@ -194,6 +196,7 @@ def _optimizer_state_paths(state) -> set[str]:
     return paths
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_lora_steps_change_only_adapters_and_head_and_keep_no_state_for_frozen(checkpoints, family):
     _, model = _lora_model(checkpoints[family], family)
@@ -208,6 +211,7 @@ def test_lora_steps_change_only_adapters_and_head_and_keep_no_state_for_frozen(c
     assert _optimizer_state_paths(state) == trainable  # the base weights have no Adam moments at all
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 def test_lora_step_with_gradient_checkpointing_gives_the_same_weights(checkpoints):
     results = []
     for checkpointing in (False, True):
@@ -223,6 +227,7 @@ def test_lora_step_with_gradient_checkpointing_gives_the_same_weights(checkpoint
     assert diff < 1e-6
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 def test_freeze_backbone_steps_change_only_the_head_and_keep_no_state_for_the_backbone(checkpoints):
     model = flaxheads.from_pretrained(checkpoints["bert"])
     runner, state, before = _one_step_runner(model, freeze_backbone=True)
@@ -235,6 +240,7 @@ def test_freeze_backbone_steps_change_only_the_head_and_keep_no_state_for_the_ba
     assert not any(name.startswith("backbone.") for name in _flat(state.params))
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 def test_trainer_with_freeze_backbone_trains_only_the_head(tiny_bert, snippets_csv):
     import csv
 
@@ -253,6 +259,7 @@ def test_trainer_with_freeze_backbone_trains_only_the_head(tiny_bert, snippets_c
     assert changed == {name for name in before if name.startswith("head.")}
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 def test_cli_trains_lora_saves_merged_model_and_peft_adapter_and_resumes_exactly(tiny_bert, snippets_csv, tmp_path):
     from safetensors.numpy import load_file
 
@@ -327,6 +334,7 @@ def _grads_and_jaxpr(family: str, checkpointing: bool):
     return _flat(jax.jit(grad_fn)(params)), str(jax.make_jaxpr(grad_fn)(params))
 
 
+@pytest.mark.slow  # compiles train steps or gradients
 @pytest.mark.parametrize("family", list(TINY_HF))
 def test_gradient_checkpointing_gives_the_same_gradients_through_remat(family):
     plain, plain_jaxpr = _grads_and_jaxpr(family, checkpointing=False)

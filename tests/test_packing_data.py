@@ -26,26 +26,7 @@ from flaxheads.training.config import TrainConfig
 from flaxheads.training.scoring import SplitScorer
 from flaxheads.training.sharding import Layout
 from flaxheads.training.step import TrainState, make_train_step
-
-T = 32
-
-
-def _split(n: int = 60, seed: int = 0, *, shortest: int = 2, longest: int = 20, num_labels: int = 3,
-           token_types: bool = False) -> datasets.Dataset:
-    """A tokenised split of `n` examples whose ids say which example and position they are."""
-    lengths = np.random.default_rng(seed).integers(shortest, longest + 1, n)
-    columns = {"input_ids": [[1000 * i + t for t in range(length)] for i, length in enumerate(lengths)],
-               "attention_mask": [[1] * length for length in lengths]}
-    if token_types:
-        columns["token_type_ids"] = [[t % 2 for t in range(length)] for length in lengths]
-    columns["labels"] = [i % num_labels for i in range(n)]
-    columns["length"] = lengths.tolist()
-    return datasets.Dataset.from_dict(columns)
-
-
-def _format(segments: int = 4, **overrides) -> BatchFormat:
-    return BatchFormat(**{**dict(max_seq_length=T, pad_token_id=7, num_labels=3, max_segments=segments), **overrides})
-
+from packed_data import T, MeanEmbedding, batch_format, numbered_split
 
 def _present(batch) -> np.ndarray:
     return batch["example_index"][batch["example_mask"] > 0]
@@ -112,8 +93,8 @@ def _assert_row_packs_its_examples(batch, row: int, split, max_segments: int) ->
 
 
 def test_packed_rows_hold_each_example_contiguously_with_increasing_segment_ids_and_aligned_labels():
-    split = _split(token_types=True)
-    fmt = _format(pad_token_type_id=5)
+    split = numbered_split(token_types=True)
+    fmt = batch_format(pad_token_type_id=5)
     for batch in eval_batches(split, fmt, global_batch_size=4):
         assert batch["input_ids"].shape == batch["segment_ids"].shape == (4, T)
         np.testing.assert_array_equal(batch["attention_mask"], batch["segment_ids"] > 0)
@@ -122,39 +103,39 @@ def test_packed_rows_hold_each_example_contiguously_with_increasing_segment_ids_
 
 
 def test_a_packed_epoch_trains_on_every_example_once_and_ends_with_masked_filler_rows():
-    split = _split()
-    batches = TrainBatches(split, _format(), global_batch_size=4, seed=0)
+    split = numbered_split()
+    batches = TrainBatches(split, batch_format(), global_batch_size=4, seed=0)
     epoch = [next(batches) for _ in range(batches.batches_per_epoch)]
     assert sorted(np.concatenate([_present(b) for b in epoch]).tolist()) == list(range(len(split)))
     assert batches.position == DataPosition(1, 0)
     assert all(b["input_ids"].shape == (4, T) for b in epoch)  # one shape for the whole run
     rows = RowPlan.build(data.example_lengths(split), T, 4).num_rows
     assert batches.batches_per_epoch == -(-rows // 4) == data.batches_per_epoch(
-        data.example_lengths(split), _format(), global_batch_size=4)
+        data.example_lengths(split), batch_format(), global_batch_size=4)
     filler = epoch[-1]["example_mask"].sum(axis=1) == 0
     assert filler.sum() == 4 * batches.batches_per_epoch - rows
     assert np.all(epoch[-1]["segment_ids"][filler].max(axis=1) == 1)  # a filler row is well formed
 
 
 def test_packed_train_batches_are_deterministic_for_a_seed_and_reshuffled_each_epoch():
-    split = _split()
-    first = TrainBatches(split, _format(), global_batch_size=4, seed=5)
-    again = TrainBatches(split, _format(), global_batch_size=4, seed=5)
+    split = numbered_split()
+    first = TrainBatches(split, batch_format(), global_batch_size=4, seed=5)
+    again = TrainBatches(split, batch_format(), global_batch_size=4, seed=5)
     for _ in range(first.batches_per_epoch):
         a, b = next(first), next(again)
         for name in a:
             np.testing.assert_array_equal(a[name], b[name])
-    epoch0 = TrainBatches(split, _format(), global_batch_size=4, seed=5).batch_at(DataPosition(0, 0))
+    epoch0 = TrainBatches(split, batch_format(), global_batch_size=4, seed=5).batch_at(DataPosition(0, 0))
     epoch1 = first.batch_at(DataPosition(1, 0))
     assert not np.array_equal(epoch0["example_index"], epoch1["example_index"])
 
 
 def test_packed_stream_resumed_at_a_position_yields_the_uninterrupted_batches():
-    split = _split()
-    whole = TrainBatches(split, _format(), global_batch_size=4, seed=2, num_shards=2)
+    split = numbered_split()
+    whole = TrainBatches(split, batch_format(), global_batch_size=4, seed=2, num_shards=2)
     expected = [next(whole) for _ in range(2 * whole.batches_per_epoch + 1)]
     start = DataPosition(1, 2)
-    resumed = TrainBatches(split, _format(), global_batch_size=4, seed=2, num_shards=2, start=start)
+    resumed = TrainBatches(split, batch_format(), global_batch_size=4, seed=2, num_shards=2, start=start)
     for batch in expected[whole.batches_per_epoch + 2:]:
         got = next(resumed)
         for name in batch:
@@ -162,13 +143,13 @@ def test_packed_stream_resumed_at_a_position_yields_the_uninterrupted_batches():
 
 
 def test_each_process_gets_its_rows_of_the_packed_global_batch():
-    split = _split(n=61)
+    split = numbered_split(n=61)
     lengths = data.example_lengths(split)
-    single = TrainBatches(split, _format(), global_batch_size=4, seed=1, num_shards=2)
+    single = TrainBatches(split, batch_format(), global_batch_size=4, seed=1, num_shards=2)
     processes = []
     for p in range(2):
         rows = data.process_rows(len(split), 2, p, 2)
-        processes.append(TrainBatches(split.select(rows), _format(), global_batch_size=4, seed=1, num_shards=2,
+        processes.append(TrainBatches(split.select(rows), batch_format(), global_batch_size=4, seed=1, num_shards=2,
                                       process_index=p, process_count=2, lengths=lengths))
     assert processes[0].batches_per_epoch == processes[1].batches_per_epoch == single.batches_per_epoch
     for _ in range(single.batches_per_epoch):
@@ -178,7 +159,7 @@ def test_each_process_gets_its_rows_of_the_packed_global_batch():
 
 
 def test_accumulation_view_of_a_packed_batch_keeps_rows_and_slots():
-    batch = next(TrainBatches(_split(), _format(), global_batch_size=4, seed=0))
+    batch = next(TrainBatches(numbered_split(), batch_format(), global_batch_size=4, seed=0))
     view = data.accumulation_view(batch, 2)
     assert view["input_ids"].shape == view["segment_ids"].shape == (2, 2, T)
     assert view["labels"].shape == view["example_mask"].shape == (2, 2, 4)
@@ -186,8 +167,8 @@ def test_accumulation_view_of_a_packed_batch_keeps_rows_and_slots():
 
 
 def test_multi_label_packed_labels_are_rows_by_slots_by_labels():
-    split = _split().map(lambda row: {"labels": [float(row["labels"] == k) for k in range(3)]})
-    batch = next(eval_batches(split, _format(problem_type=data.MULTI_LABEL), global_batch_size=4))
+    split = numbered_split().map(lambda row: {"labels": [float(row["labels"] == k) for k in range(3)]})
+    batch = next(eval_batches(split, batch_format(problem_type=data.MULTI_LABEL), global_batch_size=4))
     assert batch["labels"].shape == (4, 4, 3) and batch["labels"].dtype == np.float32
     index = batch["example_index"][0, 0]
     np.testing.assert_array_equal(batch["labels"][0, 0], split[int(index)]["labels"])
@@ -198,7 +179,7 @@ def test_multi_label_packed_labels_are_rows_by_slots_by_labels():
 
 def test_packing_preference_pairs_is_refused_naming_the_flag():
     with pytest.raises(ValueError, match="--packing.*preference pairs"):
-        _format(problem_type=problem.PAIRWISE_REWARD, num_labels=1)
+        batch_format(problem_type=problem.PAIRWISE_REWARD, num_labels=1)
 
 
 def test_max_segments_per_row_without_packing_is_refused_naming_both_flags():
@@ -229,28 +210,9 @@ def _text_split(tiny_bert, n: int = 40):
     return data.tokenize_split(split, tokenizer, T), tokenizer
 
 
-class _MeanEmbedding(nnx.Module):
-    """A tiny classifier that honours the packing contract: logits from the mean token embedding
-    of each example (of each segment, (B, S, C), when given `segment_ids`)."""
-
-    def __init__(self, vocab_size: int, num_labels: int, rngs: nnx.Rngs):
-        self.embed = nnx.Embed(vocab_size, 8, rngs=rngs)
-        self.out = nnx.Linear(8, num_labels, rngs=rngs)
-
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
-                 num_segments=None, rngs=None):
-        if segment_ids is None:
-            members = attention_mask[:, None, :] > 0  # (B, 1, T)
-        else:  # (B, S, T): token t belongs to slot s
-            members = segment_ids[:, None, :] == jnp.arange(1, num_segments + 1)[None, :, None]
-        weights = members / jnp.maximum(members.sum(-1, keepdims=True), 1)
-        logits = self.out(jnp.tanh(jnp.einsum("BST,BTH->BSH", weights, self.embed(input_ids))))
-        return logits if segment_ids is not None else logits[:, 0]
-
-
 def test_packed_train_step_loss_equals_the_unpacked_loss(tiny_bert):
     split, tokenizer = _text_split(tiny_bert)
-    graphdef, params = nnx.split(_MeanEmbedding(len(tokenizer), 3, nnx.Rngs(0)))
+    graphdef, params = nnx.split(MeanEmbedding(len(tokenizer), 3, nnx.Rngs(0)))
     tx = optax.sgd(0.0)
     step = jax.jit(make_train_step(graphdef, tx, optax.constant_schedule(0.0), data.SINGLE_LABEL))
     state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
@@ -349,10 +311,10 @@ from flax import nnx
 from flaxheads import data
 from flaxheads.training.parallel import JitParallel, PmapParallel
 from flaxheads.training.sharding import Layout
-from test_packing_data import _MeanEmbedding, _format, _split
+from packed_data import MeanEmbedding, batch_format, numbered_split
 
-batch = data.accumulation_view(next(data.TrainBatches(_split(n=80), _format(), global_batch_size=8, seed=0)), 2)
-graphdef, params = nnx.split(_MeanEmbedding(80_000, 3, nnx.Rngs(0)))  # ids are 1000 * example + position
+batch = data.accumulation_view(next(data.TrainBatches(numbered_split(n=80), batch_format(), global_batch_size=8, seed=0)), 2)
+graphdef, params = nnx.split(MeanEmbedding(80_000, 3, nnx.Rngs(0)))  # ids are 1000 * example + position
 losses = {}
 for runner_class in (JitParallel, PmapParallel):
     runner = runner_class(Layout.create(), graphdef, optax.sgd(0.1), optax.constant_schedule(0.1), data.SINGLE_LABEL,

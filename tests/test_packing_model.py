@@ -6,8 +6,8 @@ example starts mid-row (left context), windows shorter than an example slide ins
 example ends in the pad id (the "last_token" rule applies inside the segment). The packed
 (batch, S, num_labels) logits must equal each example's logits alone, batch 1 and unpadded.
 
-Tiny flax models built from small configs (no torch): packed-vs-unpacked flaxheads is what is
-tested here; parity with transformers is tested in each family's own file. Every parameter is
+Tiny flax models built from the families' configs (tests/families.py; no torch weights): packed-vs-
+unpacked flaxheads is what is tested here; parity with transformers is in the family tests. Every parameter is
 perturbed at random, LayerNorm scales and biases included, so no term hides at its init value.
 """
 
@@ -21,51 +21,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from families import FAMILIES
 from flaxheads import ClassifierConfig, SequenceClassifier
 from flaxheads.backbones import backbone_config_from_hf, segments
 
-TINY = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=37, num_hidden_layers=2,
-            max_position_embeddings=64, initializer_range=0.1)
-DECODER = dict(TINY, num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-DEBERTA = dict(TINY, hidden_size=36, pad_token_id=0, relative_attention=True)
-
-# family -> (config.json dict, whether it embeds token types, its own head and options).
-FAMILIES = {
-    "bert": (dict(TINY, model_type="bert", num_hidden_layers=4, pad_token_id=0), True, "pooler", {}),
-    "roberta": (dict(TINY, model_type="roberta", type_vocab_size=1, pad_token_id=1), False, "roberta", {}),
-    "xlm-roberta": (dict(TINY, model_type="xlm-roberta", type_vocab_size=1, pad_token_id=1), False, "roberta", {}),
-    "electra": (dict(TINY, model_type="electra", embedding_size=24, pad_token_id=0), True, "electra", {}),
-    "albert": (dict(TINY, model_type="albert", embedding_size=24, num_hidden_groups=1, inner_group_num=2,
-                    pad_token_id=0), True, "pooler", {}),
-    "distilbert": (dict(model_type="distilbert", vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
-                        max_position_embeddings=64, initializer_range=0.1, pad_token_id=0), False, "distilbert", {}),
-    "gpt2": (dict(model_type="gpt2", vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64,
-                  initializer_range=0.1, pad_token_id=0), True, "last_token", {}),
-    "xlnet": (dict(model_type="xlnet", vocab_size=99, d_model=32, n_head=4, d_inner=37, n_layer=2,
-                   initializer_range=0.1, pad_token_id=0), True, "summary", {}),
-    "deberta-v3": (dict(DEBERTA, model_type="deberta-v2", position_buckets=4, max_relative_positions=8,
-                        share_att_key=True, norm_rel_ebd="layer_norm", pos_att_type="p2c|c2p", type_vocab_size=0,
-                        position_biased_input=False), False, "deberta", {}),
-    # v2 xlarge's switches: absolute positions, token types, the ConvLayer (grouped) and a factorised embedding.
-    "deberta-v2": (dict(DEBERTA, model_type="deberta-v2", max_relative_positions=8, pos_att_type=["c2p", "p2c"],
-                        conv_kernel_size=3, conv_groups=2, conv_act="gelu", type_vocab_size=2,
-                        position_biased_input=True, embedding_size=20), True, "deberta", {}),
-    "modernbert": (dict(TINY, model_type="modernbert", num_hidden_layers=3, global_attn_every_n_layers=2,
-                        local_attention=4, global_rope_theta=500.0, local_rope_theta=77.0, pad_token_id=0),
-                   False, "modernbert", {}),
-    "llama": (dict(DECODER, model_type="llama", head_dim=12, attention_bias=True, rope_theta=500.0), False,
-              "last_token", {}),
-    "mistral": (dict(DECODER, model_type="mistral", sliding_window=5), False, "last_token", {}),
-    "qwen2": (dict(DECODER, model_type="qwen2", use_sliding_window=True, sliding_window=5, max_window_layers=1),
-              False, "last_token", {}),
-    "qwen3": (dict(DECODER, model_type="qwen3", head_dim=12, use_sliding_window=True, sliding_window=5,
-                   max_window_layers=1), False, "last_token", {}),
-    "gemma": (dict(DECODER, model_type="gemma", num_key_value_heads=1, head_dim=12), False, "last_token", {}),
-    "gemma2": (dict(DECODER, model_type="gemma2", head_dim=12, sliding_window=5, query_pre_attn_scalar=10,
-                    attn_logit_softcapping=2.0), False, "last_token", {}),
-    "gemma3_text": (dict(DECODER, model_type="gemma3_text", head_dim=12, sliding_window=5, query_pre_attn_scalar=10,
-                         rope_local_base_freq=100.0, sliding_window_pattern=2), False, "last_token", {}),
-}
+PACKED = {name: row for name, row in FAMILIES.items() if row.packing is not None}
+"""The families of tests/families.py, each with its config overrides for packing (`Family.packing`)."""
 
 # Every head once on BERT (with each summary_type and ModernBERT pooling), each family's own head.
 BERT_HEADS = [
@@ -76,7 +37,7 @@ BERT_HEADS = [
     ("summary", {"summary_type": "cls_index"}),
 ]
 CASES = [("bert", head, options) for head, options in BERT_HEADS] + [
-    (family, head, options) for family, (_, _, head, options) in FAMILIES.items() if family != "bert"
+    (name, row.head, {}) for name, row in PACKED.items() if name != "bert"
 ] + [("modernbert", "modernbert", {"classifier_pooling": "mean"}), ("gpt2", "mean", {}), ("llama", "cls", {})]
 
 LENGTHS = (5, 7, 4)
@@ -93,8 +54,9 @@ def _case_id(case) -> str:
 @functools.lru_cache(maxsize=None)
 def _model(family: str, head: str, options: tuple) -> SequenceClassifier:
     """A tiny eval-mode classifier with every parameter perturbed (built once per case)."""
-    hf, _, _, _ = FAMILIES[family]
-    config = ClassifierConfig(backbone_config_from_hf(hf), head=head, num_labels=3, head_options=options)
+    row = PACKED[family]
+    config = ClassifierConfig(backbone_config_from_hf(row.hf_config(**dict(row.packing))), head=head, num_labels=3,
+                              head_options=options)
     model = SequenceClassifier(config, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     leaves, treedef = jax.tree.flatten(params)
@@ -103,6 +65,25 @@ def _model(family: str, head: str, options: tuple) -> SequenceClassifier:
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves), rest)
     model.eval()
     return model
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(family: str, head: str, options: tuple):
+    """`_model(...)` as the test calls it. BERT's cases (every head) run eagerly: they share the
+    backbone's compiled operations, so each new head compiles only its own. Every other family
+    runs under jit, as the train and eval steps run it: one compilation per input shape instead
+    of one per operation (a DeBERTa case: 8 s instead of 100). test_packed_logits_under_jit_equal_
+    eager_ones checks that both give the same logits."""
+    model = _model(family, head, options)
+    if family == "bert":
+        return model
+    graphdef, state = nnx.split(model)
+
+    @functools.partial(jax.jit, static_argnames="num_segments")
+    def forward(state, input_ids, **inputs):
+        return nnx.merge(graphdef, state)(input_ids, **inputs)
+
+    return functools.partial(forward, state)
 
 
 def _examples(pad_id: int, pairs: bool) -> list[dict[str, np.ndarray]]:
@@ -135,12 +116,18 @@ def _pack(examples: list[dict[str, np.ndarray]], rows: list[list[int]]) -> dict[
     return packed
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+FAST_CASE = ("gemma2", "last_token", {})
+"""The one case the fast lane (`-m "not slow"`) keeps: the sweep compiles every family."""
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, id=_case_id(case), marks=() if case == FAST_CASE else pytest.mark.slow) for case in CASES
+])
 def test_packed_logits_equal_each_example_alone(case):
     family, head, options = case
-    hf, pairs, _, _ = FAMILIES[family]
-    model = _model(family, head, tuple(sorted(options.items())))
-    pad_id = hf["pad_token_id"]
+    pairs = PACKED[family].token_types
+    model = _forward(family, head, tuple(sorted(options.items())))
+    pad_id = _model(family, head, tuple(sorted(options.items()))).config.backbone.pad_token_id
     examples = _examples(pad_id, pairs)
     rows = [[0, 1], [2]]
     packed = _pack(examples, rows)
@@ -177,6 +164,7 @@ def test_packed_logits_without_num_segments_raise_naming_it():
         model(ids, segment_ids=ids)
 
 
+@pytest.mark.slow  # builds a perturbed 4-layer BERT eagerly
 def test_packed_cls_index_of_one_position_per_row_is_refused():
     model = _model("bert", "summary", (("summary_type", "cls_index"),))
     ids = jnp.ones((2, ROW), jnp.int32)
@@ -196,6 +184,7 @@ def test_attention_mask_keeps_each_segment_and_the_padding_apart():
     np.testing.assert_array_equal(mask, [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
 
 
+@pytest.mark.slow  # builds a perturbed 4-layer BERT and compiles it
 def test_packed_logits_under_jit_equal_eager_ones():
     """The train/eval steps jit the model with num_segments static: the shape checks must trace."""
     model = _model("bert", "mean", ())

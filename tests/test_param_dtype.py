@@ -1,7 +1,7 @@
 """Training with bfloat16 parameters (`param_dtype="bfloat16"`, `--param_dtype bfloat16`): the
 parameters and their gradients are bf16, AdamW's state and update float32; runs train, resume
 bit-identically, refuse a resume in the other dtype, and export bf16 checkpoints transformers loads.
-Tiny random BERT (tests/conftest.py) and Llama (tests/test_decoders.py) models, a few steps each."""
+Tiny random BERT and Llama models (tests/conftest.py), a few steps each."""
 
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ from flaxheads.training.parallel import JitParallel
 from flaxheads.training.sharding import Layout
 from flaxheads.training.trainable import split_trainable
 from flaxheads.training.trainer import Trainer, train
-from test_decoders import review_csv, tiny_llama  # noqa: F401 (fixtures)
-from test_training import _assert_identical, _config, _weights
+from runs import assert_weights_identical, exported_weights, two_epoch_config
 
 BF16 = dict(param_dtype="bfloat16", max_steps=8, save_steps=4, logging_steps=2)
 """A short bf16-parameter run of test_training's tiny-BERT job: checkpoints at steps 4 and 8."""
@@ -48,7 +47,7 @@ def _safetensors_dtypes(directory) -> set[str]:
 @pytest.fixture(scope="module")
 def bf16_run(tiny_bert, snippets_csv, tmp_path_factory):
     out = tmp_path_factory.mktemp("bf16_run")
-    train(_config(tiny_bert, snippets_csv, out, **BF16))
+    train(two_epoch_config(tiny_bert, snippets_csv, out, **BF16))
     return out
 
 
@@ -57,6 +56,7 @@ def test_bfloat16_parameters_imply_bfloat16_compute():
     assert config.dtype == "bfloat16"
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_optimizer_state_and_update_are_float32_while_parameters_stay_bfloat16(tiny_bert):
     model = flaxheads.from_pretrained(tiny_bert, num_labels=2, dtype="bfloat16", param_dtype="bfloat16")
     graphdef, params = nnx.split(model)
@@ -87,6 +87,7 @@ def test_float32_update_is_added_to_bfloat16_parameters_and_rounded_to_bfloat16(
     np.testing.assert_array_equal(np.asarray(new["w"], np.float32), np.float32(1 - 2**-8))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_training_with_bfloat16_parameters_decreases_the_loss(bf16_run):
     losses = [json.loads(line)["loss"] for line in open(bf16_run / "metrics.jsonl")
               if json.loads(line)["split"] == "train"]
@@ -94,6 +95,7 @@ def test_training_with_bfloat16_parameters_decreases_the_loss(bf16_run):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_run_exports_bfloat16_weights_that_transformers_loads_with_the_same_logits(bf16_run):
     assert _safetensors_dtypes(bf16_run) == {"BF16"}
     assert json.loads((bf16_run / "config.json").read_text())["dtype"] == "bfloat16"
@@ -110,11 +112,13 @@ def test_bfloat16_run_exports_bfloat16_weights_that_transformers_loads_with_the_
     np.testing.assert_allclose(logits, expected, atol=0.05)
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_export_round_trips_bit_identically(bf16_run, tmp_path):
     flaxheads.from_pretrained(bf16_run, param_dtype="auto").save_pretrained(tmp_path)
-    _assert_identical(_weights(bf16_run), _weights(tmp_path))
+    assert_weights_identical(exported_weights(bf16_run), exported_weights(tmp_path))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_run_resumed_after_a_stop_is_bit_identical(tiny_bert, snippets_csv, bf16_run, tmp_path, monkeypatch):
     from flaxheads.training import checkpoints
 
@@ -126,17 +130,18 @@ def test_bfloat16_run_resumed_after_a_stop_is_bit_identical(tiny_bert, snippets_
 
     monkeypatch.setattr(checkpoints.RunCheckpoints, "save", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
-        train(_config(tiny_bert, snippets_csv, tmp_path, **BF16))
+        train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, **BF16))
     monkeypatch.setattr(checkpoints.RunCheckpoints, "save", real_save)
-    assert train(_config(tiny_bert, snippets_csv, tmp_path, **BF16))["steps"] == 8
-    _assert_identical(_weights(bf16_run), _weights(tmp_path))
+    assert train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, **BF16))["steps"] == 8
+    assert_weights_identical(exported_weights(bf16_run), exported_weights(tmp_path))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 @pytest.mark.parametrize("explicit", [False, True])
 def test_resuming_with_another_param_dtype_is_refused_naming_it(tiny_bert, snippets_csv, bf16_run, explicit):
     settings = {**BF16, "param_dtype": "float32", "resume_from_checkpoint": "4" if explicit else None}
     with pytest.raises(CheckpointMismatch, match='param_dtype: "bfloat16" in the folder'):
-        train(_config(tiny_bert, snippets_csv, bf16_run, **settings))
+        train(two_epoch_config(tiny_bert, snippets_csv, bf16_run, **settings))
 
 
 def test_trainer_refuses_a_model_whose_parameters_are_not_in_param_dtype(tiny_bert):
@@ -147,14 +152,16 @@ def test_trainer_refuses_a_model_whose_parameters_are_not_in_param_dtype(tiny_be
                 train_dataset=(["good", "bad"], ["pos", "neg"]))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_parameters_train_with_pmap_accumulation_and_a_frozen_backbone(tiny_bert, snippets_csv, tmp_path):
-    train(_config(tiny_bert, snippets_csv, tmp_path, param_dtype="bfloat16", max_steps=2, parallel="pmap",
+    train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, param_dtype="bfloat16", max_steps=2, parallel="pmap",
                   gradient_accumulation_steps=2, per_device_train_batch_size=4, freeze_backbone=True))
     assert _safetensors_dtypes(tmp_path) == {"BF16"}
     frozen = "encoder.layer.0.output.dense.weight"
-    np.testing.assert_array_equal(_weights(tmp_path)[f"bert.{frozen}"], _weights(tiny_bert)[frozen].astype(jnp.bfloat16))
+    np.testing.assert_array_equal(exported_weights(tmp_path)[f"bert.{frozen}"], exported_weights(tiny_bert)[frozen].astype(jnp.bfloat16))
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_llama_trains_with_bfloat16_parameters_and_float32_lora_adapters(tiny_llama, review_csv, tmp_path):
     config = TrainConfig(
         model_name_or_path=str(tiny_llama), train_file=str(review_csv / "train.csv"),
@@ -199,6 +206,7 @@ _FSDP_STATE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a training run, a train step or a subprocess
 def test_fsdp_shards_bfloat16_parameters_and_their_float32_moments_alike_on_two_fake_devices(tiny_bert):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     out = subprocess.run([sys.executable, "-c", _FSDP_STATE, str(tiny_bert)], env=env, capture_output=True,

@@ -6,9 +6,12 @@ from __future__ import annotations
 import csv
 import re
 
+import pytest
 import transformers
 
 import flaxheads
+
+pytestmark = pytest.mark.slow  # a training run
 
 
 def test_a_run_off_a_terminal_prints_a_line_after_the_first_step_and_one_per_logging_step(

@@ -57,6 +57,7 @@ def assert_close(actual, expected, what: str, atol: float = ATOL, rtol: float = 
     np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, err_msg=what)
 
 
+@pytest.mark.slow  # the real 6-layer MiniLM, every layer
 def test_minilm_hidden_states_of_every_layer_match_transformers(minilm_path, torch_minilm, batch):
     encoder, info = flaxheads.load_backbone(minilm_path)
 
@@ -74,6 +75,7 @@ def test_minilm_hidden_states_of_every_layer_match_transformers(minilm_path, tor
     assert_close(out.pooler_output, expected.pooler_output, "MiniLM pooler_output")
 
 
+@pytest.mark.slow  # the real 6-layer MiniLM
 def test_minilm_seeded_classifier_exports_to_transformers_with_the_same_logits(minilm_path, batch, tmp_path):
     model, info = flaxheads.from_pretrained(minilm_path, num_labels=3, seed=0, output_loading_info=True)
     model.save_pretrained(tmp_path)
@@ -87,6 +89,7 @@ def test_minilm_seeded_classifier_exports_to_transformers_with_the_same_logits(m
     assert_close(logits, expected, "MiniLM + seeded pooler classifier logits", atol=1e-6)
 
 
+@pytest.mark.slow  # the real 6-layer MiniLM
 def test_minilm_mean_head_matches_masked_mean_of_transformers_hidden_states(
     minilm_path, torch_minilm, batch, tmp_path
 ):

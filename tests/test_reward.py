@@ -104,6 +104,7 @@ def test_pairs_are_detected_by_their_columns_and_batched_side_by_side(tokenizer)
     assert not (batch["input_ids"][:5, 1] == chosen[-2]).any()
 
 
+@pytest.mark.slow  # a training run
 def test_training_on_a_toy_preference_ranks_held_out_pairs(tiny_bert, tokenizer):
     model = flaxheads.from_pretrained(tiny_bert, num_labels=1)
     trainer = flaxheads.Trainer(model, _args(), train_dataset=_pairs(192, seed=0), eval_dataset=_pairs(64, seed=1),
@@ -116,6 +117,7 @@ def test_training_on_a_toy_preference_ranks_held_out_pairs(tiny_bert, tokenizer)
     assert after["accuracy"] >= 0.9 and after["loss"] < before["loss"]
 
 
+@pytest.mark.slow  # a training run
 def test_cli_trains_evaluates_and_scores_a_reward_model_from_pairs_jsonl(tiny_bert, tmp_path, capsys):
     train = _write_jsonl(tmp_path / "train.jsonl", _pairs(192, seed=0))
     held_out = _write_jsonl(tmp_path / "dev.jsonl", _pairs(64, seed=1))

@@ -25,19 +25,13 @@ from flaxheads.training.config import TrainConfig
 from flaxheads.training.run_dir import RunConflict
 from flaxheads.training.run_lock import RunLock, RunLocked
 from flaxheads.training.trainer import NonFiniteLoss, train
+from runs import four_step_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
-def _config(model: Path, data: dict[str, Path], output_dir: Path, **overrides) -> TrainConfig:
-    settings = dict(
-        model_name_or_path=str(model), train_file=str(data["train"]), validation_file=str(data["validation"]),
-        text_column="sentence", output_dir=str(output_dir), max_seq_length=32, per_device_train_batch_size=16,
-        per_device_eval_batch_size=32, learning_rate=1e-3, max_steps=4, logging_steps=1, save_steps=2,
-        disable_tqdm=True, seed=3,
-    )
-    settings.update(overrides)
-    return TrainConfig(**settings)
+_config = four_step_config
+"""The settings of conftest's `finished_run` (tests/runs.py)."""
 
 
 def _steps(folder: Path) -> list[int]:
@@ -49,11 +43,9 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def finished(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
-    """A finished 4-step run (checkpoints at 2 and 4). Tests must leave it as it is."""
-    out = tmp_path_factory.mktemp("finished")
-    train(_config(tiny_bert, snippets_csv, out))
-    return out
+def finished(finished_run) -> Path:
+    """A finished 4-step run (checkpoints at 2 and 4): the session's. Tests must leave it as it is."""
+    return finished_run
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+pytestmark = pytest.mark.slow  # subprocesses on fake devices and several processes, each training
+
 STEPS = 6
 TOLERANCE = 2e-5
 

@@ -16,6 +16,8 @@ from flax import nnx
 import flaxheads
 from flaxheads.backbones import backbone_config_from_hf, stacking
 
+pytestmark = pytest.mark.slow  # a loop and a scan compiled with their gradients, per family
+
 PAD = 0
 SMALL = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=37)
 # Two groups of layers to scan at least; BERT and GPT-2 keep their dropout, so the masks drawn

@@ -36,6 +36,7 @@ def tiny_study(tiny_bert, snippets_csv, tmp_path_factory):
     return grid, study_dir, run_study(grid, study_dir)
 
 
+@pytest.mark.slow  # training runs
 def test_grid_of_two_heads_and_two_seeds_writes_four_lines(tiny_study):
     grid, study_dir, run = tiny_study
     records = read_results(study_dir / RESULTS_FILE).records
@@ -47,6 +48,7 @@ def test_grid_of_two_heads_and_two_seeds_writes_four_lines(tiny_study):
     assert first["settings"]["max_steps"] == 2 and first["versions"]["jax"] and first["device"]["count"] >= 1
 
 
+@pytest.mark.slow  # training runs
 def test_seeds_change_training_but_not_the_data(tiny_study):
     _, study_dir, _ = tiny_study
     by_seed = {r["seed"]: r for r in read_results(study_dir / RESULTS_FILE).records if r["head"] == "pooler"}
@@ -54,6 +56,7 @@ def test_seeds_change_training_but_not_the_data(tiny_study):
     assert by_seed[0]["validation"]["loss"] != by_seed[1]["validation"]["loss"]
 
 
+@pytest.mark.slow  # training runs
 def test_finished_cell_keeps_its_logs_but_not_its_weights(tiny_study):
     _, study_dir, _ = tiny_study
     cell_dir = study_dir / read_results(study_dir / RESULTS_FILE).records[0]["cell_dir"]
@@ -61,12 +64,14 @@ def test_finished_cell_keeps_its_logs_but_not_its_weights(tiny_study):
     assert not (cell_dir / "checkpoints").exists() and not (cell_dir / "model.safetensors").exists()
 
 
+@pytest.mark.slow  # training runs
 def test_rerun_of_a_finished_study_trains_nothing(tiny_study):
     grid, study_dir, _ = tiny_study
     again = run_study(grid, study_dir)
     assert again.ran == [] and len(again.skipped) == 4
 
 
+@pytest.mark.slow  # training runs
 def test_resume_after_a_kill_reruns_only_the_missing_cell(tiny_study, tmp_path):
     grid, study_dir, _ = tiny_study
     copy = tmp_path / "study"
@@ -97,6 +102,7 @@ def _has_freeze_backbone() -> bool:
 
 
 @pytest.mark.skipif(not _has_freeze_backbone(), reason="TrainConfig has no freeze_backbone yet (the lora branch)")
+@pytest.mark.slow  # training runs
 def test_probe_cell_trains_the_head_on_a_frozen_backbone(tiny_bert, snippets_csv, tmp_path):
     import flaxheads
 
@@ -253,6 +259,7 @@ def test_report_lists_a_failed_cell_and_leaves_it_out_of_the_numbers(results_fil
     assert "(n=4)" in text and "(n=5)" not in text
 
 
+@pytest.mark.slow  # training runs
 def test_a_diverging_cell_is_recorded_as_failed_and_the_study_goes_on(tiny_bert, snippets_csv, tmp_path):
     grid = _tiny_grid(tiny_bert, snippets_csv, heads=("cls",), seeds=(0,))
     grid = dataclasses.replace(grid, settings=dataclasses.replace(TINY_SETTINGS, learning_rate=1e30, warmup_ratio=0.0))

@@ -16,6 +16,7 @@ def test_lora_query_value_targets_take_each_familys_names(model_type, expected):
     assert train_memory.lora_targets(model_type, ("o_proj",)) == ("o_proj",)
 
 
+@pytest.mark.slow  # a training step compiled
 def test_lora_on_a_llama_shape_keeps_optimizer_state_for_adapters_and_head_only():
     full, lora = (train_memory.step_memory(TINY_LLAMA, train_memory.SETUPS[i], batch=2, seq=8) for i in (0, 2))
     assert full["trainable_params"] == full["all_params"]

@@ -76,12 +76,14 @@ def in_memory_run(tiny_bert, tokenizer, snippets, tmp_path_factory):
     return dict(model=model, output=output, before=before, calls=calls, cwd=cwd, texts=texts, trainer=trainer)
 
 
+@pytest.mark.slow  # a training run
 def test_in_memory_training_lowers_the_loss(in_memory_run):
     before, after = in_memory_run["before"]["loss"], in_memory_run["output"].metrics["validation"]["loss"]
     print("train-data loss before", before, "after", after)
     assert after < before
 
 
+@pytest.mark.slow  # a training run
 def test_in_memory_training_returns_a_model_whose_logits_changed(in_memory_run, tokenizer):
     texts = in_memory_run["texts"]
     initial = _logits(in_memory_run["model"], tokenizer, texts)
@@ -90,10 +92,12 @@ def test_in_memory_training_returns_a_model_whose_logits_changed(in_memory_run, 
     assert np.abs(trained - initial).max() > 1e-3
 
 
+@pytest.mark.slow  # a training run
 def test_in_memory_run_without_output_dir_writes_nothing(in_memory_run):
     assert list(in_memory_run["cwd"].iterdir()) == []
 
 
+@pytest.mark.slow  # a training run
 def test_compute_metrics_gets_logits_and_labels_and_its_entries_join_the_metrics(in_memory_run, snippets):
     prediction = in_memory_run["calls"][-1]
     n = len(snippets["train"][0])
@@ -101,10 +105,12 @@ def test_compute_metrics_gets_logits_and_labels_and_its_entries_join_the_metrics
     assert in_memory_run["output"].metrics["validation"]["examples_seen"] == n
 
 
+@pytest.mark.slow  # a training run
 def test_trained_model_carries_the_class_names_of_the_data(in_memory_run):
     assert in_memory_run["output"].model.config.label_names == ("negative", "positive")
 
 
+@pytest.mark.slow  # a training run
 def test_predict_on_texts_alone_returns_logits_in_order_without_labels(in_memory_run, tokenizer):
     trainer, texts = in_memory_run["trainer"], in_memory_run["texts"]
     logits, label_ids, metrics = trainer.predict(texts)
@@ -112,6 +118,7 @@ def test_predict_on_texts_alone_returns_logits_in_order_without_labels(in_memory
     np.testing.assert_allclose(logits, _logits(in_memory_run["output"].model, tokenizer, texts), atol=1e-5)
 
 
+@pytest.mark.slow  # a training run
 def test_trainer_takes_a_datasets_dataset(tiny_bert, tokenizer, snippets):
     texts, labels = snippets["validation"]
     dataset = datasets.Dataset.from_dict({"sentence": texts, "label": labels})
@@ -140,6 +147,7 @@ def test_a_missing_column_names_the_column_and_the_parameter(tiny_bert, tokenize
                           tokenizer=tokenizer)
 
 
+@pytest.mark.slow  # a training run
 def test_do_train_false_scores_the_given_model_and_leaves_it_unchanged(tiny_bert, tokenizer, snippets):
     model = _model(tiny_bert)
     trainer = flaxheads.Trainer(model, _args(do_train=False), eval_dataset=snippets["validation"],
@@ -178,21 +186,25 @@ def _records(out: Path, split: str) -> list[dict]:
     return [r for r in lines if r["split"] == split]
 
 
+@pytest.mark.slow  # a training run
 def test_warmup_steps_ramp_the_learning_rate_over_that_many_steps(folder_run):
     rates = [r["learning_rate"] for r in _records(folder_run["out"], "train")]
     print("learning rates", rates)
     np.testing.assert_allclose(rates[:5], [0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3], rtol=1e-5)
 
 
+@pytest.mark.slow  # a training run
 def test_eval_strategy_steps_evaluates_every_eval_steps(folder_run):
     assert [r["step"] for r in _records(folder_run["out"], "eval")] == [3, 6]
 
 
+@pytest.mark.slow  # a training run
 def test_report_to_none_writes_no_tensorboard_events(folder_run):
     assert not (folder_run["out"] / "tensorboard").exists()
     assert (folder_run["out"] / "metrics.jsonl").is_file()
 
 
+@pytest.mark.slow  # a training run
 def test_do_predict_writes_index_and_label_name_per_test_example(folder_run):
     lines = (folder_run["out"] / "predict_results.txt").read_text().splitlines()
     assert lines[0] == "index\tprediction" and len(lines) == 6
@@ -201,6 +213,7 @@ def test_do_predict_writes_index_and_label_name_per_test_example(folder_run):
     assert [line.split("\t")[1] for line in lines[1:]] == folder_run["output"].predictions
 
 
+@pytest.mark.slow  # a training run
 def test_a_changed_warmup_is_named_as_a_difference(folder_run, tiny_bert, tokenizer, snippets):
     import dataclasses
 
@@ -212,6 +225,7 @@ def test_a_changed_warmup_is_named_as_a_difference(folder_run, tiny_bert, tokeni
         trainer.train()
 
 
+@pytest.mark.slow  # a training run
 def test_a_changed_sampling_strategy_is_named_as_a_difference(folder_run, tiny_bert, tokenizer, snippets):
     import dataclasses
 
@@ -223,6 +237,7 @@ def test_a_changed_sampling_strategy_is_named_as_a_difference(folder_run, tiny_b
         trainer.train()
 
 
+@pytest.mark.slow  # a training run
 def test_the_same_in_memory_run_again_reports_itself_complete(folder_run, tiny_bert, tokenizer, snippets):
     texts, labels = snippets["validation"]
     trainer = flaxheads.Trainer(_model(tiny_bert), folder_run["args"], train_dataset=snippets["train"],
@@ -231,6 +246,7 @@ def test_the_same_in_memory_run_again_reports_itself_complete(folder_run, tiny_b
     assert output.metrics["already_complete"] and output.metrics["steps"] == 6
 
 
+@pytest.mark.slow  # a training run
 def test_do_eval_false_scores_no_validation_split(tiny_bert, tokenizer, snippets):
     trainer = flaxheads.Trainer(_model(tiny_bert), _args(max_steps=2, do_eval=False),
                                 train_dataset=snippets["train"], eval_dataset=snippets["validation"],

@@ -11,38 +11,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 from flaxheads.inference import predict
 from flaxheads.training.trainer import NonFiniteLoss, train
+from runs import assert_weights_identical, exported_weights, two_epoch_config
 
-def _config(model: Path, data: dict[str, Path], output_dir: Path, **overrides) -> TrainConfig:
-    settings = dict(
-        model_name_or_path=str(model), train_file=str(data["train"]), validation_file=str(data["validation"]),
-        text_column="sentence", output_dir=str(output_dir), max_seq_length=32, per_device_train_batch_size=8,
-        per_device_eval_batch_size=16, learning_rate=1e-3, num_train_epochs=2, warmup_ratio=0.1,
-        logging_steps=4, save_steps=8, disable_tqdm=True, seed=3,
-    )
-    settings.update(overrides)
-    return TrainConfig(**settings)
-
-
-def _weights(directory: Path) -> dict[str, np.ndarray]:
-    return load_file(str(directory / "model.safetensors"))
-
-
-def _assert_identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-
+pytestmark = pytest.mark.slow  # training runs
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted")
-    train(_config(tiny_bert, snippets_csv, out))
+    train(two_epoch_config(tiny_bert, snippets_csv, out))
     return out
 
 
@@ -88,11 +69,11 @@ def test_resume_after_stop_is_bit_identical(tiny_bert, snippets_csv, uninterrupt
 
     monkeypatch.setattr(checkpoints.RunCheckpoints, "save", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
-        train(_config(tiny_bert, snippets_csv, tmp_path))
+        train(two_epoch_config(tiny_bert, snippets_csv, tmp_path))
     monkeypatch.setattr(checkpoints.RunCheckpoints, "save", real_save)
-    result = train(_config(tiny_bert, snippets_csv, tmp_path))
+    result = train(two_epoch_config(tiny_bert, snippets_csv, tmp_path))
     assert result["steps"] == 32
-    _assert_identical(_weights(uninterrupted), _weights(tmp_path))
+    assert_weights_identical(exported_weights(uninterrupted), exported_weights(tmp_path))
 
 
 _KILLER = textwrap.dedent(
@@ -138,7 +119,7 @@ def _cli_flags(config: TrainConfig) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["after_save", "during_save"])
 def test_sigkill_then_rerun_resumes_bit_identical(mode, tiny_bert, snippets_csv, uninterrupted, tmp_path):
-    flags = _cli_flags(_config(tiny_bert, snippets_csv, tmp_path))
+    flags = _cli_flags(two_epoch_config(tiny_bert, snippets_csv, tmp_path))
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     killed = subprocess.run([sys.executable, "-c", _KILLER, mode, "2", *flags], env=env, capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -149,14 +130,14 @@ def test_sigkill_then_rerun_resumes_bit_identical(mode, tiny_bert, snippets_csv,
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from step {steps[-1]}" in resumed.stdout
-    _assert_identical(_weights(uninterrupted), _weights(tmp_path))
+    assert_weights_identical(exported_weights(uninterrupted), exported_weights(tmp_path))
 
 
 def test_gradient_accumulation_matches_one_big_batch(tiny_bert, snippets_csv, tmp_path):
-    big = train(_config(tiny_bert, snippets_csv, tmp_path / "big", max_steps=6, per_device_train_batch_size=8))
-    accumulated = train(_config(tiny_bert, snippets_csv, tmp_path / "acc", max_steps=6,
+    big = train(two_epoch_config(tiny_bert, snippets_csv, tmp_path / "big", max_steps=6, per_device_train_batch_size=8))
+    accumulated = train(two_epoch_config(tiny_bert, snippets_csv, tmp_path / "acc", max_steps=6,
                                 per_device_train_batch_size=4, gradient_accumulation_steps=2))
-    a, b = _weights(tmp_path / "big"), _weights(tmp_path / "acc")
+    a, b = exported_weights(tmp_path / "big"), exported_weights(tmp_path / "acc")
     worst = max(np.abs(a[k] - b[k]).max() for k in a)
     print("max parameter difference, accumulation vs one batch:", worst)
     assert worst < 1e-5
@@ -165,24 +146,24 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_bert, snippets_csv, tm
 
 def test_output_dir_of_another_head_is_refused(tiny_bert, snippets_csv, uninterrupted):
     with pytest.raises(CheckpointMismatch, match="head"):
-        train(_config(tiny_bert, snippets_csv, uninterrupted, head="mean"))
+        train(two_epoch_config(tiny_bert, snippets_csv, uninterrupted, head="mean"))
 
 
 def test_output_dir_of_a_run_with_other_data_shards_is_refused(tiny_bert, snippets_csv, uninterrupted):
     with pytest.raises(CheckpointMismatch, match="data_shards"):
-        train(_config(tiny_bert, snippets_csv, uninterrupted, data_shards=2))
+        train(two_epoch_config(tiny_bert, snippets_csv, uninterrupted, data_shards=2))
 
 
 def test_data_shards_that_do_not_divide_the_global_batch_are_refused_naming_the_flag(
     tiny_bert, snippets_csv, tmp_path
 ):
     with pytest.raises(ValueError, match="--data_shards 3 must divide the global train batch of 8"):
-        train(_config(tiny_bert, snippets_csv, tmp_path, data_shards=3))
+        train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, data_shards=3))
 
 
 def test_nan_loss_stops_naming_the_step_and_sets_aside_the_checkpoint_it_came_from(tiny_bert, snippets_csv, tmp_path):
     with pytest.raises(NonFiniteLoss, match=r"at step \d+") as err:
-        train(_config(tiny_bert, snippets_csv, tmp_path, learning_rate=1e30, max_grad_norm=0.0, warmup_ratio=0.0,
+        train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, learning_rate=1e30, max_grad_norm=0.0, warmup_ratio=0.0,
                       save_steps=1, logging_steps=1))
     print(err.value)
     # Step 1's update diverged: checkpoint 1 was never seen to give a finite loss.
@@ -193,16 +174,16 @@ def test_nan_loss_stops_naming_the_step_and_sets_aside_the_checkpoint_it_came_fr
 
 
 def test_bfloat16_training_decreases_loss_and_keeps_float32_master_weights(tiny_bert, snippets_csv, tmp_path):
-    train(_config(tiny_bert, snippets_csv, tmp_path, dtype="bfloat16"))
+    train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, dtype="bfloat16"))
     losses = [json.loads(line)["loss"] for line in open(tmp_path / "metrics.jsonl")
               if json.loads(line)["split"] == "train"]
     assert np.mean(losses[-2:]) < np.mean(losses[:2])
-    assert all(w.dtype == np.float32 for w in _weights(tmp_path).values())
+    assert all(w.dtype == np.float32 for w in exported_weights(tmp_path).values())
 
 
 def test_missing_label_column_names_the_column_and_the_flag(tiny_bert, snippets_csv, tmp_path):
     with pytest.raises(ValueError, match="--label_column"):
-        train(_config(tiny_bert, snippets_csv, tmp_path, label_column="stars"))
+        train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, label_column="stars"))
 
 
 def test_evaluate_command_reproduces_the_runs_validation_metrics(uninterrupted, snippets_csv, capsys):
@@ -240,7 +221,7 @@ def test_regression_run_reports_mse_and_exports_a_regression_config(tiny_bert, t
         with open(tmp_path / f"{split}.csv", "w") as f:
             f.write("sentence,score\n" + "".join(f'"{t}",{s}\n' for t, s in rows))
     data = {"train": tmp_path / "train.csv", "validation": tmp_path / "validation.csv"}
-    result = train(_config(tiny_bert, data, tmp_path / "out", label_column="score", max_steps=2))
+    result = train(two_epoch_config(tiny_bert, data, tmp_path / "out", label_column="score", max_steps=2))
     assert set(result["validation"]) == {"mse", "pearson", "spearman", "loss"}
     assert result["best"]["metric"] == "mse"
     config = transformers.AutoConfig.from_pretrained(tmp_path / "out")
@@ -253,7 +234,7 @@ def test_multi_label_run_reports_f1_and_predicts_label_sets(tiny_bert, tmp_path)
     for split in ("train", "validation"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = {"train": tmp_path / "train.jsonl", "validation": tmp_path / "validation.jsonl"}
-    result = train(_config(tiny_bert, data, tmp_path / "out", text_column="text", label_column="tags", max_steps=2))
+    result = train(two_epoch_config(tiny_bert, data, tmp_path / "out", text_column="text", label_column="tags", max_steps=2))
     assert set(result["validation"]) == {"accuracy", "micro_f1", "macro_f1", "loss"}
     (row,) = predict(tmp_path / "out", ["goal vote"])
     assert set(row["probabilities"]) == {"politics", "sports", "tech"}
