@@ -104,6 +104,8 @@ def _train(args) -> int:
         return 0
     if config.do_train:
         print(f"exported to {config.output_dir} after {results['steps']} steps in {results['seconds']:.0f} s")
+        if results.get("report"):
+            print("report: " + ", ".join(str(pathlib.Path(config.output_dir) / name) for name in results["report"]))
     else:
         print(f"scored without training (--no_do_train) in {results['seconds']:.0f} s")
     return 0
@@ -124,7 +126,7 @@ def _evaluate(args) -> int:
 
 
 def _predict(args) -> int:
-    from flaxheads.inference import predict, reads_text_pairs
+    from flaxheads.inference import decision_thresholds, predict, reads_text_pairs
 
     texts, pairs = list(args.texts), args.text_pairs
     if args.input_file:
@@ -137,9 +139,25 @@ def _predict(args) -> int:
             texts += lines
     if not texts:
         raise ValueError("nothing to predict: give texts as arguments or --input_file (one text per line)")
-    for row in predict(args.model_name_or_path, texts, text_pairs=pairs, max_seq_length=args.max_seq_length,
-                       tokenizer_name=args.tokenizer_name, packing=args.packing):
+    rows = predict(args.model_name_or_path, texts, text_pairs=pairs, max_seq_length=args.max_seq_length,
+                   tokenizer_name=args.tokenizer_name, packing=args.packing)
+    thresholds = decision_thresholds(args.model_name_or_path)
+    if thresholds is not None:
+        by_label, tuned = thresholds
+        print("labels: those above their decision threshold, " + (
+            "tuned on validation data (config.json): " + ", ".join(f"{n} {t:.3f}" for n, t in by_label.items())
+            if tuned else "0.5 for every label (none were tuned: train with --tune_thresholds to tune them)"),
+            file=sys.stderr)
+    for row in rows:
         print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def _report(args) -> int:
+    from flaxheads.training.run_report import regenerate
+
+    for path in regenerate(args.run_dir):
+        print(path)
     return 0
 
 
@@ -230,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--packing", action="store_true",
                    help="score the texts several to a row of max_seq_length tokens (one compiled shape)")
     p.set_defaults(run=_predict)
+
+    p = add_parser("report", help="draw a finished run's report again (PNGs in RUN_DIR/report/)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the output_dir of a finished flaxheads train run")
+    p.set_defaults(run=_report)
 
     from flaxheads.benchmarks import cli as bench_cli
 

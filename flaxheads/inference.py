@@ -17,12 +17,15 @@ import numpy as np
 from flax import nnx
 
 from flaxheads import data, problem
+from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import backbone_spec
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import tokenize_texts
 from flaxheads.conversion import checkpoint_io
 from flaxheads.conversion.hub import resolve_checkpoint
-from flaxheads.model import FLAXHEADS_CONFIG_KEY, SequenceClassifier, from_pretrained, require_trained
+from flaxheads.model import (
+    FLAXHEADS_CONFIG_KEY, SequenceClassifier, from_pretrained, label_names_from, require_trained,
+)
 from flaxheads.tokenizer import (
     check_room_for_text, check_tokenizer_fits, fitting_max_length, for_model, load_tokenizer, pad_token_ids,
 )
@@ -77,7 +80,8 @@ def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_
         max_segments=segments_per_row(packing, max_segments_per_row, max_seq_length))
     model.eval()
     graphdef, params = nnx.split(model)
-    evaluator = Evaluator(graphdef, task.problem_type, Layout.create(), batch_format, batch_size)
+    evaluator = Evaluator(graphdef, task.problem_type, Layout.create(), batch_format, batch_size,
+                          thresholds=model.config.thresholds)
     return evaluator(params, tokenized)
 
 
@@ -85,7 +89,8 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, text_pairs: Iterable
             max_seq_length: int = 128, batch_size: int = 64, tokenizer_name: str | None = None, packing: bool = False,
             max_segments_per_row: int | None = None) -> list[dict[str, Any]]:
     """For each text, in order: {"text", "label", "probabilities": {label name: p}} (single-label),
-    {"text", "labels", "probabilities"} (multi-label) or {"text", "score"} (regression, and the
+    {"text", "labels", "probabilities"} (multi-label: the labels whose probability is above their
+    decision threshold, config.json's tuned ones or else 0.5; `decision_thresholds` says which) or {"text", "score"} (regression, and the
     reward of a pairwise reward model); with `text_pairs` (one per text) "text_pair" too.
 
     Raises UntrainedModel for a classifier that was never trained; ValueError for lone texts
@@ -104,7 +109,7 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, text_pairs: Iterable
     if pairs is not None and len(pairs) != len(texts):
         raise ValueError(f"{len(texts)} text(s) but {len(pairs)} text_pairs: give one text_pair per text")
     rows = _describe_predictions(texts, scorer.logits(texts, pairs), problem_type_of(model.config),
-                                 model.config.label_names)
+                                 model.config.label_names, model.config.thresholds)
     if pairs is not None:
         rows = [{"text": row.pop("text"), "text_pair": pair, **row} for row, pair in zip(rows, pairs)]
     return rows
@@ -116,6 +121,22 @@ def reads_text_pairs(model_dir: str | os.PathLike) -> bool:
     require_model_folder(model_dir)
     config = checkpoint_io.read_config(resolve_checkpoint(model_dir))
     return bool((config.get(FLAXHEADS_CONFIG_KEY) or {}).get("text_pair"))
+
+
+def decision_thresholds(model_dir: str | os.PathLike) -> tuple[dict[str, float], bool] | None:
+    """For a multi-label classifier saved in `model_dir`: ({label name: threshold}, whether they
+    were tuned) as predict applies them (config.json's "flaxheads" section, else 0.5 each); None
+    for other problem types."""
+    require_model_folder(model_dir)
+    hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    if hf.get("problem_type") != problem.MULTI_LABEL:
+        return None
+    tuned = (hf.get(FLAXHEADS_CONFIG_KEY) or {}).get("thresholds")
+    if tuned:
+        return {name: float(t) for name, t in tuned.items()}, True
+    names = label_names_from(hf.get("id2label"), hf.get("label2id"), source="config.json") or [
+        f"LABEL_{i}" for i in range(hf.get("num_labels", 2))]
+    return {name: thresholds_lib.DEFAULT for name in names}, False
 
 
 def problem_type_of(config) -> str:
@@ -235,9 +256,9 @@ UNBOUNDED_START = 128
 """The smallest bucket when texts are not cut: longer texts get the next power of two."""
 
 
-def _describe_predictions(texts, logits, problem_type, label_names) -> list[dict[str, Any]]:
+def _describe_predictions(texts, logits, problem_type, label_names, thresholds=None) -> list[dict[str, Any]]:
     probs = metrics_lib.probabilities(problem_type, logits)
-    preds = metrics_lib.predictions(problem_type, logits)
+    preds = metrics_lib.predictions(problem_type, logits, thresholds)
     rows = []
     for text, p, pred in zip(texts, probs, preds):
         if problem_type in (problem.REGRESSION, problem.PAIRWISE_REWARD):  # a reward model scores single texts

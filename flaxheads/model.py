@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from flaxheads import lora, problem
+from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone, segments
 from flaxheads.conversion import loading, peft
 from flaxheads.conversion.loading import load_backbone
@@ -43,6 +44,10 @@ class ClassifierConfig:
     text_pair: bool = False
     """Trained on text pairs (premise, hypothesis): `predict` and the pipeline then need a second
     text for every text. Recorded in config.json's "flaxheads" section."""
+    thresholds: tuple[float, ...] | None = None
+    """Multi-label only: each label's decision threshold on its sigmoid probability (tuned on
+    validation data by `TrainConfig.tune_thresholds`); None: 0.5 for every label. Recorded in
+    config.json's "flaxheads" section as {label name: threshold}."""
 
     def __post_init__(self):
         if self.head not in HEAD_NAMES:
@@ -56,6 +61,11 @@ class ClassifierConfig:
                 "give one name per label"
             )
         self._check_options_the_backbone_shares()
+        if self.thresholds is not None:
+            if self.problem_type != problem.MULTI_LABEL:
+                raise ValueError(f"decision thresholds are for {problem.MULTI_LABEL}, and this model's problem type "
+                                 f"is {self.problem_type}: leave thresholds out")
+            object.__setattr__(self, "thresholds", thresholds_lib.check(self.thresholds, self.num_labels))
 
     def _check_options_the_backbone_shares(self) -> None:
         """ValueError when `head_options` change a field the backbone's own layers read too
@@ -133,16 +143,19 @@ class ClassifierConfig:
             num_labels = len(names) if names else len(saved_names) if saved_names else hf.get("num_labels", 2)
         if names is None and saved_names is not None and len(saved_names) == num_labels:
             names = saved_names
+        problem_type = next((p for p in (problem_type, hf.get("problem_type"), saved.get("problem_type"))
+                             if p is not None), None)
         return cls(
             backbone=backbone_config_from_hf(hf),
             head=head or saved.get("head") or default_head,
             num_labels=num_labels,
-            problem_type=next((p for p in (problem_type, hf.get("problem_type"), saved.get("problem_type"))
-                               if p is not None), None),
+            problem_type=problem_type,
             labels=tuple(names) if names else None,
             classifier_dropout=classifier_dropout,
             head_options=tuple(sorted({**saved.get("head_options", {}), **(head_options or {})}.items())),
             text_pair=bool(saved.get("text_pair", False)),
+            thresholds=(_saved_thresholds(saved.get("thresholds"), saved_names, names)
+                        if problem_type == problem.MULTI_LABEL else None),
         )
 
     def to_hf_config(self, architecture: str) -> dict[str, Any]:
@@ -169,9 +182,27 @@ class ClassifierConfig:
         hf[FLAXHEADS_CONFIG_KEY] = {"head": self.head, "head_options": dict(self.head_options)}
         if self.text_pair:
             hf[FLAXHEADS_CONFIG_KEY]["text_pair"] = True
+        if self.thresholds is not None:
+            hf[FLAXHEADS_CONFIG_KEY]["thresholds"] = dict(zip(self.label_names, self.thresholds))
         if self.problem_type not in (None, *problem.HF_PROBLEM_TYPES):
             hf[FLAXHEADS_CONFIG_KEY]["problem_type"] = self.problem_type
         return hf
+
+
+def _saved_thresholds(saved, saved_names, names) -> tuple[float, ...] | None:
+    """The thresholds config.json's "flaxheads" section records by label name, in the order of
+    the model's labels; None when it records none, or when the model is loaded with other labels
+    (thresholds tuned for other classes, or another number of them, mean nothing for these). ValueError for a record that names other
+    labels than config.json's id2label."""
+    if not saved:
+        return None
+    if saved_names is None or set(saved) != set(saved_names):
+        raise ValueError(f"config.json's flaxheads.thresholds name the labels {sorted(saved)}, but its id2label "
+                         f"has {sorted(saved_names or [])}: give one threshold per label of id2label, or remove "
+                         "flaxheads.thresholds (0.5 for every label)")
+    if names is None or tuple(names) != tuple(saved_names):
+        return None
+    return tuple(saved[name] for name in saved_names)
 
 
 def label_names_from(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from flaxheads import problem
+from flaxheads import thresholds as thresholds_lib
 from flaxheads.inference import TextScorer, load_trained, require_model_folder
 from flaxheads.model import SequenceClassifier
 from flaxheads.tokenizer import load_tokenizer, longest_input, model_pad_token_id, read_tokenizer
@@ -87,7 +88,8 @@ class TextClassificationPipeline:
         self.scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
                                  source=source)
 
-    def __call__(self, inputs, *, top_k: int | None | _BestLabel = BEST_LABEL, function_to_apply: str | None = None):
+    def __call__(self, inputs, *, top_k: int | None | _BestLabel = BEST_LABEL, function_to_apply: str | None = None,
+                 apply_thresholds: bool = False):
         """Scores of one text (a str, or {"text", "text_pair"}) or a list of them, as transformers
         gives them:
 
@@ -99,7 +101,13 @@ class TextClassificationPipeline:
         `function_to_apply` ("softmax", "sigmoid", "none"; None: transformers' default) turns
         logits into scores; the default is none for regression, sigmoid for multi-label and for
         one label, softmax otherwise. Raises FloatingPointError for non-finite scores.
+
+        `apply_thresholds=True` (multi-label models): per text the labels whose sigmoid score is
+        above their decision threshold (`thresholds`: config.json's tuned ones, else 0.5), each
+        {"label", "score", "threshold"}, best first (for one text, its list).
         """
+        if apply_thresholds:
+            return self._above_thresholds(inputs, top_k, function_to_apply)
         function = _function_name(self.default_function() if function_to_apply is None else function_to_apply)
         texts, pairs, single = _texts(inputs)
         scores = _apply(function, self.scorer.logits(texts, pairs))
@@ -108,6 +116,36 @@ class TextClassificationPipeline:
             answers = [{"label": names[int(s.argmax())], "score": s.max().item()} for s in scores]
             return [answers[0]] if isinstance(inputs, str) else answers[0] if single else answers
         answers = [_ranked(names, s, top_k) for s in scores]
+        return answers[0] if single else answers
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """{label name: decision threshold} of a multi-label model (0.5 each where none were
+        tuned: see `thresholds_tuned`)."""
+        config = self.model.config
+        if config.problem_type != problem.MULTI_LABEL:
+            raise ValueError(f"decision thresholds belong to {problem.MULTI_LABEL} models; this one is "
+                             f"{config.problem_type or 'single-label'} and picks its best label")
+        values = config.thresholds or (thresholds_lib.DEFAULT,) * config.num_labels
+        return dict(zip(config.label_names, values))
+
+    @property
+    def thresholds_tuned(self) -> bool:
+        """Whether the model's decision thresholds were tuned (else 0.5 each)."""
+        return self.model.config.thresholds is not None
+
+    def _above_thresholds(self, inputs, top_k, function_to_apply) -> list:
+        if top_k is not BEST_LABEL or function_to_apply not in (None, "sigmoid"):
+            raise ValueError("apply_thresholds=True decides on sigmoid scores and returns every label above its "
+                             "threshold: leave top_k and function_to_apply out")
+        thresholds = self.thresholds
+        texts, pairs, single = _texts(inputs)
+        logits = self.scorer.logits(texts, pairs)
+        answers = []
+        for row, on in zip(_apply("sigmoid", logits), thresholds_lib.decide(logits, tuple(thresholds.values()))):
+            chosen = [{"label": name, "score": s.item(), "threshold": t}
+                      for (name, t), s, keep in zip(thresholds.items(), row, on) if keep]
+            answers.append(sorted(chosen, key=lambda answer: answer["score"], reverse=True))
         return answers[0] if single else answers
 
     def default_function(self) -> str:

@@ -124,6 +124,10 @@ def test_a_calibrated_run_exports_calibrated_logits_and_reports_before_and_after
     assert calibrated["validation"]["loss"] == pytest.approx(report["after"]["log_loss"], rel=1e-5)
     assert calibrated["validation"]["accuracy"] == plain["validation"]["accuracy"]
     assert json.loads((tmp_path / "calibrated" / "results.json").read_text())["calibration"] == report
+    assert calibrated["report"] == ["report/training_curves.png", "report/confusion_matrix.png",
+                                    "report/per_class_f1.png", "report/reliability.png"]
+    assert all((tmp_path / "calibrated" / name).is_file() for name in calibrated["report"])
+    assert "report/reliability.png" not in plain["report"]
     ids = jnp.array([[101, 2023, 2003, 1037, 3231, 102]])
     mask = jnp.ones_like(ids)
     plain_logits = flaxheads.from_pretrained(tmp_path / "plain")(input_ids=ids, attention_mask=mask)

@@ -1,7 +1,7 @@
 """The study's figures as PNG files (matplotlib, Agg backend: no display needed), one panel per
 data set: the metric per head with 95% CIs, the learning curves per head, frozen vs fine-tuned.
 
-matplotlib is imported here only, and only when a figure is drawn (`pip install matplotlib`).
+matplotlib is imported only when a figure is drawn (`flaxheads.plotting`).
 """
 
 from __future__ import annotations
@@ -10,21 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxheads import atomic
+from flaxheads.plotting import pyplot, save
 from flaxheads.study.table import StudyTable
-
-DPI = 110
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ModuleNotFoundError:
-        raise ModuleNotFoundError("the study's plots need matplotlib: pip install matplotlib") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _panels(plt, count: int, *, width: float = 4.2, height: float = 3.4):
@@ -37,21 +24,13 @@ def _panels(plt, count: int, *, width: float = 4.2, height: float = 3.4):
     return figure, list(axes.flat[:count])
 
 
-def _save(plt, figure, path: Path) -> Path:
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_file(path, lambda tmp: figure.savefig(tmp, dpi=DPI, format=path.suffix.lstrip(".") or "png"))
-    plt.close(figure)
-    return path
-
-
 def metric_per_head(table: StudyTable, checkpoint: str, path: Path, mode: str = "finetune") -> Path | None:
     """Mean test metric per head with its 95% bootstrap CI (bars) and each seed (dots); the
     default head's mean as a dashed line. None when `mode` has no cells."""
     datasets = [d for d in table.datasets() if any(table.values((checkpoint, d, mode, h)) for h in table.heads())]
     if not datasets:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = _panels(plt, len(datasets))
     for ax, dataset in zip(axes, datasets):
         heads = [h for h in table.heads() if table.values((checkpoint, dataset, mode, h))]
@@ -70,7 +49,7 @@ def metric_per_head(table: StudyTable, checkpoint: str, path: Path, mode: str = 
         ax.set_ylabel(f"{table.split} {table.metric(dataset)}")
         ax.grid(axis="y", alpha=0.3)
     figure.suptitle(f"{checkpoint}, {mode}: mean and 95% CI over seeds (dots: seeds)", fontsize=10)
-    return _save(plt, figure, path)
+    return save(plt, figure, path)
 
 
 def learning_curves(table: StudyTable, checkpoint: str, path: Path, mode: str = "finetune") -> Path | None:
@@ -78,7 +57,7 @@ def learning_curves(table: StudyTable, checkpoint: str, path: Path, mode: str = 
     datasets = [d for d in table.datasets() if any(table.curves((checkpoint, d, mode, h)) for h in table.heads())]
     if not datasets:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = _panels(plt, len(datasets))
     for ax, dataset in zip(axes, datasets):
         for head in table.heads():
@@ -94,7 +73,7 @@ def learning_curves(table: StudyTable, checkpoint: str, path: Path, mode: str = 
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     figure.suptitle(f"{checkpoint}, {mode}: learning curves (mean over seeds; band: min to max)", fontsize=10)
-    return _save(plt, figure, path)
+    return save(plt, figure, path)
 
 
 def _curve_matrix(curves: dict[int, list[tuple[int, float]]]):
@@ -113,7 +92,7 @@ def frozen_vs_finetuned(table: StudyTable, checkpoint: str, path: Path) -> Path 
     datasets = [d for d in table.datasets() if any(table.values((checkpoint, d, "probe", h)) for h in table.heads())]
     if not datasets:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = _panels(plt, len(datasets))
     modes = (("finetune", "fine-tuned", "tab:blue"), ("probe", "frozen backbone (linear probe)", "tab:red"))
     for ax, dataset in zip(axes, datasets):
@@ -131,4 +110,4 @@ def frozen_vs_finetuned(table: StudyTable, checkpoint: str, path: Path) -> Path 
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=7)
     figure.suptitle(f"{checkpoint}: fine-tuned vs frozen backbone (mean and 95% CI over seeds)", fontsize=10)
-    return _save(plt, figure, path)
+    return save(plt, figure, path)

@@ -92,6 +92,24 @@ def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins
     return float(total)
 
 
+def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> list[dict[str, float]]:
+    """The bins of the ECE that hold predictions, for a reliability diagram: {"lower", "upper",
+    "count", "confidence" (mean), "accuracy" (share correct)} each."""
+    confidence, correct = np.ravel(confidence), np.ravel(correct).astype(np.float64)
+    which = np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)
+    return [{"lower": b / bins, "upper": (b + 1) / bins, "count": int((which == b).sum()),
+             "confidence": float(confidence[which == b].mean()), "accuracy": float(correct[which == b].mean())}
+            for b in range(bins) if (which == b).any()]
+
+
+def _confidence_and_correct(logits, labels, problem_type: str, temperature: float):
+    p = probabilities(logits, problem_type, temperature)
+    if problem_type == problem.MULTI_LABEL:
+        return p, np.asarray(labels, np.float64)
+    y = np.asarray(labels, np.int64)
+    return p.max(axis=-1), p.argmax(axis=-1) == y
+
+
 def calibration_scores(logits: np.ndarray, labels: np.ndarray, problem_type: str,
                        temperature: float = 1.0) -> dict[str, float]:
     """{"ece", "brier", "log_loss"} of logits / temperature against `labels`.
@@ -113,11 +131,14 @@ def calibration_scores(logits: np.ndarray, labels: np.ndarray, problem_type: str
 
 
 def calibrate(logits: np.ndarray, labels: np.ndarray, problem_type: str) -> dict[str, Any]:
-    """{"temperature", "before": scores, "after": scores} for the validation `logits`, `labels`."""
+    """{"temperature", "before": scores, "after": scores, "reliability": {"before", "after"}:
+    `reliability_bins`} for the validation `logits`, `labels`."""
     temperature = fit_temperature(logits, labels, problem_type)
     return {"temperature": temperature, "ece_bins": ECE_BINS,
             "before": calibration_scores(logits, labels, problem_type),
-            "after": calibration_scores(logits, labels, problem_type, temperature)}
+            "after": calibration_scores(logits, labels, problem_type, temperature),
+            "reliability": {when: reliability_bins(*_confidence_and_correct(logits, labels, problem_type, t))
+                            for when, t in (("before", 1.0), ("after", temperature))}}
 
 
 def check_problem_type(problem_type: str) -> None:

@@ -14,14 +14,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from flaxheads import problem
+from flaxheads import thresholds as thresholds_lib
 
 
-def report(problem_type: str, logits: np.ndarray, labels: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
+def report(problem_type: str, logits: np.ndarray, labels: np.ndarray, class_names: Sequence[str],
+           thresholds: Sequence[float] | None = None) -> dict[str, Any]:
     """The report of a single-label or multi-label split ({} for regression and pairs):
     {"per_class": {name: {precision, recall, f1, support}}, "macro_avg": {...}, "weighted_avg": {...},
     "confusion_matrix": rows true, columns predicted (single-label), and, binary or multi-label,
     "roc_auc" and "pr_auc" (macro over the labels; a label whose split holds one class only has None
-    and is left out of the average, where scikit-learn would raise)."""
+    and is left out of the average, where scikit-learn would raise). Multi-label decisions take
+    `thresholds` (per label; None: 0.5)."""
     names = list(class_names)
     logits = np.asarray(logits, np.float64)
     if problem_type == problem.SINGLE_LABEL:
@@ -39,7 +42,7 @@ def report(problem_type: str, logits: np.ndarray, labels: np.ndarray, class_name
         return out
     if problem_type == problem.MULTI_LABEL:
         truth = np.asarray(labels) > 0.5
-        out = _precision_recall_f1(truth, logits > 0, names)
+        out = _precision_recall_f1(truth, thresholds_lib.decide(logits, thresholds), names)
         per_label_roc = [roc_auc(truth[:, c], logits[:, c]) for c in range(len(names))]
         per_label_pr = [average_precision(truth[:, c], logits[:, c]) for c in range(len(names))]
         for name, roc, pr in zip(names, per_label_roc, per_label_pr):

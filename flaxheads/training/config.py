@@ -244,6 +244,11 @@ class TrainConfig:
     into the head's output layer, so the exported model's probabilities are calibrated; results.json
     gets "calibration": the temperature and ECE, Brier score and log-loss before and after.
     Classification only; the predicted classes do not change."""
+    tune_thresholds: bool = False
+    """Multi-label: after training (and calibrate), choose each label's decision threshold to
+    maximise its F1 on the validation split; the export records them (config.json's "flaxheads"
+    section), where predict, evaluate and the pipeline read them; results.json gets "thresholds":
+    each label's threshold and its validation F1 at 0.5 and at the threshold."""
     disable_tqdm: bool = False
     """Hide the progress bar."""
     report_to: str = "tensorboard"

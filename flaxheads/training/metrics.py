@@ -23,12 +23,13 @@ scikit-learn and SciPy are only used by the tests; nothing here imports them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from flaxheads import problem
+from flaxheads import thresholds as thresholds_lib
 from flaxheads.problem import (  # noqa: F401 (re-exported)
     MULTI_LABEL,
     PAIRWISE_REWARD,
@@ -120,11 +121,12 @@ def _sigmoid(logits: np.ndarray) -> np.ndarray:
     return np.exp(-np.logaddexp(0.0, -logits))
 
 
-def predictions(problem_type: str, logits: np.ndarray) -> np.ndarray:
+def predictions(problem_type: str, logits: np.ndarray, thresholds: Sequence[float] | None = None) -> np.ndarray:
     """Turns logits into hard predictions.
 
     single-label: argmax class ids, (N, C) -> (N,) int64.
-    multi-label: multi-hot `logit > 0` (probability > 0.5), (N, C) -> (N, C) int64.
+    multi-label: multi-hot, probability > the label's threshold (`thresholds`; None: 0.5, that is
+    `logit > 0`), (N, C) -> (N, C) int64.
     regression: the predicted values, (N,) or (N, 1) -> (N,) float64.
     pairwise_reward: scores of single texts, (N, 1) -> (N,) float64; of pairs, (N, 2) rewards ->
     (N,) float64 margins `r_chosen - r_rejected`.
@@ -132,7 +134,7 @@ def predictions(problem_type: str, logits: np.ndarray) -> np.ndarray:
     to_predictions = problem.by_problem_type(
         problem_type,
         single_label=lambda x: np.asarray(x).argmax(axis=-1).astype(np.int64),
-        multi_label=lambda x: (np.asarray(x) > 0).astype(np.int64),
+        multi_label=lambda x: thresholds_lib.decide(x, thresholds).astype(np.int64),
         regression=lambda x: _regression_values(_as_float_array(x)),
         pairwise_reward=_reward_values,
     )
@@ -199,13 +201,13 @@ def _single_label_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, f
     }
 
 
-def _multi_label_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def _multi_label_metrics(logits: np.ndarray, labels: np.ndarray, thresholds=None) -> dict[str, float]:
     if logits.ndim != 2 or labels.shape != logits.shape:
         raise ValueError(
             "multi-label logits and labels must both be (N, C); "
             f"got {logits.shape} and {labels.shape}."
         )
-    predicted = logits > 0
+    predicted = thresholds_lib.decide(logits, thresholds)
     # Labels may arrive as 0./1. floats (the dtype BCE losses want).
     truth = labels > 0.5
     true_positives = np.sum(predicted & truth, axis=0)
@@ -282,6 +284,7 @@ def compute_metrics(
     logits: np.ndarray,
     labels: np.ndarray,
     example_mask: np.ndarray | None = None,
+    thresholds: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """Computes the metrics of `METRIC_NAMES[problem_type]` over the rows whose mask is non-zero.
 
@@ -293,6 +296,7 @@ def compute_metrics(
       labels: (N,) integer class ids; (N, C) multi-hot (0/1, ints or floats); (N,) or (N, 1)
         regression targets; (N,) margins of pairs (unused by the metrics).
       example_mask: (N,); rows where it is 0 (padding examples) are ignored. None keeps all.
+      thresholds: multi-label decision thresholds per label (`flaxheads.thresholds`); None: 0.5.
 
     Returns:
       A dict of Python floats, keyed and ordered as `METRIC_NAMES[problem_type]`.
@@ -319,7 +323,7 @@ def compute_metrics(
     metrics = problem.by_problem_type(
         problem_type,
         single_label=_single_label_metrics,
-        multi_label=_multi_label_metrics,
+        multi_label=lambda logits, labels: _multi_label_metrics(logits, labels, thresholds),
         regression=lambda logits, labels: _regression_metrics(logits, _as_float_array(labels)),
         pairwise_reward=_pairwise_metrics,
     )
@@ -347,8 +351,9 @@ class MetricAccumulator:
     defined for fully addressable arrays.
     """
 
-    def __init__(self, problem_type: str):
+    def __init__(self, problem_type: str, thresholds: Sequence[float] | None = None):
         self.problem_type = problem.require_known(problem_type)
+        self.thresholds = thresholds
         self._logits: list[np.ndarray] = []
         self._labels: list[np.ndarray] = []
         self._loss_sum = 0.0
@@ -404,7 +409,8 @@ class MetricAccumulator:
         if self.num_examples == 0:
             raise ValueError("MetricAccumulator.compute() called before any unmasked example.")
         results = compute_metrics(
-            self.problem_type, np.concatenate(self._logits), np.concatenate(self._labels)
+            self.problem_type, np.concatenate(self._logits), np.concatenate(self._labels),
+            thresholds=self.thresholds,
         )
         if self._loss_weight > 0:
             results["loss"] = self._loss_sum / self._loss_weight

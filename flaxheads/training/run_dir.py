@@ -141,6 +141,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     settings["warmup_steps"] = cfg.num_warmup_steps(total_steps)
     if cfg.calibrate:  # what the export is (recorded only when set, so earlier runs' identities hold)
         settings["calibrate"] = True
+    if cfg.tune_thresholds:
+        settings["tune_thresholds"] = True
     return {"trained": trained, "settings": settings}
 
 

@@ -22,11 +22,13 @@ PREDICTIONS_FILE = "predict_results.txt"
 ADAPTER_DIR = "adapter"
 """Where a LoRA run with lora_export="both" writes its peft adapter folder, inside output_dir."""
 TOKENIZED_DIR = "tokenized"
+REPORT_DIR = "report"
+"""The run report's figures (`flaxheads.training.run_report`)."""
 SCORING_RECORD = ".flaxheads-outputs.json"
 """Where a run that only scores (do_train=False) records the files it wrote in a folder without run.json."""
 
 RUN_OUTPUTS = (RUN_FILE, RESULTS_FILE, METRICS_FILENAME, CHECKPOINTS_DIR, SET_ASIDE_DIR, BEST_MODEL_DIR,
-               TENSORBOARD_DIRNAME, TOKENIZED_DIR, PREDICTIONS_FILE, ADAPTER_DIR)
+               TENSORBOARD_DIRNAME, TOKENIZED_DIR, PREDICTIONS_FILE, ADAPTER_DIR, REPORT_DIR)
 """Every name a run may create in its output folder besides its export (config.json, weights,
 tokenizer files). A run claims them all when it starts, so it must find none it did not write."""
 

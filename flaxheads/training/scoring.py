@@ -50,8 +50,10 @@ class Evaluator:
     A packed `batch_format` scores packed rows; the metrics count only the examples in them."""
 
     def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int,
-                 num_shards: int = 1):
+                 num_shards: int = 1, thresholds=None):
         self.problem_type = problem_type
+        self.thresholds = thresholds
+        """Multi-label decision thresholds per label (None: 0.5)."""
         self.num_shards = num_shards
         self.layout = layout
         self.batch_format = batch_format
@@ -69,7 +71,7 @@ class Evaluator:
                  max_batches: int | None = None) -> dict[str, float]:
         """`rows`: the split, or this process's rows of it with `lengths` of the whole split;
         `max_batches`: only the first batches (every process takes the same ones)."""
-        acc = metrics_lib.MetricAccumulator(self.problem_type)
+        acc = metrics_lib.MetricAccumulator(self.problem_type, self.thresholds)
         batches = data.eval_batches(
             rows, self.batch_format, global_batch_size=self.batch_size,
             process_index=jax.process_index(), process_count=jax.process_count(),
@@ -88,14 +90,24 @@ class SplitScorer:
     def __init__(self, graphdef: nnx.GraphDef, splits: dict[str, data.OwnSplit], batch_format: data.BatchFormat,
                  layout: Layout, *, eval_batch: int, data_shards: int = 1, unlabelled: frozenset[str] = frozenset(),
                  compute_metrics: MetricsFunction | None = None, tokenizer=None,
-                 class_names: tuple[str, ...] | None = None):
+                 class_names: tuple[str, ...] | None = None, thresholds=None):
         self.graphdef, self.splits, self.layout = graphdef, splits, layout
         self.problem_type = batch_format.problem_type
         self.unlabelled, self.compute_metrics, self.tokenizer = unlabelled, compute_metrics, tokenizer
         self.class_names = class_names
-        self.evaluator = Evaluator(graphdef, self.problem_type, layout, batch_format, eval_batch, data_shards)
+        self.evaluator = Evaluator(graphdef, self.problem_type, layout, batch_format, eval_batch, data_shards,
+                                   thresholds)
         self.reports: dict[str, dict[str, Any]] = {}
         """The per-class report (`class_metrics.report`) of the latest scoring of each split."""
+
+    @property
+    def thresholds(self):
+        """Multi-label decision thresholds per label (None: 0.5), for every score and report."""
+        return self.evaluator.thresholds
+
+    @thresholds.setter
+    def thresholds(self, value) -> None:
+        self.evaluator.thresholds = value
 
     def scores(self, split: str, params, *, max_batches: int | None = None) -> dict[str, float]:
         """Metrics and loss of `split` (the first `max_batches` batches: built-in metrics only).
@@ -105,7 +117,7 @@ class SplitScorer:
         prediction = self.predict(split, params)
         if self.class_names is not None:
             self.reports[split] = class_metrics.report(self.problem_type, prediction.predictions,
-                                                       prediction.label_ids, self.class_names)
+                                                       prediction.label_ids, self.class_names, self.thresholds)
         return prediction.metrics
 
     def predict(self, split: str, params) -> PredictionOutput:
@@ -113,7 +125,7 @@ class SplitScorer:
         logits, labels, losses = self._outputs(split, params)
         if split in self.unlabelled:
             return PredictionOutput(logits, None, {})
-        metrics = metrics_lib.compute_metrics(self.problem_type, logits, labels)
+        metrics = metrics_lib.compute_metrics(self.problem_type, logits, labels, thresholds=self.thresholds)
         metrics["loss"] = float(np.mean(losses))
         if not np.isfinite(metrics["loss"]):
             raise metrics_lib.NonFiniteScores(f"the {split} loss is {metrics['loss']} although every logit is finite "
@@ -166,10 +178,11 @@ class SplitScorer:
         save_pretrained(nnx.merge(self.graphdef, params), directory, tokenizer=self.tokenizer)
 
 
-def describe_predictions(problem_type: str, logits: np.ndarray, label_names) -> list:
-    """Per example: its label name (single-label), the list of its label names (multi-label), its
-    score (regression), or a preference pair's reward margin `r_chosen - r_rejected`."""
-    predicted = metrics_lib.predictions(problem_type, logits)
+def describe_predictions(problem_type: str, logits: np.ndarray, label_names, thresholds=None) -> list:
+    """Per example: its label name (single-label), the list of its label names (multi-label,
+    decided by `thresholds`; None: 0.5), its score (regression), or a preference pair's reward
+    margin `r_chosen - r_rejected`."""
+    predicted = metrics_lib.predictions(problem_type, logits, thresholds)
     if problem_type in (data.REGRESSION, problem.PAIRWISE_REWARD):
         return [float(p) for p in np.reshape(predicted, -1)]
     if problem_type == data.MULTI_LABEL:

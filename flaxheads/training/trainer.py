@@ -27,12 +27,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads import data, lora, problem
+from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import stacking
 from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
 from flaxheads.tokenizer import check_room_for_text, fitting_max_length, for_model, load_tokenizer
-from flaxheads.training import calibration, run_dir
+from flaxheads.training import calibration, run_dir, run_report
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.distributed import initialize as initialize_distributed
@@ -154,6 +155,10 @@ class Trainer:
             pad_to_multiple_of=args.pad_to_multiple_of,
             max_segments=segments_per_row(args.packing, args.max_segments_per_row, self.max_seq_length))
         self.config = fit_config_to_task(model.config, task)
+        if args.do_train and self.config.thresholds is not None:
+            print0("note: the model's decision thresholds are dropped: they were tuned for the weights this run "
+                   "trains further (tune_thresholds=True tunes new ones)", file=sys.stderr)
+            self.config = dataclasses.replace(self.config, thresholds=None)
         self.loss_options = loss_options(args, task)
         """The training loss's class weights and label smoothing (`problem.weighted_loss_terms`)."""
         check_param_dtype(model, args.param_dtype)
@@ -246,7 +251,8 @@ class Trainer:
         return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, eval_batch=self.eval_batch,
                            class_names=self.config.label_names,
                            data_shards=self.args.data_shards, unlabelled=unlabelled,
-                           compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
+                           compute_metrics=self.compute_metrics, tokenizer=self.tokenizer,
+                           thresholds=self.config.thresholds)
 
     def _splits_to_score(self) -> list[str]:
         given = self.data.given
@@ -290,6 +296,8 @@ class Trainer:
                 self._take_the_best(loop, results)
             if args.calibrate:
                 self._calibrate(results)
+            if args.tune_thresholds:
+                self._tune_thresholds(results)
             if self.output_dir is not None:
                 before = run_dir.export_snapshot(self.output_dir)
                 scorer.export(self.params, self.output_dir)
@@ -304,6 +312,7 @@ class Trainer:
             results["reports"] = reports
         predictions = self._predictions() if args.do_predict and "test" in splits else None
         if args.do_train and self.output_dir is not None and jax.process_index() == 0:
+            results["report"] = self._draw_report(results)
             run_dir.write_results(self.output_dir, results)
             run_dir.write_run(self.output_dir, self.identity, complete=True, model_name=self.model_name,
                               exported=self._exported)
@@ -344,6 +353,34 @@ class Trainer:
         before, after = report["before"], report["after"]
         print0(f"calibrate: temperature {report['temperature']:.4g} on the validation split; ECE "
                f"{before['ece']:.4f} -> {after['ece']:.4f}, log-loss {before['log_loss']:.4f} -> {after['log_loss']:.4f}")
+
+    def _draw_report(self, results: dict[str, Any]) -> list[str]:
+        """The run report's figures (`run_report`), as paths in output_dir. A figure that cannot be
+        drawn costs the run nothing: a warning says so, and `flaxheads report` draws them again."""
+        try:
+            drawn = run_report.draw(self.output_dir, results)
+        except Exception as error:  # noqa: BLE001 (the run itself is done; the pictures are extra)
+            print0(f"warning: the run report was not drawn ({type(error).__name__}: {error}); the results are in "
+                   f"{run_dir.RESULTS_FILE}; `flaxheads report {self.output_dir}` draws it again", file=sys.stderr)
+            return []
+        return [str(path.relative_to(self.output_dir)) for path in drawn]
+
+    def _tune_thresholds(self, results: dict[str, Any]) -> None:
+        """Chooses each label's decision threshold for F1 on the validation split, records them in
+        the model's config (so the export carries them), and re-scores with them."""
+        out = self._scorer.predict("validation", self.params)
+        tuned = thresholds_lib.tune(out.predictions, out.label_ids, self.config.label_names)
+        self.config = dataclasses.replace(self.config, thresholds=tuned["thresholds"])
+        self.graphdef, self.params = _split_with_config(nnx.merge(self.graphdef, self.params), self.config)
+        self._scorer.graphdef, self._scorer.thresholds = self.graphdef, self.config.thresholds
+        for split in ("validation", "test"):
+            if split in results:
+                results[split] = self._scorer.scores(split, self.params)
+        results["thresholds"] = {"tuned_on": "validation", "per_label": tuned["per_label"]}
+        untuned = [name for name, row in tuned["per_label"].items() if not row["tuned"]]
+        print0("tune_thresholds: " + ", ".join(f"{name} {row['threshold']:.3f}"
+                                               for name, row in tuned["per_label"].items())
+               + (f" ({', '.join(untuned)}: no positive validation example, 0.5 kept)" if untuned else ""))
 
     def _read_best_model(self, folder: Path):
         """The best evaluation's weights from best_model/ (a resumed run no longer has them in
@@ -456,7 +493,7 @@ class Trainer:
 
     def predicted_labels(self, logits) -> list:
         """Per row of `logits`: label name, list of label names (multi-label) or score."""
-        return describe_predictions(self.task.problem_type, logits, self.config.label_names)
+        return describe_predictions(self.task.problem_type, logits, self.config.label_names, self.config.thresholds)
 
     def _predictions(self) -> list:
         predicted = self.predicted_labels(self._scorer.predict("test", self.params).predictions)
@@ -501,6 +538,16 @@ def check_best_model_settings(args: TrainConfig, task: data.TaskData, given, unl
     if following and args.do_train and "validation" not in given:
         raise ValueError(f"{' and '.join(following)} follow the validation split, and the data has none: give a "
                          "validation_file (an eval_dataset), or leave them out")
+    if args.tune_thresholds:
+        if task.problem_type != data.MULTI_LABEL:
+            raise ValueError(f"tune_thresholds=True tunes the decision thresholds of {data.MULTI_LABEL}, and the "
+                             f"data reads as {task.problem_type}: leave tune_thresholds out")
+        if not args.do_train:
+            raise ValueError("tune_thresholds=True tunes the thresholds of the model a run trains and exports, and "
+                             "do_train=False trains none: leave tune_thresholds out, or train")
+        if "validation" not in given or "validation" in unlabelled:
+            raise ValueError("tune_thresholds=True tunes on the labelled validation split, and the data has none: "
+                             "give a validation_file (an eval_dataset) with labels, or leave tune_thresholds out")
     if args.calibrate:
         if not args.do_train:
             raise ValueError("calibrate=True calibrates the model a run trains and exports, and do_train=False "

@@ -1,0 +1,100 @@
+"""Decision thresholds of a multi-label classifier: label c is predicted when its sigmoid
+probability is above thresholds[c] (0.5 each unless tuned), that is when its logit is above
+log(t / (1 - t)); with 0.5 that is `logit > 0`, transformers' and flaxheads' default.
+
+`tune` picks, per label, the threshold that maximises F1 on a labelled split (the validation
+split after training, `TrainConfig.tune_thresholds`); the chosen thresholds live in config.json's
+"flaxheads" section (`ClassifierConfig.thresholds`), where `flaxheads predict`, `evaluate`, the
+pipeline and the Trainer's metrics read them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+DEFAULT = 0.5
+"""The threshold of a label none was tuned for."""
+
+
+def check(thresholds: Sequence[float], num_labels: int) -> tuple[float, ...]:
+    """`thresholds` as a tuple of floats, or ValueError naming the problem: one per label, each a
+    probability strictly between 0 and 1."""
+    values = tuple(float(t) for t in thresholds)
+    if len(values) != num_labels:
+        raise ValueError(f"{len(values)} decision thresholds for {num_labels} labels: give one per label")
+    bad = [t for t in values if not 0.0 < t < 1.0]
+    if bad:
+        raise ValueError(f"decision thresholds are probabilities strictly between 0 and 1; got {bad[:3]}")
+    return values
+
+
+def cutoffs(thresholds: Sequence[float] | None, num_labels: int) -> np.ndarray:
+    """(num_labels,) float64 logit cutoffs log(t / (1 - t)); zeros (t = 0.5) for None."""
+    if thresholds is None:
+        return np.zeros(num_labels, np.float64)
+    t = np.asarray(check(thresholds, num_labels), np.float64)
+    return np.log(t) - np.log1p(-t)
+
+
+def decide(logits: np.ndarray, thresholds: Sequence[float] | None = None) -> np.ndarray:
+    """(N, C) bool: which labels each row predicts, `logit > cutoff` per label."""
+    logits = np.asarray(logits)
+    return logits > cutoffs(thresholds, logits.shape[-1])
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _f1(true_positives: np.ndarray, predicted: np.ndarray, positives: int) -> np.ndarray:
+    denominator = predicted + positives
+    return np.where(denominator > 0, 2.0 * true_positives / np.where(denominator > 0, denominator, 1), 0.0)
+
+
+def _best_cutoff(scores: np.ndarray, truth: np.ndarray) -> float | None:
+    """The logit cutoff maximising F1 of `scores > cutoff` against `truth`: one between two
+    neighbouring distinct scores (their midpoint) or below them all; of equal F1s the one nearest
+    0 (the default). None when `truth` holds no positive (every cutoff gives F1 0)."""
+    positives = int(truth.sum())
+    if positives == 0:
+        return None
+    values = np.unique(scores)  # ascending
+    # Predicting every score above values[k - 1] (k = 0: all) takes those >= values[k].
+    order = np.argsort(scores, kind="stable")
+    sorted_truth = truth[order].astype(np.float64)
+    # Counts of examples (and positives) at or above each distinct value.
+    starts = np.searchsorted(scores[order], values, side="left")
+    above_tp = sorted_truth[::-1].cumsum()[::-1]
+    predicted = len(scores) - starts
+    f1 = _f1(above_tp[starts], predicted, positives)
+    candidates = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2.0])
+    best = f1.max()
+    tied = candidates[np.isclose(f1, best, rtol=0.0, atol=1e-12)]
+    return float(tied[np.argmin(np.abs(tied))])
+
+
+def tune(logits: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
+    """Per label, the threshold maximising F1 on these logits and multi-hot labels, with the F1 at
+    0.5 and at the chosen threshold: {"thresholds": tuple in label order, "per_label": {name:
+    {"threshold", "f1_at_default", "f1", "tuned"}}}. A label without a positive example keeps 0.5
+    ("tuned": False)."""
+    logits = np.asarray(logits, np.float64)
+    truth = np.asarray(labels) > 0.5
+    if logits.ndim != 2 or truth.shape != logits.shape:
+        raise ValueError(f"tune needs (N, C) logits and multi-hot labels; got {logits.shape} and {truth.shape}")
+    if len(logits) == 0:
+        raise ValueError("tune_thresholds: the validation split has no examples to tune thresholds on")
+    chosen, per_label = [], {}
+    for c, name in enumerate(label_names):
+        scores, positive = logits[:, c], truth[:, c]
+        cutoff = _best_cutoff(scores, positive)
+        threshold = DEFAULT if cutoff is None else min(max(_sigmoid(cutoff), 1e-12), 1.0 - 1e-12)
+        chosen.append(threshold)
+        f1_at = lambda cut: float(_f1(np.sum((scores > cut) & positive), np.sum(scores > cut),  # noqa: E731
+                                      int(positive.sum())))
+        per_label[name] = {"threshold": threshold, "f1_at_default": f1_at(0.0),
+                           "f1": f1_at(cutoffs([threshold], 1)[0]), "tuned": cutoff is not None}
+    return {"thresholds": tuple(chosen), "per_label": per_label}

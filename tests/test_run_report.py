@@ -1,0 +1,122 @@
+"""The run report: every figure a run's results support is drawn, with its class names, titles and
+axis labels; `flaxheads report RUN_DIR` draws them again; a report that cannot be drawn never
+fails the run."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from flaxheads import plotting
+from flaxheads.cli import main
+from flaxheads.training import calibration, class_metrics, run_report
+from flaxheads.training.trainer import Trainer
+
+NAMES = ["negative", "neutral", "positive"]
+
+
+def _results(calibrated: bool = True) -> dict:
+    rng = np.random.default_rng(0)
+    logits, labels = rng.normal(size=(90, 3)) * 2, rng.integers(0, 3, size=90)
+    report = class_metrics.report("single_label_classification", logits, labels, NAMES)
+    results = {"steps": 30, "best": {"metric": "accuracy", "value": 0.61, "step": 20}, "exported_step": 20,
+               "validation": {"accuracy": 0.6}, "reports": {"validation": report, "test": report}}
+    if calibrated:
+        results["calibration"] = calibration.calibrate(logits, labels, "single_label_classification")
+    return results
+
+
+def _log() -> list[dict]:
+    rows = [{"step": s, "split": "train", "loss": 1.1 - 0.02 * s, "learning_rate": 1e-4} for s in range(1, 31)]
+    rows += [{"step": s, "split": "eval", "loss": 1.0 - 0.01 * s, "accuracy": 0.4 + 0.01 * s} for s in (10, 20, 30)]
+    return rows
+
+
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """Every figure the report saves, kept open for inspection (and still written)."""
+    figures = {}
+    save = plotting.save
+
+    def keep(plt, figure, path):
+        figures[path.name] = {"texts": [t.get_text() for t in figure.findobj(match=lambda o: hasattr(o, "get_text"))],
+                              "titles": [ax.get_title() for ax in figure.axes],
+                              "xlabels": [ax.get_xlabel() for ax in figure.axes],
+                              "ylabels": [ax.get_ylabel() for ax in figure.axes]}
+        return save(plt, figure, path)
+
+    monkeypatch.setattr(plotting, "save", keep)
+    return figures
+
+
+def test_every_figure_is_drawn_readable_with_names_and_titles(tmp_path, drawn_figures):
+    paths = run_report.draw(tmp_path, _results(), _log())
+
+    assert [p.name for p in paths] == ["training_curves.png", "confusion_matrix.png", "per_class_f1.png",
+                                       "reliability.png"]
+    for path in paths:
+        assert path.parent == tmp_path / "report"
+        with Image.open(path) as image:
+            assert image.format == "PNG" and min(image.size) >= 300
+    curves = drawn_figures["training_curves.png"]
+    assert "Loss" in curves["titles"] and "Validation accuracy" in curves["titles"]
+    assert "step" in curves["xlabels"] and {"loss", "accuracy"} <= set(curves["ylabels"])
+    assert any("best: 0.61 at step 20" in t for t in curves["texts"])
+    assert any("exported step 20" in t for t in curves["texts"])
+    confusion = drawn_figures["confusion_matrix.png"]
+    assert set(NAMES) <= set(confusion["texts"]) and any("test split" in t for t in confusion["titles"])
+    assert {"predicted"} <= set(confusion["xlabels"]) and "true" in confusion["ylabels"]
+    f1 = drawn_figures["per_class_f1.png"]
+    assert set(NAMES) <= set(f1["texts"]) and "F1 per class" in f1["titles"]
+    assert any(t.startswith("validation (macro F1") for t in f1["texts"])
+    reliability = drawn_figures["reliability.png"]
+    assert any(t.startswith("Before (T = 1)") for t in reliability["titles"])
+    assert any(t.startswith("After (T = ") for t in reliability["titles"])
+
+
+def test_figures_without_their_data_are_left_out(tmp_path):
+    regression = {"steps": 4, "best": {"metric": "mse", "value": 0.3, "step": 4},
+                  "validation": {"mse": 0.3}, "reports": {}}
+    log = [{"step": 1, "split": "train", "loss": 1.0}, {"step": 4, "split": "eval", "loss": 0.4, "mse": 0.3}]
+
+    assert [p.name for p in run_report.draw(tmp_path, regression, log)] == ["training_curves.png"]
+    assert [p.name for p in run_report.draw(tmp_path / "u", _results(calibrated=False), [])] == [
+        "confusion_matrix.png", "per_class_f1.png"]
+
+
+def test_the_report_command_draws_a_run_again_from_its_files(tmp_path, capsys):
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+    lines = [json.dumps(row) for row in _log()]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 31, "spl')  # the last line cut by a kill
+
+    assert main(["report", str(tmp_path)]) == 0
+
+    printed = capsys.readouterr().out.split()
+    assert [p.rsplit("/", 1)[-1] for p in printed] == ["training_curves.png", "confusion_matrix.png",
+                                                       "per_class_f1.png", "reliability.png"]
+    assert all((tmp_path / "report" / name).is_file() for name in ("training_curves.png", "reliability.png"))
+
+
+def test_the_report_command_names_a_folder_that_holds_no_run(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "holds no results.json: a report is drawn from a finished flaxheads train run" in capsys.readouterr().err
+    (tmp_path / "results.json").write_text("{not json")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "results.json is damaged" in capsys.readouterr().err
+
+
+def test_a_report_that_cannot_be_drawn_costs_the_run_nothing(tmp_path, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise ModuleNotFoundError("drawing figures needs matplotlib: pip install matplotlib")
+
+    monkeypatch.setattr(run_report, "draw", broken)
+    stub = types.SimpleNamespace(output_dir=tmp_path)
+
+    assert Trainer._draw_report(stub, {"steps": 1}) == []
+    err = capsys.readouterr().err
+    assert "the run report was not drawn (ModuleNotFoundError: drawing figures needs matplotlib" in err
+    assert f"flaxheads report {tmp_path}" in err
