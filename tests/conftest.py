@@ -8,6 +8,7 @@ read-only: write exports into their own `tmp_path`.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
 import tempfile
@@ -167,19 +168,18 @@ def finished_run(tiny_bert, snippets_csv, tmp_path_factory) -> pathlib.Path:
     return out
 
 
-# Tests of modules another change is rewriting, marked `slow` here (a training run, processes, a
-# model compiled in train mode) so that change merges without conflicts; the marks can move into
-# those files once it has landed.
-_SLOW_MODULES = {"test_run_safety.py"}
-_SLOW_TESTS = {
-    "test_functional.py::test_packed_call_returns_each_segments_logits_as_the_model_does",
-    "test_functional.py::test_params_round_trip_bit_exact_through_to_model",
-    "test_functional.py::test_train_mode_drops_units_reproducibly_per_key",
-    "test_checkpoint_faults.py::test_a_lock_left_by_a_killed_run_is_free_at_once_and_exactly_one_of_four_racers_gets_it",
-}
+FILE_SECONDS = pathlib.Path(__file__).with_name("file_seconds.json")
+"""Seconds each test file took in a full run on the 2-core machine (`python scripts/file_seconds.py
+JUNIT_XML` writes it from `bash scripts/test.sh --junitxml=JUNIT_XML`)."""
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:
-        if item.path.name in _SLOW_MODULES or f"{item.path.name}::{item.originalname}" in _SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)
+    """The longest files first. With several workers, scripts/test.sh hands each a whole file at
+    a time in this order (--dist loadfile --no-loadscope-reorder): a long file started last would
+    keep one worker busy while the others have nothing left to do. Files not measured yet go
+    after those that were, in their own order."""
+    try:
+        seconds = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -seconds.get(item.path.name, 0.0))  # stable: a file's tests keep their order

@@ -302,6 +302,7 @@ time.sleep(3)
 """
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_run_is_free_at_once_and_exactly_one_of_four_racers_gets_it(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

@@ -79,6 +79,7 @@ def test_apply_fn_in_eval_mode_gives_the_models_logits_and_index_0_is_the_logits
     np.testing.assert_allclose(np.asarray(out.logits), torch_logits.numpy(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_train_mode_drops_units_reproducibly_per_key(classifier):
     batch, params = _batch(), classifier.params
     call = jax.jit(classifier.__call__, static_argnames="train")
@@ -100,6 +101,7 @@ def test_train_without_dropout_rng_is_refused(classifier):
         classifier(**_batch(), train=True)
 
 
+@pytest.mark.slow
 def test_params_round_trip_bit_exact_through_to_model(classifier):
     params = _perturbed(classifier.params)
     _assert_bit_identical(FunctionalClassifier(classifier.to_model(params)).params, params)
@@ -259,6 +261,7 @@ def test_decay_mask_gives_the_same_answer_for_frozen_flat_and_nnx_state_params(c
     assert state_mask == expected
 
 
+@pytest.mark.slow
 def test_packed_call_returns_each_segments_logits_as_the_model_does(classifier):
     input_ids = jnp.asarray([[2, 11, 12, 3, 2, 13, 3, 0, 0]])
     segment_ids = jnp.asarray([[1, 1, 1, 1, 2, 2, 2, 0, 0]])

@@ -27,6 +27,8 @@ from flaxheads.training.run_lock import RunLock, RunLocked
 from flaxheads.training.trainer import NonFiniteLoss, train
 from runs import four_step_config
 
+pytestmark = pytest.mark.slow  # nearly every test trains, resumes or exports a run
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 

@@ -100,7 +100,8 @@ def _training_curves(log: list[dict[str, Any]], results: dict[str, Any], path: P
         steps, values = _series(rows, "loss")
         if len(steps):
             ax.plot(steps, values, style, label=label, markersize=4)
-    ax.set(xlabel="step", ylabel="loss", title="Loss")
+    last = max([row["step"] for row in train_rows + eval_rows] + [int(results.get("steps") or 0)])
+    ax.set(xlabel="step", ylabel="loss", title="Loss", xlim=(0, last * 1.03 + 1))
     ax.grid(alpha=0.3)
     ax.legend()
     if metric:
@@ -114,7 +115,7 @@ def _training_curves(log: list[dict[str, Any]], results: dict[str, Any], path: P
         exported = results.get("exported_step")
         if exported is not None:
             ax.axvline(exported, color="gray", linestyle="--", linewidth=1, label=f"exported step {exported}")
-        ax.set(xlabel="step", ylabel=metric, title=f"Validation {metric}")
+        ax.set(xlabel="step", ylabel=metric, title=f"Validation {metric}", xlim=axes[0][0].get_xlim())
         ax.grid(alpha=0.3)
         ax.legend()
     figure.suptitle(f"Training: {results.get('steps', '?')} steps")
@@ -163,7 +164,7 @@ def _per_class_f1(results: dict[str, Any], path: Path) -> Path | None:
         return None
     names = list(next(iter(reports.values()))["per_class"])
     plt = plotting.pyplot()
-    height = min(max(2.5, 0.45 * len(names) * len(reports) + 1.5), 20.0)
+    height = min(max(3.0, 0.45 * len(names) * len(reports) + 2.0), 20.0)
     figure, ax = plt.subplots(figsize=(6.8, height))
     bar = 0.8 / len(reports)
     y = np.arange(len(names))
@@ -178,8 +179,9 @@ def _per_class_f1(results: dict[str, Any], path: Path) -> Path | None:
     ax.set_yticks(y, names)
     ax.invert_yaxis()
     ax.set(xlim=(0, 1.25), xlabel="F1", title="F1 per class")
+    ax.set_xticks(np.linspace(0.0, 1.0, 6))
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(reports), frameon=False)
     return plotting.save(plt, figure, path)
 
 
