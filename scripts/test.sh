@@ -8,8 +8,8 @@
 #
 # Tests run in FLAXHEADS_TEST_WORKERS parallel processes (pytest-xdist; default: the number of
 # cores, at most 4; 0 runs them in this process), each test file on one worker so that its
-# module fixtures (a tiny finished run, say) are built once, the longest files first
-# (tests/file_seconds.json, see tests/conftest.py). The slowest 25 tests are listed at the end.
+# module fixtures (a tiny finished run, say) are built once. The slowest 25 tests are listed at
+# the end.
 set -euo pipefail
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/python_env.sh"
 cd "$repo_root"
@@ -28,6 +28,6 @@ cores=$(nproc 2>/dev/null || echo 2)
 workers=${FLAXHEADS_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
 parallel=()
 if (( workers > 0 )); then
-    parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+    parallel=(-n "$workers" --dist loadfile)
 fi
 exec "$python" -m pytest -q --durations=25 "${parallel[@]}" "${lane[@]}" "${args[@]}"

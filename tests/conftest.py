@@ -8,7 +8,6 @@ read-only: write exports into their own `tmp_path`.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import pathlib
 import tempfile
@@ -168,18 +167,3 @@ def finished_run(tiny_bert, snippets_csv, tmp_path_factory) -> pathlib.Path:
     return out
 
 
-FILE_SECONDS = pathlib.Path(__file__).with_name("file_seconds.json")
-"""Seconds each test file took in a full run on the 2-core machine (`python scripts/file_seconds.py
-JUNIT_XML` writes it from `bash scripts/test.sh --junitxml=JUNIT_XML`)."""
-
-
-def pytest_collection_modifyitems(items):
-    """The longest files first. With several workers, scripts/test.sh hands each a whole file at
-    a time in this order (--dist loadfile --no-loadscope-reorder): a long file started last would
-    keep one worker busy while the others have nothing left to do. Files not measured yet go
-    after those that were, in their own order."""
-    try:
-        seconds = json.loads(FILE_SECONDS.read_text())
-    except (OSError, ValueError):
-        return
-    items.sort(key=lambda item: -seconds.get(item.path.name, 0.0))  # stable: a file's tests keep their order

@@ -537,6 +537,7 @@ ALBERT = Family(
     token_types=True,
     # 8 bits of mantissa through 3 layers give differences of a few 1e-3 on logits of order 1 (measured 4.6e-3).
     bf16_atol=2e-2,
+    packing=_pairs(inner_group_num=2),  # two layers per shared group, each pooled per segment
     reports=(
         ("AlbertModel", (), [], ["classifier.bias", "classifier.weight"]),
         # The pretrained pooler is kept; the masked-LM and sentence-order heads are not the classifier.
@@ -711,6 +712,7 @@ GPT2 = Family(
     functools.partial(padded_batch, seq_len=10, pad_id=EOS, highest_id=90, token_types=False),
     paddings=("right", "left", "none"),
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
+    token_types=True,  # GPT-2 embeds token types with its word embeddings (wte)
     layers_key="n_layer",
     norm_scales=r"(^|\.)ln_[^.]*\.weight$",
     load_options=_pairs(pad_token_id=EOS),

@@ -70,17 +70,20 @@ def test_flaxheads_format_round_trip_is_exact_and_converts_back_bit_identically(
     assert_state_dicts_identical(state_dict(tmp_path / "pytorch"), state_dict(checkpoint.path))
 
 
-@pytest.mark.parametrize("source", ["classifier", "pretrained"])
+@pytest.mark.parametrize("source", ["classifier", "pretrained", "base"])
 @pytest.mark.parametrize("row", rows(fast=False))
 def test_export_loads_in_transformers_with_no_missing_or_unexpected_keys_and_same_logits(
     hf_checkpoint, tmp_path, row, source
 ):
-    """From a *ForSequenceClassification checkpoint, and a new one-label head (a reward model) on a
-    pretraining checkpoint."""
+    """From a *ForSequenceClassification checkpoint, a new one-label head (a reward model) on a
+    pretraining checkpoint, and a new two-label head on the bare backbone (*Model: what it has and
+    the classifier lacks, XLM-R's pooler say, is left out of the export)."""
     if source == "classifier":
         checkpoint, num_labels = hf_checkpoint(row.classifier, family=row.name, num_labels=3), 3
-    else:
+    elif source == "pretrained":
         checkpoint, num_labels = hf_checkpoint(row.pretrained, family=row.name), 1
+    else:
+        checkpoint, num_labels = hf_checkpoint(row.base, family=row.name), 2
     batch = row.batch(row.sample_padding)
     model = flaxheads.from_pretrained(checkpoint.path, num_labels=num_labels, seed=4, **dict(row.load_options))
     model.save_pretrained(tmp_path)
