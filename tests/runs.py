@@ -7,9 +7,34 @@ uninterrupted run, which test_param_dtype.py repeats with bfloat16 parameters.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def stopped_after_saving(step: int | None = None):
+    """A run inside the block stops as if the user pressed ctrl-C right after its checkpoint of
+    `step` (None: its first) was written; the block expects that KeyboardInterrupt, and the real
+    save is back after it."""
+    import pytest
+
+    from flaxheads.training import checkpoints
+
+    real_save = checkpoints.RunCheckpoints.save
+
+    def save_then_stop(self, state, saved_step, meta):
+        real_save(self, state, saved_step, meta)
+        if step is None or saved_step == step:
+            raise KeyboardInterrupt
+
+    checkpoints.RunCheckpoints.save = save_then_stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        checkpoints.RunCheckpoints.save = real_save
 
 
 def four_step_config(model: Path, data: dict[str, Path], output_dir: Path, **overrides):

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from flaxheads.training import checkpoints as checkpoints_lib
 from flaxheads.training import scoring
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.trainer import train
+from runs import stopped_after_saving
 
 pytestmark = pytest.mark.slow  # tiny training runs
 
@@ -71,17 +71,8 @@ def test_an_improvement_within_the_threshold_does_not_reset_the_patience(tiny_be
 def test_a_resumed_run_stops_early_where_an_uninterrupted_one_does(tiny_bert, snippets_csv, tmp_path,
                                                                   scripted_accuracy, monkeypatch):
     scripted_accuracy([0.5, 0.7, 0.7, 0.69, 0.9, 0.9])
-    real_save = checkpoints_lib.RunCheckpoints.save
-
-    def save_then_stop(self, state, step, meta):
-        real_save(self, state, step, meta)
-        if step == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(checkpoints_lib.RunCheckpoints, "save", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
+    with stopped_after_saving(3):
         train(_config(tiny_bert, snippets_csv, tmp_path, early_stopping_patience=2))
-    monkeypatch.setattr(checkpoints_lib.RunCheckpoints, "save", real_save)
     scripted_accuracy([0.69, 0.9, 0.9])  # the evaluations of steps 4, 5, 6
 
     results = train(_config(tiny_bert, snippets_csv, tmp_path, early_stopping_patience=2))
@@ -96,17 +87,8 @@ def test_load_best_model_at_end_exports_the_best_evaluations_weights(tiny_bert, 
     memory: they come back from best_model/."""
     scripted_accuracy([0.5, 0.8, 0.6, 0.7, 0.6, 0.6, 0.8])  # the last: the best weights re-scored
     if interrupted:
-        real_save = checkpoints_lib.RunCheckpoints.save
-
-        def save_then_stop(self, state, step, meta):
-            real_save(self, state, step, meta)
-            if step == 3:
-                raise KeyboardInterrupt
-
-        monkeypatch.setattr(checkpoints_lib.RunCheckpoints, "save", save_then_stop)
-        with pytest.raises(KeyboardInterrupt):
+        with stopped_after_saving(3):
             train(_config(tiny_bert, snippets_csv, tmp_path, load_best_model_at_end=True))
-        monkeypatch.setattr(checkpoints_lib.RunCheckpoints, "save", real_save)
         scripted_accuracy([0.7, 0.6, 0.6, 0.8])
 
     results = train(_config(tiny_bert, snippets_csv, tmp_path, load_best_model_at_end=True))

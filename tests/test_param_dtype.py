@@ -29,7 +29,7 @@ from flaxheads.training.parallel import JitParallel
 from flaxheads.training.sharding import Layout
 from flaxheads.training.trainable import split_trainable
 from flaxheads.training.trainer import Trainer, train
-from runs import assert_weights_identical, exported_weights, two_epoch_config
+from runs import assert_weights_identical, exported_weights, stopped_after_saving, two_epoch_config
 
 BF16 = dict(param_dtype="bfloat16", max_steps=8, save_steps=4, logging_steps=2)
 """A short bf16-parameter run of test_training's tiny-BERT job: checkpoints at steps 4 and 8."""
@@ -120,18 +120,8 @@ def test_bfloat16_export_round_trips_bit_identically(bf16_run, tmp_path):
 
 @pytest.mark.slow  # a training run, a train step or a subprocess
 def test_bfloat16_run_resumed_after_a_stop_is_bit_identical(tiny_bert, snippets_csv, bf16_run, tmp_path, monkeypatch):
-    from flaxheads.training import checkpoints
-
-    real_save = checkpoints.RunCheckpoints.save
-
-    def save_then_stop(self, *args):
-        real_save(self, *args)
-        raise KeyboardInterrupt  # stopped right after the checkpoint of step 4
-
-    monkeypatch.setattr(checkpoints.RunCheckpoints, "save", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
+    with stopped_after_saving():  # right after the checkpoint of step 4
         train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, **BF16))
-    monkeypatch.setattr(checkpoints.RunCheckpoints, "save", real_save)
     assert train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, **BF16))["steps"] == 8
     assert_weights_identical(exported_weights(bf16_run), exported_weights(tmp_path))
 

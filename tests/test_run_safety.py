@@ -19,13 +19,12 @@ import flaxheads
 from flaxheads.cli import main
 from flaxheads.inference import predict
 from flaxheads.model import UntrainedModel
-from flaxheads.training import checkpoints as checkpoints_lib
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.run_dir import RunConflict
 from flaxheads.training.run_lock import RunLock, RunLocked
 from flaxheads.training.trainer import NonFiniteLoss, train
-from runs import four_step_config
+from runs import four_step_config, stopped_after_saving
 
 pytestmark = pytest.mark.slow  # nearly every test trains, resumes or exports a run
 
@@ -150,15 +149,7 @@ def test_overwrite_output_dir_starts_over_and_keeps_the_users_own_files(tiny_ber
 
 def test_a_resumed_run_logs_each_step_once_and_counts_all_its_training_time(
         tiny_bert, snippets_csv, tmp_path, monkeypatch):
-    real_save = checkpoints_lib.RunCheckpoints.save
-
-    def save_then_stop(self, state, step, meta):
-        real_save(self, state, step, meta)
-        if step == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(checkpoints_lib.RunCheckpoints, "save", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
+    with stopped_after_saving(2):
         train(_config(tiny_bert, snippets_csv, tmp_path))
     first_seconds = json.loads(_last_meta(tmp_path / "checkpoints"))["train_seconds"]
     result = train(_config(tiny_bert, snippets_csv, tmp_path))

@@ -16,7 +16,7 @@ from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 from flaxheads.inference import predict
 from flaxheads.training.trainer import NonFiniteLoss, train
-from runs import assert_weights_identical, exported_weights, two_epoch_config
+from runs import assert_weights_identical, exported_weights, stopped_after_saving, two_epoch_config
 
 pytestmark = pytest.mark.slow  # training runs
 
@@ -59,18 +59,8 @@ def test_export_loads_in_transformers_with_the_same_logits(uninterrupted):
 
 
 def test_resume_after_stop_is_bit_identical(tiny_bert, snippets_csv, uninterrupted, tmp_path, monkeypatch):
-    from flaxheads.training import checkpoints
-
-    real_save = checkpoints.RunCheckpoints.save
-
-    def save_then_stop(self, *args):
-        real_save(self, *args)
-        raise KeyboardInterrupt  # the user pressed ctrl-C right after the first checkpoint
-
-    monkeypatch.setattr(checkpoints.RunCheckpoints, "save", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
+    with stopped_after_saving():  # the user pressed ctrl-C right after the first checkpoint
         train(two_epoch_config(tiny_bert, snippets_csv, tmp_path))
-    monkeypatch.setattr(checkpoints.RunCheckpoints, "save", real_save)
     result = train(two_epoch_config(tiny_bert, snippets_csv, tmp_path))
     assert result["steps"] == 32
     assert_weights_identical(exported_weights(uninterrupted), exported_weights(tmp_path))
