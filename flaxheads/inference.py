@@ -17,15 +17,12 @@ import numpy as np
 from flax import nnx
 
 from flaxheads import data, problem
-from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import backbone_spec
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import tokenize_texts
-from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion import architecture_table, checkpoint_io
 from flaxheads.conversion.hub import resolve_checkpoint
-from flaxheads.model import (
-    FLAXHEADS_CONFIG_KEY, SequenceClassifier, from_pretrained, label_names_from, require_trained,
-)
+from flaxheads.model import FLAXHEADS_CONFIG_KEY, ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
 from flaxheads.tokenizer import (
     check_room_for_text, check_tokenizer_fits, fitting_max_length, for_model, load_tokenizer, pad_token_ids,
 )
@@ -90,8 +87,9 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, text_pairs: Iterable
             max_segments_per_row: int | None = None) -> list[dict[str, Any]]:
     """For each text, in order: {"text", "label", "probabilities": {label name: p}} (single-label),
     {"text", "labels", "probabilities"} (multi-label: the labels whose probability is above their
-    decision threshold, config.json's tuned ones or else 0.5; `decision_thresholds` says which) or {"text", "score"} (regression, and the
-    reward of a pairwise reward model); with `text_pairs` (one per text) "text_pair" too.
+    decision threshold, config.json's tuned ones or else 0.5; `decision_thresholds` says which)
+    or {"text", "score"} (regression, and the reward of a pairwise reward model); with
+    `text_pairs` (one per text) "text_pair" too.
 
     Raises UntrainedModel for a classifier that was never trained; ValueError for lone texts
     given to a model trained on pairs, or a count of text_pairs other than of texts;
@@ -129,14 +127,9 @@ def decision_thresholds(model_dir: str | os.PathLike) -> tuple[dict[str, float],
     for other problem types."""
     require_model_folder(model_dir)
     hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
-    if hf.get("problem_type") != problem.MULTI_LABEL:
-        return None
-    tuned = (hf.get(FLAXHEADS_CONFIG_KEY) or {}).get("thresholds")
-    if tuned:
-        return {name: float(t) for name, t in tuned.items()}, True
-    names = label_names_from(hf.get("id2label"), hf.get("label2id"), source="config.json") or [
-        f"LABEL_{i}" for i in range(hf.get("num_labels", 2))]
-    return {name: thresholds_lib.DEFAULT for name in names}, False
+    config = ClassifierConfig.from_hf_config(hf, default_head=architecture_table(hf.get("model_type")).canonical_head)
+    thresholds = config.decision_thresholds()
+    return None if thresholds is None else (thresholds, config.thresholds is not None)
 
 
 def problem_type_of(config) -> str:

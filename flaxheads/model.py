@@ -96,6 +96,13 @@ class ClassifierConfig:
         """{name: class id}, as transformers' `PretrainedConfig.label2id`."""
         return {name: i for i, name in enumerate(self.label_names)}
 
+    def decision_thresholds(self) -> dict[str, float] | None:
+        """{label name: threshold} a multi-label model decides with (`thresholds`, else 0.5 each);
+        None for other problem types."""
+        if self.problem_type != problem.MULTI_LABEL:
+            return None
+        return dict(zip(self.label_names, self.thresholds or (thresholds_lib.DEFAULT,) * self.num_labels))
+
     def head_config(self) -> HeadConfig:
         b = self.backbone
         dropout = b.default_classifier_dropout if self.classifier_dropout is None else self.classifier_dropout

@@ -122,12 +122,11 @@ class TextClassificationPipeline:
     def thresholds(self) -> dict[str, float]:
         """{label name: decision threshold} of a multi-label model (0.5 each where none were
         tuned: see `thresholds_tuned`)."""
-        config = self.model.config
-        if config.problem_type != problem.MULTI_LABEL:
+        thresholds = self.model.config.decision_thresholds()
+        if thresholds is None:
             raise ValueError(f"decision thresholds belong to {problem.MULTI_LABEL} models; this one is "
-                             f"{config.problem_type or 'single-label'} and picks its best label")
-        values = config.thresholds or (thresholds_lib.DEFAULT,) * config.num_labels
-        return dict(zip(config.label_names, values))
+                             f"{self.model.config.problem_type or 'single-label'} and picks its best label")
+        return thresholds
 
     @property
     def thresholds_tuned(self) -> bool:
