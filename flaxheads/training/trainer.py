@@ -333,12 +333,17 @@ class Trainer:
                 self.params = loop.best_params
             else:
                 self.params = self._read_best_model(self.output_dir / run_dir.BEST_MODEL_DIR)
-            for split in ("validation", "test"):  # the results describe the model the run gives
-                if split in results:
-                    results[split] = self._scorer.scores(split, self.params)
+            self._rescore(results)
         results["exported_step"] = best
         print0(f"load_best_model_at_end: the weights of step {best} ({results['best']['metric']} "
                f"{results['best']['value']}) are the run's model")
+
+    def _rescore(self, results: dict[str, Any]) -> None:
+        """The validation and test scores in `results` again, of the weights (and thresholds) the
+        run now gives: the results describe the model it exports."""
+        for split in ("validation", "test"):
+            if split in results:
+                results[split] = self._scorer.scores(split, self.params)
 
     def _calibrate(self, results: dict[str, Any]) -> None:
         """Fits a temperature on the validation split, folds it into the weights the run exports,
@@ -346,9 +351,7 @@ class Trainer:
         out = self._scorer.predict("validation", self.params)
         report = calibration.calibrate(out.predictions, out.label_ids, self.task.problem_type)
         self.params = calibration.folded(self.graphdef, self.params, report["temperature"])
-        for split in ("validation", "test"):
-            if split in results:
-                results[split] = self._scorer.scores(split, self.params)
+        self._rescore(results)
         results["calibration"] = report
         before, after = report["before"], report["after"]
         print0(f"calibrate: temperature {report['temperature']:.4g} on the validation split; ECE "
@@ -373,9 +376,7 @@ class Trainer:
         self.config = dataclasses.replace(self.config, thresholds=tuned["thresholds"])
         self.graphdef, self.params = _split_with_config(nnx.merge(self.graphdef, self.params), self.config)
         self._scorer.graphdef, self._scorer.thresholds = self.graphdef, self.config.thresholds
-        for split in ("validation", "test"):
-            if split in results:
-                results[split] = self._scorer.scores(split, self.params)
+        self._rescore(results)
         results["thresholds"] = {"tuned_on": "validation", "per_label": tuned["per_label"]}
         untuned = [name for name, row in tuned["per_label"].items() if not row["tuned"]]
         print0("tune_thresholds: " + ", ".join(f"{name} {row['threshold']:.3f}"
@@ -526,7 +527,8 @@ class Trainer:
 
 def check_best_model_settings(args: TrainConfig, task: data.TaskData, given, unlabelled=frozenset()) -> None:
     """ValueError naming the setting when metric_for_best_model is not a metric this task reports,
-    or load_best_model_at_end / early stopping / calibrate have no validation data to follow."""
+    or load_best_model_at_end / early stopping / calibrate / tune_thresholds have no validation data
+    to follow, or calibrate / tune_thresholds do not fit the problem type or a run without training."""
     from flaxheads.training import metrics as metrics_lib
 
     reported = (*metrics_lib.METRIC_NAMES[task.problem_type], "loss")
