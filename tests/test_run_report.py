@@ -88,7 +88,12 @@ def test_figures_without_their_data_are_left_out(tmp_path):
         "confusion_matrix.png", "per_class_f1.png"]
 
 
+def _run_record(folder, outputs=("run.json", "results.json", "metrics.jsonl")):
+    (folder / "run.json").write_text(json.dumps({"identity": {}, "complete": True, "outputs": list(outputs)}))
+
+
 def test_the_report_command_draws_a_run_again_from_its_files(tmp_path, capsys):
+    _run_record(tmp_path)  # a run from before the report: report/ joins what it records
     (tmp_path / "results.json").write_text(json.dumps(_results()))
     lines = [json.dumps(row) for row in _log()]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 31, "spl')  # the last line cut by a kill
@@ -99,9 +104,31 @@ def test_the_report_command_draws_a_run_again_from_its_files(tmp_path, capsys):
     assert [p.rsplit("/", 1)[-1] for p in printed] == ["training_curves.png", "confusion_matrix.png",
                                                        "per_class_f1.png", "reliability.png"]
     assert all((tmp_path / "report" / name).is_file() for name in ("training_curves.png", "reliability.png"))
+    assert "report" in json.loads((tmp_path / "run.json").read_text())["outputs"]
+    assert main(["report", str(tmp_path)]) == 0  # drawn again over its own figures
+
+
+def test_the_report_command_never_writes_over_a_report_folder_the_run_did_not_write(tmp_path, capsys):
+    _run_record(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "training_curves.png").write_bytes(b"mine")
+    record = (tmp_path / "run.json").read_bytes()
+
+    assert main(["report", str(tmp_path)]) == 2
+
+    assert "is not the run's (its run.json records no report)" in capsys.readouterr().err
+    assert (tmp_path / "report" / "training_curves.png").read_bytes() == b"mine"
+    assert (tmp_path / "run.json").read_bytes() == record
 
 
 def test_the_report_command_names_a_folder_that_holds_no_run(tmp_path, capsys):
+    (tmp_path / "results.json").write_text(json.dumps(_results()))  # somebody's results, no run record
+    assert main(["report", str(tmp_path)]) == 2
+    assert "holds no run.json: a report is drawn only in a flaxheads train run's folder" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+    (tmp_path / "results.json").unlink()
+    _run_record(tmp_path)
     assert main(["report", str(tmp_path)]) == 2
     assert "holds no results.json: a report is drawn from a finished flaxheads train run" in capsys.readouterr().err
     (tmp_path / "results.json").write_text("{not json")
