@@ -13,6 +13,8 @@ import torch
 from flax import nnx
 from safetensors.torch import load_file
 
+from runs import cpu_devices_env
+
 ATOL = RTOL = 1e-5
 
 
@@ -196,7 +198,7 @@ def fsdp_on_fake_devices(jobs: list[FsdpJob], devices: int = 4) -> list[dict]:
     import sys
     import tempfile
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    env = cpu_devices_env(devices)
     arguments = [{"path": str(job.path), "layout": job.layout, "options": job.options,
                   "batch": {k: np.asarray(v).tolist() for k, v in job.batch.items()}} for job in jobs]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

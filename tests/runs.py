@@ -2,12 +2,14 @@
 that reruns or resumes a run builds its config here, so it states the same command.
 
 `four_step_config` is conftest's `finished_run`; `two_epoch_config` is test_training.py's
-uninterrupted run, which test_param_dtype.py repeats with bfloat16 parameters.
+uninterrupted run, which test_param_dtype.py repeats with bfloat16 parameters. `cpu_devices_env` is
+the environment of a subprocess that sees several CPU devices.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +37,13 @@ def stopped_after_saving(step: int | None = None):
             yield
     finally:
         checkpoints.RunCheckpoints.save = real_save
+
+
+def cpu_devices_env(devices: int, **extra: str) -> dict[str, str]:
+    """This process's environment for a subprocess on the CPU with `devices` devices: the count is
+    appended to XLA_FLAGS (jax reads it at start), keeping the suite's other flags (conftest)."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, **extra}
 
 
 def four_step_config(model: Path, data: dict[str, Path], output_dir: Path, **overrides):

@@ -4,7 +4,6 @@ and train/eval mode: `model.train()` / `model.eval()` switch every dropout, `rng
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import flaxheads
 from flaxheads.backbones import EncoderConfig, GPT2Config, XLNetConfig, dropout
 from flaxheads.model import ClassifierConfig, SequenceClassifier
 from flaxheads.training import step as train_steps
+from runs import cpu_devices_env
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5), (2, 3, 4, 6)])
@@ -83,7 +83,7 @@ def test_a_batch_sharded_over_devices_draws_the_same_mask():
         assert np.array_equal(np.asarray(whole), np.asarray(sharded))
         print("same")
     """)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = cpu_devices_env(4)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "same"

@@ -14,7 +14,6 @@ a fresh process (XLA_FLAGS must be set before jax starts).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ import pytest
 from flax import traverse_util
 
 from flaxheads.functional import FunctionalClassifier
+from runs import cpu_devices_env
 
 pytestmark = pytest.mark.slow  # a training loop in a subprocess on 2 fake devices
 
@@ -114,7 +114,7 @@ SCRIPT = textwrap.dedent(
 
 
 def _run_script(model_path, output_dir) -> dict:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = cpu_devices_env(2)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model_path), str(output_dir), str(STEPS)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

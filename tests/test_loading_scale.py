@@ -4,7 +4,6 @@ read, in the parameter dtype asked for, and the host never holds the model's sta
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import pytest
 import flaxheads
 from flaxheads.conversion import loading
 from flaxheads.conversion.checkpoint_io import TensorReader
+from runs import cpu_devices_env
 
 _SHARDED_BF16 = textwrap.dedent("""
     import json, sys
@@ -41,7 +41,7 @@ _SHARDED_BF16 = textwrap.dedent("""
 @pytest.mark.slow  # a subprocess on 4 fake devices
 def test_sharded_bfloat16_load_places_each_tensor_on_its_fsdp_shards_with_plain_logits(hf_checkpoint):
     checkpoint = hf_checkpoint("BertForSequenceClassification", num_labels=3, torch_dtype="bfloat16")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = cpu_devices_env(4)
     result = subprocess.run([sys.executable, "-c", _SHARDED_BF16, str(checkpoint.path)], capture_output=True,
                             text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -27,6 +27,7 @@ from flaxheads.training.scoring import SplitScorer
 from flaxheads.training.sharding import Layout
 from flaxheads.training.step import TrainState, make_train_step
 from packed_data import T, MeanEmbedding, batch_format, numbered_split
+from runs import cpu_devices_env
 
 def _present(batch) -> np.ndarray:
     return batch["example_index"][batch["example_mask"] > 0]
@@ -337,7 +338,6 @@ def test_packed_batches_train_alike_under_pmap_and_jit_on_two_devices():
     import sys
 
     tests = pathlib.Path(__file__).parent
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])}
+    env = cpu_devices_env(2, PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-c", _PMAP_VS_JIT], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -6,7 +6,6 @@ Tiny random BERT and Llama models (tests/conftest.py), a few steps each."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -29,7 +28,7 @@ from flaxheads.training.parallel import JitParallel
 from flaxheads.training.sharding import Layout
 from flaxheads.training.trainable import split_trainable
 from flaxheads.training.trainer import Trainer, train
-from runs import assert_weights_identical, exported_weights, stopped_after_saving, two_epoch_config
+from runs import assert_weights_identical, cpu_devices_env, exported_weights, stopped_after_saving, two_epoch_config
 
 BF16 = dict(param_dtype="bfloat16", max_steps=8, save_steps=4, logging_steps=2)
 """A short bf16-parameter run of test_training's tiny-BERT job: checkpoints at steps 4 and 8."""
@@ -198,7 +197,7 @@ _FSDP_STATE = textwrap.dedent(
 
 @pytest.mark.slow  # a training run, a train step or a subprocess
 def test_fsdp_shards_bfloat16_parameters_and_their_float32_moments_alike_on_two_fake_devices(tiny_bert):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = cpu_devices_env(2)
     out = subprocess.run([sys.executable, "-c", _FSDP_STATE, str(tiny_bert)], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -9,7 +9,6 @@ cut it into two (`--data_shards 2`) so that each process reads only its half.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+
+from runs import cpu_devices_env
 
 pytestmark = pytest.mark.slow  # subprocesses on fake devices and several processes, each training
 
@@ -53,8 +54,7 @@ _RUNNER = textwrap.dedent(
 
 
 def _run(devices: int, argv: list[str], *, mode: str = "plain", env: dict | None = None, check: bool = True):
-    full_env = {**os.environ, "JAX_PLATFORMS": "cpu",
-                "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(env or {})}
+    full_env = cpu_devices_env(devices, **(env or {}))
     proc = subprocess.Popen([sys.executable, "-c", _RUNNER, mode, *argv], env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc if not check else _finish(proc)
