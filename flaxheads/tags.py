@@ -32,8 +32,8 @@ NO_SCHEME = "none"
 SCHEMES = (IOB1, IOB2, IOBES, NO_SCHEME)
 OUTSIDE = "O"
 
-Where = Callable[[int, int], str]
-"""(sentence, word), both 0-based -> how a message names that word."""
+Where = Callable[[int, int | None], str]
+"""(sentence, word), both 0-based, word None for the whole sentence -> how a message names it."""
 
 _SCHEME_TAG = re.compile(r"([BIES])(?:-(.+))?", re.DOTALL)
 _PREFIXES = {IOB1: "BI", IOB2: "BI", IOBES: "BIES"}
@@ -51,8 +51,8 @@ def check_scheme(scheme: str) -> str:
     return scheme
 
 
-def default_where(sentence: int, word: int) -> str:
-    return f"sentence {sentence + 1}, word {word + 1}"
+def default_where(sentence: int, word: int | None = None) -> str:
+    return f"sentence {sentence + 1}" + (f", word {word + 1}" if word is not None else "")
 
 
 def split_tag(tag: str) -> tuple[str, str] | None:
@@ -162,7 +162,7 @@ def _check_sequence(sequence: Sequence[str], scheme: str, where: Callable[[int],
 
 def _continues_nothing(scheme: str, sequence: Sequence[str], word: int, where: Callable[[int], str]) -> str:
     tag = sequence[word]
-    prefix, kind = split_tag(tag)
+    _, kind = split_tag(tag)
     before = f"the tag before it is {sequence[word - 1]!r}" if word else "it starts the sentence"
     named = f"-{kind}" if kind else ""
     if scheme == IOB2:

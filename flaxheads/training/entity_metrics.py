@@ -96,7 +96,7 @@ def _check_same_shape(true_tags, predicted_tags) -> None:
 
 
 def _where(argument: str):
-    return lambda sentence, word: f"{argument}, sentence {sentence + 1}, word {word + 1}"
+    return lambda sentence, word=None: f"{argument}, {tags_lib.default_where(sentence, word)}"
 
 
 def _lenient_counts(sequences, argument: str) -> dict[str, set]:
