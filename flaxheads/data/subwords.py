@@ -63,9 +63,9 @@ def tokenize_words(
 
     Needs a fast tokenizer (one with `word_ids`). Raises ValueError for a max_seq_length outside
     the tokenizer's range or that leaves no room after the special tokens, a stride not below
-    that room, a word that gives no token at all, and tags
-    outside `label_names`, naming the sentence and word with `where` (`WordSplit.where` names
-    the file and line).
+    that room, a word that gives no token at all (an ideographic space, a zero-width space), and
+    tags outside `label_names`, naming the sentence and word with `where` (`WordSplit.where`
+    names the file and line).
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"tokenize_words needs a fast tokenizer (word_ids), not {type(tokenizer).__name__}: load it "

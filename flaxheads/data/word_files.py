@@ -336,7 +336,7 @@ def _checked(split: WordSplit, label_names: Sequence[str] | None) -> WordSplit:
             )
         for word, token in enumerate(words):
             if not isinstance(token, str) or not token.strip():
-                raise ValueError(f"{split.where(sentence, word)}: the token is empty or not a string ({token!r}); "
+                raise ValueError(f"{split.where(sentence, word)}: the token is empty, only whitespace or not a string ({token!r}); "
                                  "remove the word or give it its text")
         tags.append([_tag_name(tag, names, split, sentence, word) for word, tag in enumerate(sentence_tags)])
     return dataclasses.replace(split, tags=tags)
