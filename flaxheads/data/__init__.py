@@ -10,6 +10,15 @@ Several processes, each reading only its data shards: process p tokenises
 `split.select(process_rows(len(split), S, p, P))` and passes those rows with `num_shards=S`,
 `process_index=p`, `process_count=P` and `lengths` (`example_lengths` of every example, gathered):
 `tokenize_own_shards` does this for every split of a task.
+
+Token classification (NER, POS): words and their tags, labels on subwords as run_ner.py puts them,
+long sentences as overlapping windows, and predictions back to one per word:
+
+    task = load_word_files(train_file="train.conll", validation_file="dev.conll")   # WordTask
+    split = task.splits["train"]
+    rows = tokenize_words(tokenizer, split.tokens, 128, tags=split.tags, label_names=task.label_names,
+                          stride=32, where=split.where)
+    per_word = word_predictions(predicted_ids, rows["word_ids"], rows["sentence"], [len(s) for s in split.tokens])
 """
 
 from flaxheads.data.batching import (
@@ -48,13 +57,18 @@ from flaxheads.data.shards import (
 )
 from flaxheads.data.sources import load_task
 from flaxheads.data.splits import split_dataset
+from flaxheads.data.subwords import IGNORE_INDEX, align_labels, tokenize_words
 from flaxheads.data.task import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TaskData
 from flaxheads.data.tokenization import tokenize_split, tokenize_task
+from flaxheads.data.windows import merge_windows, plan_windows, word_predictions
+from flaxheads.data.word_files import WordSplit, read_conll, read_conllu, read_word_file, read_word_records, word_split
+from flaxheads.data.word_task import WordTask, load_word_files, word_task
 
 __all__ = [
     "BUILTIN_DATASETS",
     "BatchFormat",
     "DataPosition",
+    "IGNORE_INDEX",
     "InMemoryTask",
     "MULTI_LABEL",
     "OwnSplit",
@@ -64,9 +78,12 @@ __all__ = [
     "SplitData",
     "TaskData",
     "TrainBatches",
+    "WordSplit",
+    "WordTask",
     "accumulation_view",
-    "batches_per_epoch",
+    "align_labels",
     "as_dataset",
+    "batches_per_epoch",
     "bucket_for",
     "bucket_lengths",
     "check_data_shards",
@@ -82,15 +99,26 @@ __all__ = [
     "load_local_files",
     "load_named_dataset",
     "load_task",
+    "load_word_files",
+    "merge_windows",
     "movie_snippets",
     "movie_snippets_regression",
     "num_batches",
+    "plan_windows",
     "process_rows",
     "process_shards",
+    "read_conll",
+    "read_conllu",
+    "read_word_file",
+    "read_word_records",
     "sms_spam",
     "split_dataset",
     "tokenize_own_shards",
     "tokenize_split",
     "tokenize_task",
+    "tokenize_words",
     "trec6",
+    "word_predictions",
+    "word_split",
+    "word_task",
 ]
