@@ -7,7 +7,10 @@ number of the num_hidden_layers layers apply that group.
 
 from __future__ import annotations
 
-from flaxheads.conversion.table import ArchitectureTable, embedding, layer_norm, linear
+from flaxheads.conversion.table import (
+    MULTIPLE_CHOICE, TOKEN_CLASSIFICATION, ArchitectureTable, TaskTable, embedding, layer_norm, linear,
+    token_classification,
+)
 
 _LAYER = "{base}encoder.albert_layer_groups.{g}.albert_layers.{j}"
 _FLAX_LAYER = "groups.{g}.layers.{j}"
@@ -42,4 +45,8 @@ ALBERT = ArchitectureTable(
     heads={"pooler": (*_POOLER, *linear("classifier", "classifier"))},
     pooler=_POOLER,
     layer_indices={"g": "num_hidden_groups", "j": "inner_group_num"},
+    tasks={
+        TOKEN_CLASSIFICATION: token_classification("AlbertForTokenClassification"),
+        MULTIPLE_CHOICE: TaskTable("AlbertForMultipleChoice", "pooler", (*_POOLER, *linear("classifier", "classifier"))),
+    },
 )
