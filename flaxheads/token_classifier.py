@@ -189,7 +189,8 @@ def token_loss(logits_BTL: jax.Array, labels_BT: jax.Array, *, ignore_index: int
     if tuple(labels_BT.shape) != tuple(logits_BTL.shape[:-1]) or not jnp.issubdtype(labels_BT.dtype, jnp.integer):
         raise ValueError(
             f"token labels must be integer class ids of shape {tuple(logits_BTL.shape[:-1])} (batch, seq), "
-            f"{ignore_index} where a token is not scored; got shape {tuple(labels_BT.shape)} and dtype {labels_BT.dtype}"
+            f"{ignore_index} where a token is not scored; got shape {tuple(labels_BT.shape)} and dtype "
+            f"{labels_BT.dtype}"
         )
     if not isinstance(labels_BT, jax.core.Tracer):
         values = np.asarray(labels_BT)

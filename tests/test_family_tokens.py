@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import transformers
 from flax import nnx
 
@@ -23,6 +22,7 @@ from family_parity import (
     assert_close, assert_state_dicts_identical, flax_inputs, flax_logits, state_dict, torch_forward, torch_logits,
 )
 from flaxheads import lora
+from flaxheads.conversion import peft
 from flaxheads.training.trainable import split_trainable
 
 TAGS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
@@ -198,7 +198,8 @@ def test_a_family_without_the_class_and_an_unknown_task_are_refused(hf_checkpoin
 
 
 def test_lora_merges_into_the_exports_and_a_frozen_backbone_leaves_only_the_head_trainable(hf_checkpoint, tmp_path):
-    """LoRA and freezing are generic over the model class: BERT's token classifier and multiple choice."""
+    """LoRA and freezing are generic over the model class: BERT's token classifier and multiple
+    choice (a peft adapter folder is refused: save merged)."""
     config = lora.LoRAConfig(r=2, target_modules=("query", "value"))
     cases = (("BertForTokenClassification", flaxheads.TokenClassifier, transformers.AutoModelForTokenClassification,
               _six_rows(FAMILIES["bert"], "left")),
@@ -216,6 +217,8 @@ def test_lora_merges_into_the_exports_and_a_frozen_backbone_leaves_only_the_head
         assert {path[0] for path, _ in nnx.to_flat_state(trainable)} == {"backbone", "head"}  # adapters and head
         assert all(isinstance(v, nnx.LoRAParam) for p, v in nnx.to_flat_state(trainable) if p[0] == "backbone")
         assert {path[0] for path, _ in nnx.to_flat_state(frozen_backbone)} == {"head"}
+        with pytest.raises(ValueError, match="SEQ_CLS only"):
+            peft.peft_adapter(model)  # peft's adapter format is written for sequence classifiers only
         model.save_pretrained(tmp_path / architecture)
         _assert_export_loads_in_transformers(model, tmp_path / architecture, FAMILIES["bert"], auto_class,
                                              architecture, batch)

@@ -34,6 +34,7 @@ ALBERT_BACKBONE = (
 # AlbertModel's pooler is a bare nn.Linear named `pooler` (BERT's is `pooler.dense`); the
 # "pooler" head owns it in flaxheads, as for BERT.
 _POOLER = tuple(linear("{base}pooler", "pooler.dense"))
+_POOLER_HEAD = (*_POOLER, *linear("classifier", "classifier"))
 
 ALBERT = ArchitectureTable(
     model_type="albert",
@@ -42,11 +43,11 @@ ALBERT = ArchitectureTable(
     classification_architecture="AlbertForSequenceClassification",
     canonical_head="pooler",
     backbone=ALBERT_BACKBONE,
-    heads={"pooler": (*_POOLER, *linear("classifier", "classifier"))},
+    heads={"pooler": _POOLER_HEAD},
     pooler=_POOLER,
     layer_indices={"g": "num_hidden_groups", "j": "inner_group_num"},
     tasks={
         TOKEN_CLASSIFICATION: token_classification("AlbertForTokenClassification"),
-        MULTIPLE_CHOICE: TaskTable("AlbertForMultipleChoice", "pooler", (*_POOLER, *linear("classifier", "classifier"))),
+        MULTIPLE_CHOICE: TaskTable("AlbertForMultipleChoice", "pooler", _POOLER_HEAD),
     },
 )

@@ -29,6 +29,8 @@ ENCODER_BACKBONE = (
 
 # The pretrained pooler lives in the base model; the "pooler" head owns it in flaxheads.
 _POOLER = tuple(linear("{base}pooler.dense", "pooler.dense"))
+_POOLER_HEAD = (*_POOLER, *linear("classifier", "classifier"))
+"""`BertForSequenceClassification`'s head, and every `*ForMultipleChoice` of this table's families."""
 
 BERT = ArchitectureTable(
     model_type="bert",
@@ -37,11 +39,11 @@ BERT = ArchitectureTable(
     classification_architecture="BertForSequenceClassification",
     canonical_head="pooler",
     backbone=ENCODER_BACKBONE,
-    heads={"pooler": (*_POOLER, *linear("classifier", "classifier"))},
+    heads={"pooler": _POOLER_HEAD},
     pooler=_POOLER,
     tasks={
         TOKEN_CLASSIFICATION: token_classification("BertForTokenClassification"),
-        MULTIPLE_CHOICE: TaskTable("BertForMultipleChoice", "pooler", (*_POOLER, *linear("classifier", "classifier"))),
+        MULTIPLE_CHOICE: TaskTable("BertForMultipleChoice", "pooler", _POOLER_HEAD),
     },
     nsp_classifier=tuple(linear("cls.seq_relationship", "classifier")),
 )
@@ -51,7 +53,7 @@ def _roberta_tasks(name: str) -> dict[str, TaskTable]:
     Linear (not `RobertaClassificationHead`): the "pooler" head under transformers' names."""
     return {
         TOKEN_CLASSIFICATION: token_classification(f"{name}ForTokenClassification"),
-        MULTIPLE_CHOICE: TaskTable(f"{name}ForMultipleChoice", "pooler", (*_POOLER, *linear("classifier", "classifier"))),
+        MULTIPLE_CHOICE: TaskTable(f"{name}ForMultipleChoice", "pooler", _POOLER_HEAD),
     }
 
 

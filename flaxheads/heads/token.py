@@ -33,8 +33,8 @@ class TokenHead(nnx.Module):
     def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.cfg = cfg
         self.classifier = layers.dense(
-            cfg.hidden_size, cfg.num_labels, init_std=cfg.init_std, use_bias=cfg.option("token_classification_bias", True),
-            dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+            cfg.hidden_size, cfg.num_labels, init_std=cfg.init_std,
+            use_bias=cfg.option("token_classification_bias", True), dtype=dtype, param_dtype=param_dtype, rngs=rngs,
         )
         self.deterministic = False
         """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `backbones.dropout`)."""
