@@ -9,6 +9,9 @@
     trainer = flaxheads.Trainer(model, flaxheads.TrainConfig(output_dir=None), tokenizer=tokenizer,
                                 train_dataset=(texts, labels), eval_dataset=(dev_texts, dev_labels))
     model, metrics, _ = trainer.train()
+
+    tagger = flaxheads.from_pretrained("path/to/bert", task="token-classification", num_labels=9)
+    chooser = flaxheads.MultipleChoice.from_pretrained("path/to/bert")   # (batch, choices, seq) -> (batch, choices)
 """
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
@@ -21,18 +24,38 @@ from flaxheads.backbones.modernbert import ModernBert, ModernBertConfig
 from flaxheads.backbones.xlnet import XLNet, XLNetConfig
 from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.conversion.loading_info import LoadingInfo
-from flaxheads.conversion.table import ShapeMismatch
+from flaxheads.conversion.table import MULTIPLE_CHOICE, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, ShapeMismatch
 from flaxheads.functional import ClassifierOutput, FunctionalClassifier
 from flaxheads.heads import HEAD_NAMES
-from flaxheads.model import (
-    ClassifierConfig, SequenceClassifier, UntrainedModel, from_pretrained, load_backbone, save_pretrained,
-)
+from flaxheads.model import ClassifierConfig, SequenceClassifier, UntrainedModel, load_backbone, save_pretrained
+from flaxheads.multiple_choice import MultipleChoice, MultipleChoiceConfig
 # Imported here, not lazily: the submodule flaxheads.pipeline, once imported anywhere, would
 # otherwise shadow the function of the same name.
 from flaxheads.pipeline import TextClassificationPipeline, pipeline
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
+from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
 from flaxheads.training.optim import decay_mask
 from flaxheads.version import __version__
+
+MODELS: dict[str, type] = {
+    SEQUENCE_CLASSIFICATION: SequenceClassifier,
+    TOKEN_CLASSIFICATION: TokenClassifier,
+    MULTIPLE_CHOICE: MultipleChoice,
+}
+"""The model class of each task, by transformers' pipeline names (`*ForSequenceClassification`,
+`*ForTokenClassification`, `*ForMultipleChoice`). A new task is one model module plus one line here."""
+
+
+def from_pretrained(path, *, task: str = SEQUENCE_CLASSIFICATION, **options):
+    """`MODELS[task].from_pretrained(path, **options)`: a `SequenceClassifier` by default, a
+    `TokenClassifier` for task="token-classification", a `MultipleChoice` for
+    task="multiple-choice" (options: `SequenceClassifier.from_pretrained`'s). ValueError naming
+    the tasks for an unknown one; a checkpoint of another task's transformers class is refused
+    with the task to pass."""
+    if task not in MODELS:
+        raise ValueError(f"unknown task {task!r}; choose one of {tuple(MODELS)}")
+    return MODELS[task].from_pretrained(path, **options)
+
 
 _LAZY = {
     "EvalPrediction": "flaxheads.training.trainer",
@@ -77,12 +100,20 @@ __all__ = [
     "GPT2",
     "GPT2Config",
     "LoadingInfo",
+    "MODELS",
+    "MULTIPLE_CHOICE",
     "ModernBert",
     "ModernBertConfig",
+    "MultipleChoice",
+    "MultipleChoiceConfig",
     "PredictionOutput",
+    "SEQUENCE_CLASSIFICATION",
     "SequenceClassifier",
     "ShapeMismatch",
+    "TOKEN_CLASSIFICATION",
     "TextClassificationPipeline",
+    "TokenClassifier",
+    "TokenClassifierConfig",
     "TrainConfig",
     "TrainOutput",
     "Trainer",

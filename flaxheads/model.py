@@ -1,15 +1,16 @@
 """A backbone and a head: the sequence classifier users load, train, call and save.
 
 The module itself (`SequenceClassifier`) is model code; its `from_pretrained`, `save_pretrained`
-and `with_lora` are the loader's and the peft format's functions, which are generic over the
-model class (`cls.config_class` reads config.json), so this module imports `conversion` and
-never the other way round.
+and `with_lora` (`PretrainedModel`, which the other tasks' models in `token_classifier.py` and
+`multiple_choice.py` share, with the label names of `LabelNames`) are the loader's and the peft
+format's functions, which are generic over the model class (`cls.config_class` reads
+config.json), so this module imports `conversion` and never the other way round.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_b
 from flaxheads.conversion import loading, peft
 from flaxheads.conversion.loading import load_backbone
 from flaxheads.conversion.loading_info import LoadingInfo
+from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION
 from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs, build_head
 
 FLAXHEADS_CONFIG_KEY = "flaxheads"
@@ -29,8 +31,57 @@ FLAXHEADS_CONFIG_KEY = "flaxheads"
 problem type transformers does not know (`pairwise_reward`: config.json's own is left unset)."""
 
 
+class LabelNames:
+    """The label names of a config with `num_labels` and `labels` fields, as transformers spells them."""
+
+    num_labels: int
+    labels: tuple[str, ...] | None
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        """The name of each class id, in id order."""
+        return self.labels or tuple(f"LABEL_{i}" for i in range(self.num_labels))
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        """{class id: name}, int keys, as transformers' `PretrainedConfig.id2label`."""
+        return dict(enumerate(self.label_names))
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """{name: class id}, as transformers' `PretrainedConfig.label2id`."""
+        return {name: i for i, name in enumerate(self.label_names)}
+
+    def hf_labels(self) -> dict[str, Any]:
+        """num_labels, id2label and label2id as config.json holds them (str ids)."""
+        return dict(num_labels=self.num_labels, id2label={str(i): name for i, name in enumerate(self.label_names)},
+                    label2id=self.label2id)
+
+
+def resolve_labels(
+    hf: dict[str, Any],
+    *,
+    num_labels: int | None,
+    id2label: Sequence[str] | Mapping[int, str] | None,
+    label2id: Mapping[str, int] | None,
+) -> tuple[int, tuple[str, ...] | None]:
+    """(num_labels, label names or None) from the caller's settings over config.json's `hf`:
+    `id2label` / `label2id` set num_labels when it is not given; config.json's names are kept
+    when their count is the one in effect."""
+    saved_names = label_names_from(hf.get("id2label"), hf.get("label2id"), source="config.json")
+    names = label_names_from(id2label, label2id)
+    if num_labels is None:
+        num_labels = len(names) if names else len(saved_names) if saved_names else hf.get("num_labels", 2)
+    if names is None and saved_names is not None and len(saved_names) == num_labels:
+        names = saved_names
+    return num_labels, (tuple(names) if names else None)
+
+
 @dataclasses.dataclass(frozen=True)
-class ClassifierConfig:
+class ClassifierConfig(LabelNames):
+    task: ClassVar[str] = SEQUENCE_CLASSIFICATION
+    """What `from_pretrained` loads this config's models for (the loader picks transformers' class by it)."""
+
     backbone: BackboneConfig
     head: str
     num_labels: int = 2
@@ -81,21 +132,6 @@ class ClassifierConfig:
                     "head_options (the head then uses the backbone's)"
                 )
 
-    @property
-    def label_names(self) -> tuple[str, ...]:
-        """The name of each class id, in id order."""
-        return self.labels or tuple(f"LABEL_{i}" for i in range(self.num_labels))
-
-    @property
-    def id2label(self) -> dict[int, str]:
-        """{class id: name}, int keys, as transformers' `PretrainedConfig.id2label`."""
-        return dict(enumerate(self.label_names))
-
-    @property
-    def label2id(self) -> dict[str, int]:
-        """{name: class id}, as transformers' `PretrainedConfig.label2id`."""
-        return {name: i for i, name in enumerate(self.label_names)}
-
     def decision_thresholds(self) -> dict[str, float] | None:
         """{label name: threshold} a multi-label model decides with (`thresholds`, else 0.5 each);
         None for other problem types."""
@@ -145,11 +181,7 @@ class ClassifierConfig:
         a {name: id} dict; either sets num_labels when that is not given."""
         saved = hf.get(FLAXHEADS_CONFIG_KEY, {})
         saved_names = label_names_from(hf.get("id2label"), hf.get("label2id"), source="config.json")
-        names = label_names_from(id2label, label2id)
-        if num_labels is None:
-            num_labels = len(names) if names else len(saved_names) if saved_names else hf.get("num_labels", 2)
-        if names is None and saved_names is not None and len(saved_names) == num_labels:
-            names = saved_names
+        num_labels, names = resolve_labels(hf, num_labels=num_labels, id2label=id2label, label2id=label2id)
         problem_type = next((p for p in (problem_type, hf.get("problem_type"), saved.get("problem_type"))
                              if p is not None), None)
         return cls(
@@ -157,7 +189,7 @@ class ClassifierConfig:
             head=head or saved.get("head") or default_head,
             num_labels=num_labels,
             problem_type=problem_type,
-            labels=tuple(names) if names else None,
+            labels=names,
             classifier_dropout=classifier_dropout,
             head_options=tuple(sorted({**saved.get("head_options", {}), **(head_options or {})}.items())),
             text_pair=bool(saved.get("text_pair", False)),
@@ -176,9 +208,7 @@ class ClassifierConfig:
         hf = backbone.to_hf_config()
         hf.update(
             architectures=[architecture],
-            num_labels=self.num_labels,
-            id2label={str(i): name for i, name in enumerate(self.label_names)},
-            label2id={name: i for i, name in enumerate(self.label_names)},
+            **self.hf_labels(),
             problem_type=self.problem_type if self.problem_type in problem.HF_PROBLEM_TYPES else None,
         )
         # None means "the backbone's own"; writing None here would erase that value on export.
@@ -245,7 +275,41 @@ def _names_by_id(by_id: Sequence[str] | Mapping[int | str, str], what: str) -> l
     return list(by_id)
 
 
-class SequenceClassifier(nnx.Module):
+class PretrainedModel:
+    """What every flaxheads model (`SequenceClassifier`, `TokenClassifier`, `MultipleChoice`)
+    shares: a `config` with a `backbone`, a `backbone` module, loading (`from_pretrained`, the
+    loader's, which reads config.json into `config_class` and picks transformers' class of the
+    config's `task`), saving and LoRA."""
+
+    # The loader's own function, so its signature and docstring live in one place: the classmethod
+    # builds whichever class it is called on (`cls.config_class` reads config.json).
+    from_pretrained = classmethod(loading.from_pretrained)
+
+    def save_pretrained(self, path, *, format: str = "pytorch", tokenizer=None) -> None:
+        """`flaxheads.save_pretrained(self, path, ...)`: see there."""
+        save_pretrained(self, path, format=format, tokenizer=tokenizer)
+
+    def with_lora(self, config: lora.LoRAConfig, *, seed: int = 0):
+        """A copy whose backbone Linears named by `config.target_modules` (peft's names: Hugging
+        Face module names, or "all-linear") carry fresh LoRA adapters; this model is left as it
+        is and shares its weights with the copy. ValueError naming the Linears there are when a
+        name matches none (`conversion.peft.resolve_targets`)."""
+        targets = peft.resolve_targets(self.config, config.target_modules)
+        return lora.add_adapters(self, config, [t.flax_module for t in targets], seed=seed)
+
+    def backbone_states(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
+                        segment_ids=None, rngs: nnx.Rngs | None = None):
+        """The backbone's `BackboneOutput` for (batch, seq) inputs, LoRA dropout keyed by `rngs`;
+        ValueError for concrete ids outside the vocabulary (`check_input_ids`). No mask: every
+        token is real."""
+        check_input_ids(input_ids, getattr(self.config.backbone, "vocab_size", None))
+        backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
+        with lora.adapter_dropout_key(lora.lora_config(self), rngs):  # LoRA layers take no rngs argument
+            return self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                                 rngs=rngs)
+
+
+class SequenceClassifier(PretrainedModel, nnx.Module):
     """backbone -> head -> logits.
 
     Train/eval mode the NNX way: built in train mode (dropout on); `model.eval()` turns every
@@ -293,16 +357,13 @@ class SequenceClassifier(nnx.Module):
         Ids outside the vocabulary (negative, or past vocab_size) raise ValueError when the ids
         are concrete (an eager call); under jit they cannot be looked at, and the data pipeline's
         tokenizer check keeps them in range."""
-        check_input_ids(input_ids, getattr(self.config.backbone, "vocab_size", None))
         if segment_ids is not None:
             segments.check(segment_ids, num_segments, input_ids)
             attention_mask = (segment_ids > 0).astype(jnp.int32)
         else:
             num_segments = None
-        backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
-        with lora.adapter_dropout_key(lora.lora_config(self), rngs):  # LoRA layers take no rngs argument
-            out = self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, segment_ids=segment_ids,
-                                rngs=rngs)
+        out = self.backbone_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                                   rngs=rngs)
         # The head gets the caller's mask, None included: "last_token" lets a given mask decide.
         inputs = HeadInputs(out.hidden_states, attention_mask, input_ids, cls_index, segment_ids, num_segments)
         return self.head(inputs, rngs).astype(jnp.float32)
@@ -317,24 +378,9 @@ class SequenceClassifier(nnx.Module):
             example_mask=example_mask,
         )
 
-    def with_lora(self, config: lora.LoRAConfig, *, seed: int = 0) -> SequenceClassifier:
-        """A copy whose backbone Linears named by `config.target_modules` (peft's names: Hugging
-        Face module names, or "all-linear") carry fresh LoRA adapters; this model is left as it
-        is and shares its weights with the copy. ValueError naming the Linears there are when a
-        name matches none (`conversion.peft.resolve_targets`)."""
-        targets = peft.resolve_targets(self.config, config.target_modules)
-        return lora.add_adapters(self, config, [t.flax_module for t in targets], seed=seed)
-
-    # The loader's own function, so its signature and docstring live in one place: the classmethod
-    # builds whichever class it is called on (`cls.config_class` reads config.json).
-    from_pretrained = classmethod(loading.from_pretrained)
-
-    def save_pretrained(self, path, *, format: str = "pytorch", tokenizer=None) -> None:
-        """`flaxheads.save_pretrained(self, path, ...)`: see there."""
-        save_pretrained(self, path, format=format, tokenizer=tokenizer)
 
 
-def save_pretrained(model: SequenceClassifier, path, *, format: str = "pytorch", tokenizer=None) -> None:
+def save_pretrained(model: PretrainedModel, path, *, format: str = "pytorch", tokenizer=None) -> None:
     """Saves `model` as a checkpoint folder that transformers loads (`format="pytorch"`: config.json
     + model.safetensors) or in flaxheads' own format (`"flaxheads"`); LoRA adapters are merged
     first, so the folder holds the plain model they compute (`conversion.peft.save_adapter` writes
@@ -385,11 +431,14 @@ def require_trained(info: LoadingInfo, model: SequenceClassifier, source, *, fix
 __all__ = [
     "FLAXHEADS_CONFIG_KEY",
     "ClassifierConfig",
+    "LabelNames",
+    "PretrainedModel",
     "SequenceClassifier",
     "UntrainedModel",
     "from_pretrained",
     "label_names_from",
     "load_backbone",
     "require_trained",
+    "resolve_labels",
     "save_pretrained",
 ]

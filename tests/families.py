@@ -11,6 +11,8 @@ Every scenario the families share is one test parametrized over `FAMILIES` (ids:
     tests/test_family_cli.py          inspect, train, evaluate, predict and convert on a tiny checkpoint
                                       with a tokenizer
     tests/test_family_tasks.py        the logits and loss of every task (problem type) equal transformers'
+    tests/test_family_tokens.py       token classification and multiple choice (`token_classifier`,
+                                      `multiple_choice`): logits, loss, loading reports, exports
     tests/test_packing_model.py       packed rows give each example's logits
 
 What is particular to a family (a config switch, an error message, its own head on BERT) stays in
@@ -29,7 +31,8 @@ say what the family adds or leaves out:
 * `reports`: the loading report each checkpoint type must give (`unused`, `newly_initialized`);
 * `fsdp`: parameters the FSDP rules must split (or keep whole) and partition specs to check;
 * `cli`: how to build a tiny checkpoint with a tokenizer (then the command line is tested on it);
-* `packing`: config overrides for the packing test (None leaves the family out of it).
+* `packing`: config overrides for the packing test (None leaves the family out of it);
+* `token_classifier` / `multiple_choice`: transformers' classes for those tasks, when it has them.
 
 A second config of the same transformers classes is a second row (`deberta-v2` beside
 `deberta-v3`); pass `family=` to `hf_checkpoint` to pick it.
@@ -221,6 +224,10 @@ class Family:
     family_of_classes: bool = True
     """Whether `hf_checkpoint` picks this row for its transformers classes (False: a second
     config of another row's classes, reached with family=name)."""
+    token_classifier: str | None = None
+    """transformers' *ForTokenClassification class (None: transformers has none for the family)."""
+    multiple_choice: str | None = None
+    """transformers' *ForMultipleChoice class (None: transformers has none for the family)."""
 
     @property
     def config_class(self):
@@ -249,7 +256,8 @@ class Family:
         return [(name, overrides) for overrides, name in seen.items()]
 
     def architectures(self) -> set[str]:
-        return {self.classifier, self.base, self.pretrained, *(r[0] for r in self.reports)}
+        return {self.classifier, self.base, self.pretrained, *(r[0] for r in self.reports),
+                *(c for c in (self.token_classifier, self.multiple_choice) if c)}
 
 
 def _pairs(**kwargs) -> tuple:
@@ -453,6 +461,7 @@ BERT = Family(
     "bert", {**TINY_CONFIG, "num_hidden_layers": 2, "type_vocab_size": 2, "pad_token_id": 0},
     "BertForSequenceClassification", "BertModel", "BertForMaskedLM", "pooler",
     functools.partial(padded_batch, seq_len=10, lowest_id=3, token_types=True),
+    token_classifier="BertForTokenClassification", multiple_choice="BertForMultipleChoice",
     paddings=("right", "left", "none"),
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
     token_types=True,
@@ -473,6 +482,7 @@ ROBERTA = Family(
                 "eos_token_id": 2},
     "RobertaForSequenceClassification", "RobertaModel", "RobertaForMaskedLM", "roberta",
     functools.partial(padded_batch, seq_len=10, pad_id=1, lowest_id=3, token_types=False),
+    token_classifier="RobertaForTokenClassification", multiple_choice="RobertaForMultipleChoice",
     paddings=("right", "left", "none"),
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
     reports=(
@@ -485,6 +495,7 @@ XLM_ROBERTA = Family(
     "xlm-roberta", {**ROBERTA.config},
     "XLMRobertaForSequenceClassification", "XLMRobertaModel", "XLMRobertaForMaskedLM", "roberta",
     functools.partial(padded_batch, seq_len=11, pad_id=1, lowest_id=3, token_types=False),
+    token_classifier="XLMRobertaForTokenClassification", multiple_choice="XLMRobertaForMultipleChoice",
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
     bf16_atol=0.02, bf16_rtol=1e-5,  # measured at most 0.005 on these tiny models
     reports=(
@@ -505,6 +516,7 @@ DISTILBERT = Family(
     "distilbert", {**TINY_CONFIG, "num_hidden_layers": 2, "hidden_dim": 37, "pad_token_id": 0},
     "DistilBertForSequenceClassification", "DistilBertModel", "DistilBertForMaskedLM", "distilbert",
     functools.partial(padded_batch, seq_len=11, lowest_id=3, token_types=False),
+    token_classifier="DistilBertForTokenClassification", multiple_choice="DistilBertForMultipleChoice",
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5),
               ("sinusoidal_relu", _pairs(sinusoidal_pos_embds=True, activation="relu"), 3),
               ("3_layers_gelu_new", _pairs(num_hidden_layers=3, activation="gelu_new", max_position_embeddings=20), 3)),
@@ -529,6 +541,7 @@ ALBERT = Family(
     ),
     "AlbertForSequenceClassification", "AlbertModel", "AlbertForPreTraining", "pooler",
     functools.partial(padded_batch, seq_len=9, lowest_id=5, token_types=True),
+    token_classifier="AlbertForTokenClassification", multiple_choice="AlbertForMultipleChoice",
     # (num_hidden_groups, inner_group_num): one group as released ALBERTs, uneven groups (3 layers over
     # 2 groups: layers 0 and 1 use group 0), two layers per group, both at once.
     variants=(("groups1_inner1_2_labels", (), 2), ("groups2_inner1_3_labels", _pairs(num_hidden_groups=2), 3),
@@ -568,6 +581,7 @@ ELECTRA = Family(
                     pad_token_id=0),
     "ElectraForSequenceClassification", "ElectraModel", "ElectraForPreTraining", "electra",
     functools.partial(padded_batch, seq_len=10, token_types=True),
+    token_classifier="ElectraForTokenClassification", multiple_choice="ElectraForMultipleChoice",
     variants=(("projected_3_labels", (), 3), ("same_width_2_labels", _pairs(embedding_size=36), 2),
               ("projected_1_label", (), 1)),
     token_types=True,
@@ -608,6 +622,7 @@ DEBERTA_V3 = Family(
                    "position_biased_input": False},
     "DebertaV2ForSequenceClassification", "DebertaV2Model", "DebertaV2ForMaskedLM", "deberta",
     functools.partial(padded_batch, seq_len=DEBERTA_SEQ_LEN, token_types=False),
+    token_classifier="DebertaV2ForTokenClassification", multiple_choice="DebertaV2ForMultipleChoice",
     variants=(("3_labels", (), 3),
               # max_relative_positions unset (-> max_position_embeddings), c2p alone, separate key projection
               ("c2p_only_1_label", _pairs(pos_att_type="c2p", position_biased_input=True, position_buckets=-1,
@@ -631,6 +646,7 @@ DEBERTA_V2 = Family(
                    "embedding_size": 20, "pooler_hidden_act": "tanh", "cls_dropout": 0.3},
     "DebertaV2ForSequenceClassification", "DebertaV2Model", "DebertaV2ForMaskedLM", "deberta",
     functools.partial(padded_batch, seq_len=DEBERTA_SEQ_LEN, token_types=True),
+    token_classifier="DebertaV2ForTokenClassification", multiple_choice="DebertaV2ForMultipleChoice",
     variants=(("2_labels", (), 2),),
     token_types=True,
     bf16_atol=1e-2,  # measured max 3.1e-3 on logits of order 1
@@ -664,6 +680,7 @@ MODERNBERT = Family(
                        bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2),
     "ModernBertForSequenceClassification", "ModernBertModel", "ModernBertForMaskedLM", "modernbert",
     functools.partial(padded_batch, seq_len=MODERNBERT_SEQ_LEN, lowest_id=3, token_types=False),
+    token_classifier="ModernBertForTokenClassification", multiple_choice="ModernBertForMultipleChoice",
     variants=(("no_bias-cls-every3", (), 3),
               ("biases-mean-every2-silu", tuple(sorted(dict(MODERNBERT_BIASES, global_attn_every_n_layers=2,
                                                             classifier_pooling="mean",
@@ -693,6 +710,7 @@ XLNET = Family(
     "xlnet", dict(vocab_size=99, d_model=32, n_head=4, d_inner=37, n_layer=2, initializer_range=0.1),
     "XLNetForSequenceClassification", "XLNetModel", "XLNetLMHeadModel", "summary",
     xlnet_batch,
+    token_classifier="XLNetForTokenClassification", multiple_choice="XLNetForMultipleChoice",
     paddings=("left",),
     padding_side="left",
     variants=tuple((f"{summary_type}_{n}", _pairs(summary_type=summary_type), n)
@@ -710,6 +728,7 @@ GPT2 = Family(
     "GPT2ForSequenceClassification", "GPT2Model", "GPT2LMHeadModel", "last_token",
     # ids never 0 or 98: the pad ids the GPT-2 tests use
     functools.partial(padded_batch, seq_len=10, pad_id=EOS, highest_id=90, token_types=False),
+    token_classifier="GPT2ForTokenClassification",  # no GPT2ForMultipleChoice in transformers
     paddings=("right", "left", "none"),
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
     token_types=True,  # GPT-2 embeds token types with its word embeddings (wte)
@@ -733,8 +752,9 @@ _LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_fr
 
 
 def _decoder(name: str, prefix: str, overrides: dict, *, causal_lm: str | None = None, padding_side: str = "left",
-             **options) -> Family:
-    """A decoder row: every other head runs on Llama; the others share its backbone code and run "mean"."""
+             token_classifier: bool = True, **options) -> Family:
+    """A decoder row: every other head runs on Llama; the others share its backbone code and run "mean".
+    Token classifiers are transformers' `GenericForTokenClassification`; no decoder has a multiple-choice class."""
     gemma = prefix.startswith("Gemma")  # ties lm_head to the embeddings: transformers does not write it
     causal_lm = causal_lm or f"{prefix}ForCausalLM"
     return Family(
@@ -751,6 +771,7 @@ def _decoder(name: str, prefix: str, overrides: dict, *, causal_lm: str | None =
                                    "backbone.layers.1.attention.output.kernel", "backbone.layers.2.mlp.up.kernel",
                                    "head.score.kernel"})),
         packing=_pairs(num_hidden_layers=2),
+        token_classifier=f"{prefix}ForTokenClassification" if token_classifier else None,
         **{"other_heads": ("mean",), **options},
     )
 
@@ -780,7 +801,7 @@ DECODERS = (
                                                query_pre_attn_scalar=10, rope_local_base_freq=100.0,
                                                sliding_window_pattern=2, rope_scaling=dict(rope_type="linear",
                                                                                            factor=2.0)),
-             causal_lm="Gemma3ForCausalLM"),
+             causal_lm="Gemma3ForCausalLM", token_classifier=False),  # transformers has no Gemma3 token classifier
 )
 
 FAMILIES: dict[str, Family] = {row.name: row for row in (

@@ -18,12 +18,13 @@ FLOORS: dict[str, int] = {
     "tokenizer": 4,
     "data": 5,
     "model": 6,
-    "training": 7,
-    "inference": 8, "functional": 8, "convert": 8,
-    "pipeline": 9,
-    "study": 10, "benchmarks": 10,
-    "cli": 11,
-    "__init__": 12,
+    "token_classifier": 7, "multiple_choice": 7,
+    "training": 8,
+    "inference": 9, "functional": 9, "convert": 9,
+    "pipeline": 10,
+    "study": 11, "benchmarks": 11,
+    "cli": 12,
+    "__init__": 13,
 }
 """The floor of each top-level module or package of flaxheads (docs/architecture.md). A module may
 import its own package and strictly lower floors, never a floor above or another part of its own."""

@@ -7,7 +7,10 @@ number of the num_hidden_layers layers apply that group.
 
 from __future__ import annotations
 
-from flaxheads.conversion.table import ArchitectureTable, embedding, layer_norm, linear
+from flaxheads.conversion.table import (
+    MULTIPLE_CHOICE, TOKEN_CLASSIFICATION, ArchitectureTable, TaskTable, embedding, layer_norm, linear,
+    token_classification,
+)
 
 _LAYER = "{base}encoder.albert_layer_groups.{g}.albert_layers.{j}"
 _FLAX_LAYER = "groups.{g}.layers.{j}"
@@ -31,6 +34,7 @@ ALBERT_BACKBONE = (
 # AlbertModel's pooler is a bare nn.Linear named `pooler` (BERT's is `pooler.dense`); the
 # "pooler" head owns it in flaxheads, as for BERT.
 _POOLER = tuple(linear("{base}pooler", "pooler.dense"))
+_POOLER_HEAD = (*_POOLER, *linear("classifier", "classifier"))
 
 ALBERT = ArchitectureTable(
     model_type="albert",
@@ -39,7 +43,11 @@ ALBERT = ArchitectureTable(
     classification_architecture="AlbertForSequenceClassification",
     canonical_head="pooler",
     backbone=ALBERT_BACKBONE,
-    heads={"pooler": (*_POOLER, *linear("classifier", "classifier"))},
+    heads={"pooler": _POOLER_HEAD},
     pooler=_POOLER,
     layer_indices={"g": "num_hidden_groups", "j": "inner_group_num"},
+    tasks={
+        TOKEN_CLASSIFICATION: token_classification("AlbertForTokenClassification"),
+        MULTIPLE_CHOICE: TaskTable("AlbertForMultipleChoice", "pooler", _POOLER_HEAD),
+    },
 )

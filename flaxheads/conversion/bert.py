@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from flaxheads.conversion.table import ArchitectureTable, embedding, layer_norm, linear
+from flaxheads.conversion.table import (
+    MULTIPLE_CHOICE, TOKEN_CLASSIFICATION, ArchitectureTable, TaskTable, embedding, layer_norm, linear,
+    token_classification,
+)
 
 _LAYER = "{base}encoder.layer.{i}"
 
@@ -26,6 +29,8 @@ ENCODER_BACKBONE = (
 
 # The pretrained pooler lives in the base model; the "pooler" head owns it in flaxheads.
 _POOLER = tuple(linear("{base}pooler.dense", "pooler.dense"))
+_POOLER_HEAD = (*_POOLER, *linear("classifier", "classifier"))
+"""`BertForSequenceClassification`'s head, and every `*ForMultipleChoice` of this table's families."""
 
 BERT = ArchitectureTable(
     model_type="bert",
@@ -34,10 +39,23 @@ BERT = ArchitectureTable(
     classification_architecture="BertForSequenceClassification",
     canonical_head="pooler",
     backbone=ENCODER_BACKBONE,
-    heads={"pooler": (*_POOLER, *linear("classifier", "classifier"))},
+    heads={"pooler": _POOLER_HEAD},
     pooler=_POOLER,
+    tasks={
+        TOKEN_CLASSIFICATION: token_classification("BertForTokenClassification"),
+        MULTIPLE_CHOICE: TaskTable("BertForMultipleChoice", "pooler", _POOLER_HEAD),
+    },
     nsp_classifier=tuple(linear("cls.seq_relationship", "classifier")),
 )
+
+def _roberta_tasks(name: str) -> dict[str, TaskTable]:
+    """`RobertaForMultipleChoice` scores a choice with the base model's pooler and a `classifier`
+    Linear (not `RobertaClassificationHead`): the "pooler" head under transformers' names."""
+    return {
+        TOKEN_CLASSIFICATION: token_classification(f"{name}ForTokenClassification"),
+        MULTIPLE_CHOICE: TaskTable(f"{name}ForMultipleChoice", "pooler", _POOLER_HEAD),
+    }
+
 
 ROBERTA = ArchitectureTable(
     model_type="roberta",
@@ -51,6 +69,7 @@ ROBERTA = ArchitectureTable(
         "pooler": (*_POOLER, *linear("head.classifier", "classifier")),
     },
     pooler=_POOLER,
+    tasks=_roberta_tasks("Roberta"),
 )
 
 XLM_ROBERTA = dataclasses.replace(
@@ -58,4 +77,5 @@ XLM_ROBERTA = dataclasses.replace(
     model_type="xlm-roberta",
     base_architecture="XLMRobertaModel",
     classification_architecture="XLMRobertaForSequenceClassification",
+    tasks=_roberta_tasks("XLMRoberta"),
 )

@@ -11,7 +11,10 @@ legacy=True) and the replaced-token-detection head of ELECTRA-style v3 checkpoin
 
 from __future__ import annotations
 
-from flaxheads.conversion.table import ArchitectureTable, Rule, Transform, embedding, layer_norm, linear, transposed
+from flaxheads.conversion.table import (
+    MULTIPLE_CHOICE, TOKEN_CLASSIFICATION, ArchitectureTable, Rule, TaskTable, Transform, embedding, layer_norm, linear,
+    token_classification, transposed,
+)
 
 # torch's Conv1d stores (out, in / groups, kernel); Flax's Conv kernel is (kernel, in / groups, out):
 # the same axes reversed, both ways.
@@ -43,6 +46,8 @@ DEBERTA_V2_BACKBONE = (
     *layer_norm(f"{_LAYER}.output.LayerNorm", "layers.{i}.output_norm"),
 )
 
+_CONTEXT_POOLER_HEAD = (*linear("pooler.dense", "dense"), *linear("classifier", "classifier"))
+
 DEBERTA_V2 = ArchitectureTable(
     model_type="deberta-v2",
     base_prefix="deberta",
@@ -51,5 +56,9 @@ DEBERTA_V2 = ArchitectureTable(
     canonical_head="deberta",
     backbone=DEBERTA_V2_BACKBONE,
     # ContextPooler sits beside the base model, not in it: the "deberta" head owns it.
-    heads={"deberta": (*linear("pooler.dense", "dense"), *linear("classifier", "classifier"))},
+    heads={"deberta": _CONTEXT_POOLER_HEAD},
+    tasks={
+        TOKEN_CLASSIFICATION: token_classification("DebertaV2ForTokenClassification"),
+        MULTIPLE_CHOICE: TaskTable("DebertaV2ForMultipleChoice", "deberta", _CONTEXT_POOLER_HEAD),
+    },
 )

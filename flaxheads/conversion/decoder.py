@@ -14,7 +14,9 @@ attention output in Gemma2/3's sandwich layout (which names the pre-MLP norm
 
 from __future__ import annotations
 
-from flaxheads.conversion.table import LINEAR, ArchitectureTable, Rule, embedding, linear
+from flaxheads.conversion.table import (
+    LINEAR, TOKEN_CLASSIFICATION, ArchitectureTable, Rule, embedding, linear, token_classification,
+)
 
 _LAYER = "{base}layers.{i}"
 
@@ -44,7 +46,7 @@ def _backbone(sandwich: bool) -> tuple[Rule, ...]:
     )
 
 
-def _table(model_type: str, name: str, *, sandwich: bool = False) -> ArchitectureTable:
+def _table(model_type: str, name: str, *, sandwich: bool = False, token_classifier: bool = True) -> ArchitectureTable:
     return ArchitectureTable(
         model_type=model_type,
         base_prefix="model",
@@ -54,6 +56,10 @@ def _table(model_type: str, name: str, *, sandwich: bool = False) -> Architectur
         backbone=_backbone(sandwich),
         # `score` is a bias-free nn.Linear outside the base model: "score.weight", no prefix.
         heads={"last_token": (Rule("score.weight", "score.kernel", LINEAR),)},
+        # GenericForTokenClassification: dropout, then `score` with a bias (unless the config sets
+        # token_classification_bias=False), on every token.
+        tasks={TOKEN_CLASSIFICATION: token_classification(f"{name}ForTokenClassification", "score")}
+        if token_classifier else {},
     )
 
 
@@ -63,6 +69,7 @@ QWEN2 = _table("qwen2", "Qwen2")
 QWEN3 = _table("qwen3", "Qwen3")
 GEMMA = _table("gemma", "Gemma")
 GEMMA2 = _table("gemma2", "Gemma2", sandwich=True)
-GEMMA3_TEXT = _table("gemma3_text", "Gemma3Text", sandwich=True)
+# transformers has no Gemma3 token classifier (Gemma3ForSequenceClassification is multimodal).
+GEMMA3_TEXT = _table("gemma3_text", "Gemma3Text", sandwich=True, token_classifier=False)
 
 DECODER_TABLES = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3_TEXT)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from flaxheads.conversion.table import ArchitectureTable, embedding, layer_norm, linear
+from flaxheads.conversion.table import (
+    MULTIPLE_CHOICE, TOKEN_CLASSIFICATION, ArchitectureTable, TaskTable, embedding, layer_norm, linear,
+    token_classification,
+)
 
 _LAYER = "{base}transformer.layer.{i}"
+_HEAD = (*linear("pre_classifier", "pre_classifier"), *linear("classifier", "classifier"))
 
 DISTILBERT = ArchitectureTable(
     model_type="distilbert",
@@ -27,5 +31,9 @@ DISTILBERT = ArchitectureTable(
     ),
     # DistilBERT has no pooler; its masked-LM head (vocab_transform, vocab_layer_norm,
     # vocab_projector) has no rule, so loading reports it unused.
-    heads={"distilbert": (*linear("pre_classifier", "pre_classifier"), *linear("classifier", "classifier"))},
+    heads={"distilbert": _HEAD},
+    tasks={
+        TOKEN_CLASSIFICATION: token_classification("DistilBertForTokenClassification"),
+        MULTIPLE_CHOICE: TaskTable("DistilBertForMultipleChoice", "distilbert", _HEAD),
+    },
 )

@@ -9,7 +9,9 @@ absent from the file; when present it is reported as unused, as are the causal-m
 
 from __future__ import annotations
 
-from flaxheads.conversion.table import LINEAR, ArchitectureTable, Rule, conv1d, embedding, layer_norm
+from flaxheads.conversion.table import (
+    LINEAR, TOKEN_CLASSIFICATION, ArchitectureTable, Rule, conv1d, embedding, layer_norm, token_classification,
+)
 
 _BLOCK = "{base}h.{i}"
 
@@ -34,4 +36,6 @@ GPT2 = ArchitectureTable(
     backbone=GPT2_BACKBONE,
     # `score` is a bias-free nn.Linear outside the base model: "score.weight", no prefix.
     heads={"last_token": (Rule("score.weight", "score.kernel", LINEAR),)},
+    # GPT2ForTokenClassification's Linear is `classifier`, with a bias (the sequence classifier's is `score`).
+    tasks={TOKEN_CLASSIFICATION: token_classification("GPT2ForTokenClassification")},
 )

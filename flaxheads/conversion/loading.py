@@ -26,7 +26,7 @@ from flaxheads.conversion.checkpoint_io import CheckpointError, TensorReader
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.formats import WeightFormat
-from flaxheads.conversion.table import Rule, ShapeMismatch, expand, flax_to_hf, hf_to_flax
+from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION, Rule, ShapeMismatch, expand, flax_to_hf, hf_to_flax
 
 def weight_format(folder: str | os.PathLike) -> WeightFormat | None:
     """The first of `conversion.WEIGHT_FORMATS` whose files `folder` holds; None when it holds none."""
@@ -266,6 +266,21 @@ def _raise_for_other_architecture(hf_config: dict[str, Any], given: dict[str, An
             )
 
 
+def _raise_for_another_task(checkpoint: Checkpoint, table, task: str, model_class: type) -> None:
+    """ValueError when config.json's `architectures` name the family's transformers class for
+    another task than `task` (a token classifier loaded as a sequence classifier, say): its head
+    has the same tensor names (`classifier.weight`) and would silently fill a head that computes
+    something else. A bare model or a pretraining checkpoint names no task: its head is new."""
+    for architecture in checkpoint.config.get("architectures") or ():
+        theirs = table.task_of(architecture)
+        if theirs is not None and theirs != task:
+            raise ValueError(
+                f"{checkpoint.folder} holds a {architecture}, a {theirs} model, and {model_class.__name__} is a "
+                f"{task} model: its head would be filled with the other task's weights. Load it with "
+                f"flaxheads.from_pretrained(path, task={theirs!r})"
+            )
+
+
 def _refuse_remote_code(trust_remote_code: bool) -> None:
     if trust_remote_code:
         raise ValueError(
@@ -301,7 +316,8 @@ def from_pretrained(
     local_files_only: bool = False,
     trust_remote_code: bool = False,
 ):
-    """A `cls` model (`SequenceClassifier`) from a Hugging Face (or flaxheads) checkpoint.
+    """A `cls` model (`SequenceClassifier`, `TokenClassifier`, `MultipleChoice`: the task is
+    `cls.config_class.task`) from a Hugging Face (or flaxheads) checkpoint.
 
     `path` is a checkpoint folder, or what `resolve_checkpoint` resolves with `revision`,
     `cache_dir`, `token` and `local_files_only` (as in transformers), or an open `Checkpoint`.
@@ -337,7 +353,10 @@ def from_pretrained(
     model, or `(model, LoadingInfo)` with `output_loading_info=True`.
 
     Raises ValueError (CheckpointError, ShapeMismatch) naming the key or setting at fault;
-    ValueError for `trust_remote_code=True` (flaxheads runs no code from checkpoints).
+    ValueError for `trust_remote_code=True` (flaxheads runs no code from checkpoints), for a
+    checkpoint whose config.json names transformers' class of another task (a
+    `BertForTokenClassification` loaded by `SequenceClassifier`: the error names the task to
+    load it with), and for a family transformers has no class of `cls`'s task for.
     """
     _refuse_remote_code(trust_remote_code)
     checkpoint = open_checkpoint(
@@ -347,9 +366,11 @@ def from_pretrained(
     if pad_token_id is not None:
         hf_config["pad_token_id"] = pad_token_id
     table = conversion.architecture_table(hf_config.get("model_type"))
+    task = cls.config_class.task
+    _raise_for_another_task(checkpoint, table, task, cls)
     model_config = cls.config_class.from_hf_config(
         hf_config,
-        default_head=table.canonical_head,
+        default_head=table.default_head(task),
         head=head,
         num_labels=num_labels,
         problem_type=problem_type,
@@ -368,7 +389,7 @@ def from_pretrained(
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = rules.base_prefix(table, reader.names, rename)
     backbone = rename(rules.backbone_rules(table, model_config.backbone, base, param_paths))
-    head_rules = rename(rules.head_rules(table, model_config.head, head_paths, base))
+    head_rules = rename(rules.head_rules(table, model_config.head, head_paths, base, task))
     _raise_for_extra_layers(checkpoint, table, base, model_config.backbone)
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
     notes = list(table.loading_notes)
@@ -394,6 +415,8 @@ def from_pretrained(
 
 def _with_nsp_classifier(checkpoint: Checkpoint, table, config, head_rules: list[Rule], base: str) -> list[Rule]:
     """`head_rules` with the classifier's taken from the pretraining NSP head."""
+    if config.task != SEQUENCE_CLASSIFICATION:
+        raise ValueError(f"init_classifier_from_nsp=True is for sequence classifiers, not {config.task} models")
     if config.head != "pooler" or config.num_labels != 2 or not table.nsp_classifier:
         raise ValueError(
             "init_classifier_from_nsp=True needs head='pooler', num_labels=2 and a BERT checkpoint; got "
@@ -495,13 +518,10 @@ def _exported(model, fmt: WeightFormat) -> tuple[dict[str, Any], dict[str, np.nd
     config = model.config
     table = conversion.architecture_table(config.backbone.model_type)
     arrays = {key: np.asarray(var[...]) for key, (_, var) in flat_variables(model).items()}
-    architecture = (
-        table.classification_architecture if table.is_canonical(config.head) else table.base_architecture
-    )
-    hf_config = config.to_hf_config(architecture)
+    hf_config = config.to_hf_config(table.architecture(config.task, config.head))
     hf_config["dtype"] = str(next(iter(arrays.values())).dtype)
     base = f"{table.base_prefix}."
     head_paths = [k[len("head."):] for k in arrays if k.startswith("head.")]
     model_rules = rules.backbone_rules(table, config.backbone, base, arrays)
-    model_rules += rules.head_rules(table, config.head, head_paths, base)
+    model_rules += rules.head_rules(table, config.head, head_paths, base, config.task)
     return hf_config, flax_to_hf(arrays, fmt.rename(model_rules))

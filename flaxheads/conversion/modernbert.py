@@ -13,7 +13,9 @@ transformers has no class for are stored under `flaxheads_head.` instead of `hea
 
 from __future__ import annotations
 
-from flaxheads.conversion.table import ArchitectureTable, embedding, layer_norm, linear
+from flaxheads.conversion.table import (
+    MULTIPLE_CHOICE, TOKEN_CLASSIFICATION, ArchitectureTable, TaskTable, embedding, layer_norm, linear,
+)
 
 _LAYER = "{base}layers.{i}"
 
@@ -29,6 +31,8 @@ MODERNBERT_BACKBONE = (
     *layer_norm("{base}final_norm", "final_norm"),
 )
 
+_HEAD = (*linear("head.dense", "dense"), *layer_norm("head.norm", "norm"), *linear("classifier", "classifier"))
+
 MODERNBERT = ArchitectureTable(
     model_type="modernbert",
     base_prefix="model",
@@ -37,9 +41,10 @@ MODERNBERT = ArchitectureTable(
     canonical_head="modernbert",
     backbone=MODERNBERT_BACKBONE,
     own_head_prefix="flaxheads_head.",
-    heads={
-        "modernbert": (
-            *linear("head.dense", "dense"), *layer_norm("head.norm", "norm"), *linear("classifier", "classifier"),
-        ),
+    heads={"modernbert": _HEAD},
+    # The token classifier runs the same prediction head on every token.
+    tasks={
+        TOKEN_CLASSIFICATION: TaskTable("ModernBertForTokenClassification", "modernbert", _HEAD),
+        MULTIPLE_CHOICE: TaskTable("ModernBertForMultipleChoice", "modernbert", _HEAD),
     },
 )

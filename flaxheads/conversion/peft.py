@@ -18,7 +18,7 @@ from flax import nnx
 
 from flaxheads import atomic, lora
 from flaxheads.conversion import architecture_table, checkpoint_io, rules
-from flaxheads.conversion.table import CONV1D, LINEAR, flax_to_hf
+from flaxheads.conversion.table import CONV1D, LINEAR, SEQUENCE_CLASSIFICATION, flax_to_hf
 
 ALL_LINEAR = "all-linear"
 """peft's name for every Linear layer of the backbone (the classifier excluded)."""
@@ -88,12 +88,18 @@ def peft_adapter(model: nnx.Module, *, base_model_name_or_path: str | None = Non
     them for a LoRA model of task type SEQ_CLS: the adapters under
     `base_model.model.<hf module>.lora_A.weight` (r, in) / `lora_B.weight` (out, r), and the
     classification head (trained in full) under `base_model.model.<hf name>` with its modules in
-    `modules_to_save`. ValueError for a model without adapters, or with a head transformers'
-    `*ForSequenceClassification` does not have (export it merged instead)."""
+    `modules_to_save`. ValueError for a model without adapters, a model of another task (a
+    `TokenClassifier`, a `MultipleChoice`), or with a head transformers'
+    `*ForSequenceClassification` does not have (export them merged instead)."""
     config = lora.lora_config(model)
     if config is None:
         raise ValueError("the model has no LoRA adapters; save it with save_pretrained instead")
     table = architecture_table(model.config.backbone.model_type)
+    if model.config.task != SEQUENCE_CLASSIFICATION:
+        raise ValueError(
+            f"flaxheads writes peft adapters of task type SEQ_CLS only, and this is a {model.config.task} model: "
+            "save it merged (model.save_pretrained(path))"
+        )
     if not table.is_canonical(model.config.head):
         raise ValueError(
             f"a peft adapter is applied to transformers' {table.classification_architecture}, whose head is "

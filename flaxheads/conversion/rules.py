@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
-from flaxheads.conversion.table import ArchitectureTable, Rule, expand, head_layout
+from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION, ArchitectureTable, Rule, expand, head_layout
 
 
 def under(prefix: str, rules) -> list[Rule]:
@@ -34,11 +34,13 @@ def backbone_rules(
     return [r for r in rules if r.flax in present]
 
 
-def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str], base: str) -> list[Rule]:
+def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str], base: str,
+               task: str = SEQUENCE_CLASSIFICATION) -> list[Rule]:
     """`head_param_paths` are relative to the head ('classifier.kernel'). A table names every
     parameter its head may have; one built without an optional part (XLNet's summary projection
-    with summary_use_proj=False) keeps only the rules for the parameters it has."""
-    table_rules = table.heads.get(head)
+    with summary_use_proj=False) keeps only the rules for the parameters it has. A `task` other
+    than sequence classification has its transformers class's rules (`ArchitectureTable.tasks`)."""
+    table_rules = table.heads.get(head) if task == SEQUENCE_CLASSIFICATION else table.task(task).rules
     if table_rules:
         rules = [r for r in table_rules if r.flax in set(head_param_paths)]
     else:

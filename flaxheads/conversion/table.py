@@ -74,6 +74,11 @@ def conv1d(hf: str, flax: str) -> list[Rule]:
     return [Rule(f"{hf}.weight", f"{flax}.kernel", CONV1D), Rule(f"{hf}.bias", f"{flax}.bias")]
 
 
+def token_classification(architecture: str, hf: str = "classifier", head: str = "linear", *rules: Rule) -> TaskTable:
+    """A `*ForTokenClassification` whose per-token Linear is `hf` (after the head's own `rules`)."""
+    return TaskTable(architecture, head, (*rules, *linear(hf, "classifier")))
+
+
 def layer_norm(hf: str, flax: str) -> list[Rule]:
     return [Rule(f"{hf}.weight", f"{flax}.scale"), Rule(f"{hf}.bias", f"{flax}.bias")]
 
@@ -164,6 +169,26 @@ def flax_to_hf(flax_arrays: Mapping[str, np.ndarray], rules: Iterable[Rule]) -> 
     return out
 
 
+SEQUENCE_CLASSIFICATION = "sequence-classification"
+TOKEN_CLASSIFICATION = "token-classification"
+MULTIPLE_CHOICE = "multiple-choice"
+"""The tasks a model class serves, by transformers' pipeline names: `*ForSequenceClassification`
+(`SequenceClassifier`), `*ForTokenClassification` (`TokenClassifier`), `*ForMultipleChoice`
+(`MultipleChoice`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskTable:
+    """transformers' class for a task other than sequence classification, and its head's tensors."""
+
+    architecture: str
+    """`BertForTokenClassification`, `RobertaForMultipleChoice`, ..."""
+    head: str
+    """The flaxheads head that computes the class's head (`heads.TOKEN_HEADS` / `heads.CHOICE_HEADS`)."""
+    rules: tuple[Rule, ...]
+    """The head's tensors; flax paths relative to the model's `head`, `{base}` as in `backbone`."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ArchitectureTable:
     """Everything conversion needs to know about one Hugging Face architecture.
@@ -193,10 +218,40 @@ class ArchitectureTable:
     layer_indices: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"i": "num_hidden_layers"})
     """Each index the `backbone` rules name -> the backbone config field that counts its values,
     outermost first (ALBERT names a shared layer by group `{g}`, then layer `{j}` in the group)."""
+    tasks: Mapping[str, TaskTable] = dataclasses.field(default_factory=dict)
+    """TOKEN_CLASSIFICATION / MULTIPLE_CHOICE -> the family's transformers class for it; a task
+    transformers has no class for on this family is absent."""
 
     def is_canonical(self, head: str) -> bool:
         """Whether transformers' `*ForSequenceClassification` holds exactly this head."""
         return head == self.canonical_head
+
+    def task(self, task: str) -> TaskTable:
+        """The family's table for `task`; ValueError when transformers has no class for it."""
+        if task not in self.tasks:
+            have = sorted(self.tasks) or "none"
+            raise ValueError(
+                f"model_type {self.model_type!r} has no {task} model in transformers (its tasks besides "
+                f"{SEQUENCE_CLASSIFICATION}: {have}), so flaxheads has none either"
+            )
+        return self.tasks[task]
+
+    def default_head(self, task: str) -> str:
+        """The head transformers' class for `task` computes (ValueError as `task`)."""
+        return self.canonical_head if task == SEQUENCE_CLASSIFICATION else self.task(task).head
+
+    def architecture(self, task: str, head: str) -> str:
+        """The transformers class an export of a `task` model with `head` names in config.json."""
+        if task != SEQUENCE_CLASSIFICATION:
+            return self.task(task).architecture
+        return self.classification_architecture if self.is_canonical(head) else self.base_architecture
+
+    def task_of(self, architecture: str) -> str | None:
+        """The task of this family's transformers class `architecture`; None for a class of no
+        task (the bare model, a pretraining head)."""
+        if architecture == self.classification_architecture:
+            return SEQUENCE_CLASSIFICATION
+        return next((task for task, t in self.tasks.items() if t.architecture == architecture), None)
 
     def index_counts(self, backbone_config: Any) -> dict[str, int]:
         """How many values each index of the backbone rules takes for a model of `backbone_config`."""

@@ -6,7 +6,10 @@ parameters and by flaxheads as `nnx.Einsum` kernels of the same layout: no trans
 
 from __future__ import annotations
 
-from flaxheads.conversion.table import ArchitectureTable, Rule, embedding, layer_norm, linear
+from flaxheads.conversion.table import (
+    MULTIPLE_CHOICE, TOKEN_CLASSIFICATION, ArchitectureTable, Rule, TaskTable, embedding, layer_norm, linear,
+    token_classification,
+)
 
 _LAYER = "{base}layer.{i}"
 _ATTENTION = "layers.{i}.attention"
@@ -25,6 +28,8 @@ XLNET_BACKBONE = (
     *layer_norm(f"{_LAYER}.ff.layer_norm", "layers.{i}.ff.layer_norm"),
 )
 
+_SUMMARY_HEAD = (*linear("sequence_summary.summary", "summary"), *linear("logits_proj", "logits_proj"))
+
 XLNET = ArchitectureTable(
     model_type="xlnet",
     base_prefix="transformer",
@@ -33,7 +38,11 @@ XLNET = ArchitectureTable(
     canonical_head="summary",
     backbone=XLNET_BACKBONE,
     # `sequence_summary.summary` exists only with summary_use_proj=True; a head without it skips that rule.
-    heads={"summary": (*linear("sequence_summary.summary", "summary"), *linear("logits_proj", "logits_proj"))},
+    heads={"summary": _SUMMARY_HEAD},
+    tasks={
+        TOKEN_CLASSIFICATION: token_classification("XLNetForTokenClassification"),
+        MULTIPLE_CHOICE: TaskTable("XLNetForMultipleChoice", "summary", _SUMMARY_HEAD),
+    },
     loading_notes=(
         "XLNet's mask_emb feeds the query stream, which only pretraining uses: it is loaded and "
         "saved (exports stay complete) but classification never reads it",

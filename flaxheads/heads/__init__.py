@@ -18,6 +18,9 @@ Packed rows (`HeadInputs.segment_ids`, several examples per row): every head rea
 its example alone and unpadded ("first token" is the segment's first, "last real token" and the
 means stay inside it) and returns (batch, num_segments, num_labels); the pooling functions
 (`pooling`, `segments`) return (batch, num_segments, features) and the layers after them are unchanged.
+
+The other tasks' heads: `TOKEN_HEADS` (`token.py`, one row of logits per token) and `CHOICE_HEADS`
+(the sequence heads with one output scoring each choice of a multiple-choice batch).
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from flax import nnx
 from flaxheads.heads.base import HeadConfig, HeadInputs
 from flaxheads.heads.classifiers import (
     DebertaHead, DistilBertHead, ModernBertHead, PoolerHead, RobertaHead, concat_last4_head, cls_head, electra_head,
-    mean_head,
+    mean_head, modernbert_choice_head,
 )
 from flaxheads.heads.last_token import LastTokenHead
 from flaxheads.heads.summary import SummaryHead
+from flaxheads.heads.token import TokenHead, modernbert_token_head
 
 HeadBuilder = Callable[..., nnx.Module]
 """`builder(cfg: HeadConfig, *, dtype, param_dtype, rngs) -> head module`."""
@@ -54,19 +58,34 @@ HEADS: dict[str, HeadBuilder] = {
 
 HEAD_NAMES = tuple(HEADS)
 
+TOKEN_HEADS: dict[str, HeadBuilder] = {
+    "linear": TokenHead,
+    "modernbert": modernbert_token_head,
+}
+"""Token-classification heads (`heads/token.py`): (batch, seq, num_labels) logits. Each family's
+is the one its conversion table names (`ArchitectureTable.tasks`)."""
+
+CHOICE_HEADS: dict[str, HeadBuilder] = {**HEADS, "modernbert": modernbert_choice_head}
+"""Multiple-choice heads: a sequence head with one output scores each choice. Each family's is
+the one its conversion table names; ModernBERT's reads the first real token where its sequence
+classifier reads position 0 (`modernbert_choice_head`)."""
+
 
 def output_layer(head: nnx.Module) -> nnx.Linear:
     """The Linear layer whose output is a head's logits (each head class names it in OUTPUT_LAYER)."""
     return getattr(head, type(head).OUTPUT_LAYER)
 
 
-def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
-    """The head called `cfg.name`; ValueError listing the known names otherwise."""
+def build_head(cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs,
+               registry: dict[str, HeadBuilder] = HEADS) -> nnx.Module:
+    """The head of `registry` (sequence heads unless given) called `cfg.name`; ValueError listing
+    the known names otherwise."""
     try:
-        builder = HEADS[cfg.name]
+        builder = registry[cfg.name]
     except KeyError:
-        raise ValueError(f"unknown head {cfg.name!r}; choose one of {HEAD_NAMES}") from None
+        raise ValueError(f"unknown head {cfg.name!r}; choose one of {tuple(registry)}") from None
     return builder(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
-__all__ = ["HEADS", "HEAD_NAMES", "HeadBuilder", "HeadConfig", "HeadInputs", "build_head", "output_layer"]
+__all__ = ["CHOICE_HEADS", "HEADS", "HEAD_NAMES", "HeadBuilder", "HeadConfig", "HeadInputs", "TOKEN_HEADS",
+           "build_head", "output_layer"]

@@ -201,15 +201,25 @@ class ModernBertHead(nnx.Module):
     token; "mean": the mean over real tokens) -> `ModernBertPredictionHead` (dense, bias only with
     classifier_bias -> classifier_activation -> LayerNorm(norm_eps, bias only with norm_bias))
     -> dropout -> classifier. New parameters start as transformers initialises them: dense
-    ~ normal(init_std / sqrt(2 * layers)), classifier ~ normal(hidden_size ** -0.5) (untruncated)."""
+    ~ normal(init_std / sqrt(2 * layers)), classifier ~ normal(hidden_size ** -0.5) (untruncated).
+
+    `pool` replaces classifier_pooling's choice (ModernBERT's token and multiple-choice heads)."""
 
     OUTPUT_LAYER = "classifier"
     """The Linear that gives the logits (calibration folds a temperature into it)."""
 
-    def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: HeadConfig,
+        *,
+        pool: Callable[[HeadInputs], jax.Array] | None = None,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
         self.cfg = cfg
         options = modernbert_options(cfg)
-        self.pool = MODERNBERT_POOLING[options["classifier_pooling"]]
+        self.pool = pool or MODERNBERT_POOLING[options["classifier_pooling"]]
         self.act = layers.activation(options["classifier_activation"])
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         d = cfg.hidden_size
@@ -222,3 +232,15 @@ class ModernBertHead(nnx.Module):
     def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
         x = self.norm(self.act(self.dense(self.pool(inputs))))
         return self.classifier(dropout.apply(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
+
+
+MODERNBERT_CHOICE_POOLING: dict[str, Callable[[HeadInputs], jax.Array]] = {
+    "cls": pooling.first_real_token,  # attention_mask.argmax(-1) in transformers: left padding included
+    "mean": pooling.masked_mean,
+}
+
+
+def modernbert_choice_head(cfg: HeadConfig, **kw) -> ModernBertHead:
+    """`ModernBertForMultipleChoice`'s head: the "modernbert" head, except that classifier_pooling
+    "cls" reads each choice's first real token, not position 0 (the two differ on left padding)."""
+    return ModernBertHead(cfg, pool=MODERNBERT_CHOICE_POOLING[modernbert_options(cfg)["classifier_pooling"]], **kw)

@@ -23,6 +23,19 @@ def first_token(inputs: HeadInputs) -> jax.Array:
     return first_token_of(inputs, inputs.hidden_states[-1])
 
 
+def first_real_token(inputs: HeadInputs) -> jax.Array:
+    """The last layer's state at each row's first real token (the first position whose attention
+    mask is 1; position 0 without a mask, or in a row with no real token): what
+    `ModernBertForMultipleChoice` reads as its "cls" token, left padding included. Packed rows:
+    each segment's first token."""
+    if inputs.packed or inputs.attention_mask is None:
+        return first_token(inputs)
+    hidden_BTD = inputs.hidden_states[-1]
+    # argmax returns the first maximum: the first 1 of the mask, or 0 for an all-padding row.
+    index_B = jnp.argmax(inputs.attention_mask != 0, axis=-1)
+    return jnp.take_along_axis(hidden_BTD, index_B[:, None, None], axis=1)[:, 0]
+
+
 def masked_mean(inputs: HeadInputs) -> jax.Array:
     """Mean of the last layer over real tokens only; padding never dilutes the average."""
     hidden_BTD = inputs.hidden_states[-1]
