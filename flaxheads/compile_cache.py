@@ -6,6 +6,9 @@ command (same model, shapes, devices and jax version) loads its executables inst
 them again. The environment variable `FLAXHEADS_COMPILATION_CACHE` chooses: unset, the default
 folder; a path, that folder; "off" (or "0", "false", "no", "none"), no persistent cache. The CLI
 flag `flaxheads --compilation_cache ...` takes the same values and wins over the variable.
+`FLAXHEADS_COMPILATION_CACHE_MAX_BYTES` sets the size beyond which the least recently used
+entries are deleted (default `MAX_BYTES`; -1: no limit). jax re-reads the whole folder on every
+write to enforce it, so a folder of many small entries (a test suite's) is faster without one.
 
 Multi-process runs share the folder safely: jax writes entries from process 0 only and every
 process reads them (a process that misses compiles for itself).
@@ -19,6 +22,7 @@ from pathlib import Path
 import jax
 
 ENV_VAR = "FLAXHEADS_COMPILATION_CACHE"
+MAX_BYTES_ENV_VAR = "FLAXHEADS_COMPILATION_CACHE_MAX_BYTES"
 OFF = ("off", "0", "false", "no", "none")
 MAX_BYTES = 4 * 1024**3
 """Least recently used entries are deleted beyond this size (a MiniLM step is ~10 MB on CPU)."""
@@ -41,6 +45,21 @@ def cache_directory(setting: str | None = None) -> Path | None:
     return Path(setting).expanduser() if setting else default_directory()
 
 
+def max_bytes() -> int:
+    """The cache's size limit in bytes: the environment variable `MAX_BYTES_ENV_VAR`, else
+    `MAX_BYTES`; -1 means none. ValueError for a value that is not an integer >= -1."""
+    setting = os.environ.get(MAX_BYTES_ENV_VAR, "").strip()
+    if not setting:
+        return MAX_BYTES
+    try:
+        value = int(setting)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise ValueError(f"{MAX_BYTES_ENV_VAR}={setting!r}: give a size in bytes, or -1 for no limit")
+    return value
+
+
 def enable(setting: str | None = None) -> Path | None:
     """Turns jax's persistent compilation cache on in the folder `cache_directory(setting)` names
     (or leaves it off); returns that folder. Every compiled program is cached, however quick its
@@ -52,7 +71,7 @@ def enable(setting: str | None = None) -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    jax.config.update("jax_compilation_cache_max_size", max_bytes())
     return directory
 
 

@@ -24,6 +24,19 @@ def test_the_cache_folder_is_the_setting_the_xdg_default_or_none_when_off(monkey
     assert compile_cache.cache_directory(str(tmp_path / "flag")) == tmp_path / "flag"
 
 
+def test_the_size_limit_is_four_gib_unless_the_variable_sets_one_or_none(monkeypatch):
+    monkeypatch.delenv(compile_cache.MAX_BYTES_ENV_VAR, raising=False)
+    assert compile_cache.max_bytes() == compile_cache.MAX_BYTES == 4 * 1024**3
+    monkeypatch.setenv(compile_cache.MAX_BYTES_ENV_VAR, "-1")
+    assert compile_cache.max_bytes() == -1
+    monkeypatch.setenv(compile_cache.MAX_BYTES_ENV_VAR, "1000000")
+    assert compile_cache.max_bytes() == 1_000_000
+    for bad in ("4G", "-2"):
+        monkeypatch.setenv(compile_cache.MAX_BYTES_ENV_VAR, bad)
+        with pytest.raises(ValueError, match="size in bytes, or -1"):
+            compile_cache.max_bytes()
+
+
 def test_the_cli_takes_a_compilation_cache_flag_before_the_command():
     assert build_parser().parse_args(["--compilation_cache", "off", "bench", "e2e"]).compilation_cache == "off"
     assert build_parser().parse_args(["bench"]).compilation_cache is None
