@@ -109,7 +109,7 @@ def _other_task(what: str, theirs: str, asked: str) -> str:
     reader = PIPELINE_TASKS.get(theirs)
     fix = (f"read it with flaxheads.pipeline({reader!r}, model=...)" if reader
            else "flaxheads.pipeline has no task for it")
-    return f"{what}, and pipeline({asked!r}) reads {asked} models: {fix}"
+    return f"{what}, which pipeline({asked!r}) does not read: {fix}"
 
 
 def checkpoint_task(model_dir: str | os.PathLike) -> str | None:

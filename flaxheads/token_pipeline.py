@@ -24,7 +24,11 @@ Deliberate differences from transformers:
   overlapping by `stride` tokens, as transformers' `stride=` does.
 - Scores are Python floats (transformers gives numpy float32 scalars of the same values, which
   `json.dumps` refuses).
-- An unknown aggregation strategy is a ValueError naming the five (transformers: a KeyError).
+- An unknown aggregation strategy is a ValueError naming the five (transformers: a KeyError), and
+  a stride that leaves a window no room to advance a ValueError naming the most it may be
+  (transformers' tokenizer panics).
+- No `offset_mapping=` argument (offsets a slow tokenizer cannot give), and no datasets or
+  generators as input: a str or a list.
 """
 
 from __future__ import annotations
