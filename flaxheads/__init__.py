@@ -5,6 +5,7 @@
     logits = model(input_ids, attention_mask)
     model.save_pretrained("out")     # a directory transformers loads
     clf = flaxheads.pipeline("text-classification", model="out")   # transformers' answers, batched
+    ner = flaxheads.pipeline("token-classification", model="tagger", aggregation_strategy="simple")
 
     trainer = flaxheads.Trainer(model, flaxheads.TrainConfig(output_dir=None), tokenizer=tokenizer,
                                 train_dataset=(texts, labels), eval_dataset=(dev_texts, dev_labels))
@@ -13,6 +14,8 @@
     tagger = flaxheads.from_pretrained("path/to/bert", task="token-classification", num_labels=9)
     chooser = flaxheads.MultipleChoice.from_pretrained("path/to/bert")   # (batch, choices, seq) -> (batch, choices)
 """
+
+from collections.abc import Callable
 
 from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
 from flaxheads.backbones.albert import Albert, AlbertConfig
@@ -29,11 +32,10 @@ from flaxheads.functional import ClassifierOutput, FunctionalClassifier
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.model import ClassifierConfig, SequenceClassifier, UntrainedModel, load_backbone, save_pretrained
 from flaxheads.multiple_choice import MultipleChoice, MultipleChoiceConfig
-# Imported here, not lazily: the submodule flaxheads.pipeline, once imported anywhere, would
-# otherwise shadow the function of the same name.
-from flaxheads.pipeline import TextClassificationPipeline, pipeline
+from flaxheads.pipeline import TextClassificationPipeline, text_classification_pipeline
 from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
 from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
+from flaxheads.token_pipeline import TokenClassificationPipeline, token_classification_pipeline
 from flaxheads.training.optim import decay_mask
 from flaxheads.version import __version__
 
@@ -55,6 +57,35 @@ def from_pretrained(path, *, task: str = SEQUENCE_CLASSIFICATION, **options):
     if task not in MODELS:
         raise ValueError(f"unknown task {task!r}; choose one of {tuple(MODELS)}")
     return MODELS[task].from_pretrained(path, **options)
+
+
+PIPELINES: dict[str, Callable] = {
+    "text-classification": text_classification_pipeline,
+    "sentiment-analysis": text_classification_pipeline,  # transformers' alias
+    "token-classification": token_classification_pipeline,
+    "ner": token_classification_pipeline,  # transformers' alias
+}
+"""The pipeline builder of each task, by transformers' pipeline names. A new task is one pipeline
+module plus its lines here."""
+
+
+# Defined after the submodule flaxheads.pipeline is imported (above), so the name is this function.
+def pipeline(task: str = "text-classification", model=None, tokenizer=None, **options):
+    """`PIPELINES[task](model, tokenizer, **options)`: a pipeline answering as
+    `transformers.pipeline(task, model=..., tokenizer=..., **options)`, over a flaxheads model in
+    memory or the folder of a trained one.
+
+    - "text-classification" ("sentiment-analysis"): `text_classification_pipeline`; options
+      `max_seq_length`, `batch_size`.
+    - "token-classification" ("ner"): `token_classification_pipeline`; options
+      `aggregation_strategy`, `ignore_labels`, `stride`, `batch_size`.
+
+    ValueError naming the tasks for an unknown one; a model of another task is refused naming the
+    task that reads it.
+    """
+    if task not in PIPELINES:
+        raise ValueError(f"flaxheads.pipeline answers task={' or '.join(map(repr, PIPELINES))}, not {task!r}")
+    return PIPELINES[task](model, tokenizer, **options)
 
 
 _LAZY = {
@@ -102,6 +133,7 @@ __all__ = [
     "LoadingInfo",
     "MODELS",
     "MULTIPLE_CHOICE",
+    "PIPELINES",
     "ModernBert",
     "ModernBertConfig",
     "MultipleChoice",
@@ -112,6 +144,7 @@ __all__ = [
     "ShapeMismatch",
     "TOKEN_CLASSIFICATION",
     "TextClassificationPipeline",
+    "TokenClassificationPipeline",
     "TokenClassifier",
     "TokenClassifierConfig",
     "TrainConfig",

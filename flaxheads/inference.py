@@ -1,5 +1,7 @@
 """Evaluation and prediction with a saved classifier: the library functions behind `flaxheads
-evaluate | predict`, and the one inference path they and `flaxheads.pipeline` take (`TextScorer`).
+evaluate | predict`, and the inference paths they and `flaxheads.pipeline` take (`TextScorer` for
+sequence classifiers, `TokenScorer` for token classifiers; `pipeline_model` finds the model and
+tokenizer a pipeline reads with).
 
 All refuse to answer from weights that were never trained, from a folder without the model's
 tokenizer, and with non-finite scores: a confident-looking wrong answer is worse than an error.
@@ -12,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import datasets
 import jax
 import numpy as np
 from flax import nnx
@@ -19,12 +22,15 @@ from flax import nnx
 from flaxheads import data, problem
 from flaxheads.backbones import backbone_spec
 from flaxheads.data.packing import segments_per_row
-from flaxheads.data.tokenization import tokenize_texts
+from flaxheads.data.tokenization import LENGTH, tokenize_texts
 from flaxheads.conversion import architecture_table, checkpoint_io
 from flaxheads.conversion.hub import resolve_checkpoint
-from flaxheads.model import FLAXHEADS_CONFIG_KEY, ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
+from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
+from flaxheads.model import FLAXHEADS_CONFIG_KEY, ClassifierConfig, PretrainedModel, SequenceClassifier, require_trained
+from flaxheads.token_classifier import TokenClassifier
 from flaxheads.tokenizer import (
-    check_room_for_text, check_tokenizer_fits, fitting_max_length, for_model, load_tokenizer, pad_token_ids,
+    check_room_for_text, check_tokenizer_fits, fitting_max_length, for_model, load_tokenizer, model_pad_token_id,
+    pad_token_ids, read_tokenizer,
 )
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training import run_files
@@ -40,16 +46,80 @@ def require_model_folder(model_dir: str | os.PathLike) -> None:
         raise ValueError(reason)
 
 
-def load_trained(model_dir: str | os.PathLike, *, pad_token_id: int | None = None, **options) -> SequenceClassifier:
-    """A saved classifier whose every parameter comes from the checkpoint.
+def load_trained(model_dir: str | os.PathLike, *, pad_token_id: int | None = None,
+                 model_class: type[PretrainedModel] = SequenceClassifier, **options):
+    """A saved `model_class` model (a `SequenceClassifier` by default) whose every parameter
+    comes from the checkpoint.
 
     Raises UntrainedModel naming the parameters that would be newly initialised (a bare
     pretrained encoder such as `BertModel` has no classifier): fine-tune it first.
     """
-    model, info = from_pretrained(model_dir, pad_token_id=pad_token_id, output_loading_info=True, **options)
-    require_trained(info, model, model_dir, fix=f"Fine-tune it first (flaxheads train --model_name_or_path {model_dir}) "
-                    "and use the trained output folder")
+    model, info = model_class.from_pretrained(model_dir, pad_token_id=pad_token_id, output_loading_info=True,
+                                              **options)
+    if model_class is SequenceClassifier:
+        fix = f"Fine-tune it first (flaxheads train --model_name_or_path {model_dir}) and use the trained output folder"
+    else:
+        fix = f"Fine-tune it for {model_class.config_class.task} first and use the trained model's folder"
+    require_trained(info, model, model_dir, fix=fix)
     return model
+
+
+PIPELINE_TASKS: dict[str, str] = {SEQUENCE_CLASSIFICATION: "text-classification",
+                                  TOKEN_CLASSIFICATION: "token-classification"}
+"""The `flaxheads.pipeline` task that reads each task's models (transformers' pipeline names)."""
+
+
+def pipeline_model(model, tokenizer, model_class: type[PretrainedModel]) -> tuple[Any, Any, str]:
+    """(model, tokenizer, the model as errors name it) for a pipeline over `model_class` models.
+
+    `model` is a `model_class` in memory, which needs `tokenizer` (a transformers tokenizer or
+    its folder), or the folder of a trained one, read with its own tokenizer unless `tokenizer`
+    is given (`load_tokenizer`: refused when the folder has none or it is not the model's), and
+    loaded by `load_trained` (UntrainedModel when its head was never trained).
+
+    Raises ValueError for no model, an in-memory model without a tokenizer, and a model or a
+    checkpoint of another task (naming the pipeline task that reads it).
+    """
+    task = PIPELINE_TASKS[model_class.config_class.task]
+    if model is None:
+        raise ValueError(f"pipeline({task!r}) needs model=: a {model_class.__name__} or the folder of a trained one")
+    if isinstance(model, PretrainedModel):
+        if not isinstance(model, model_class):
+            raise ValueError(_other_task(f"model= is a {type(model).__name__}", model.config.task, task))
+        if tokenizer is None:
+            raise ValueError(
+                f"pipeline(model=<{model_class.__name__}>) needs tokenizer=: the tokenizer the model was trained "
+                "with (a transformers tokenizer or its folder); a model in memory carries none"
+            )
+        tokenizer = read_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+        return model, tokenizer, "the model"
+    require_model_folder(model)
+    theirs = checkpoint_task(model)
+    if theirs not in (None, model_class.config_class.task):
+        raise ValueError(_other_task(f"{model} holds a {theirs} model", theirs, task))
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer, pad_token_id = load_tokenizer(model, tokenizer)
+    else:
+        pad_token_id = model_pad_token_id(model, tokenizer)
+    return load_trained(Path(model), pad_token_id=pad_token_id, model_class=model_class), tokenizer, \
+        f"the model in {model}"
+
+
+def _other_task(what: str, theirs: str, asked: str) -> str:
+    reader = PIPELINE_TASKS.get(theirs)
+    fix = (f"read it with flaxheads.pipeline({reader!r}, model=...)" if reader
+           else "flaxheads.pipeline has no task for it")
+    return f"{what}, which pipeline({asked!r}) does not read: {fix}"
+
+
+def checkpoint_task(model_dir: str | os.PathLike) -> str | None:
+    """The task of the transformers class config.json's `architectures` name
+    (`SEQUENCE_CLASSIFICATION`, `TOKEN_CLASSIFICATION`, ...); None for a bare or pretraining
+    checkpoint, whose head any task would start anew."""
+    config = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    table = architecture_table(config.get("model_type"))
+    return next((task for architecture in config.get("architectures") or ()
+                 if (task := table.task_of(architecture)) is not None), None)
 
 
 def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 128,
@@ -158,8 +228,7 @@ class TextScorer:
 
     def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int | None = 128, batch_size: int = 64,
                  source: str = "the model", packing: bool = False, max_segments_per_row: int | None = None):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        _check_batch_size(batch_size)
         backbone = model.config.backbone
         check_tokenizer_fits(tokenizer, backbone, source)
         if max_seq_length is None and packing:
@@ -170,17 +239,11 @@ class TextScorer:
         self.max_seq_length = None if max_seq_length is None else fitting_max_length(backbone, max_seq_length)
         if self.max_seq_length is not None:
             check_room_for_text(self.tokenizer, self.max_seq_length, pairs=self.text_pair)
-        self._format = dict(
-            pad_token_id=pad_token_ids(tokenizer, backbone.pad_token_id).input_ids,
-            pad_token_type_id=getattr(tokenizer, "pad_token_type_id", 0),
-            padding_side=backbone_spec(backbone.model_type).padding_side,
-        )
+        self._format = _padding(tokenizer, backbone)
         segments = segments_per_row(packing, max_segments_per_row, self.max_seq_length) if packing else 0
         self.batch_format = data.BatchFormat(max_seq_length=self.max_seq_length or UNBOUNDED_START,
                                              max_segments=segments, **self._format)
-        runnable = nnx.merge(*nnx.split(model))
-        runnable.eval()
-        graphdef, self._params = nnx.split(runnable)
+        graphdef, self._params = _eval_copy(model)
 
         def forward(params, input_ids, attention_mask, token_type_ids, segment_ids):
             model = nnx.merge(graphdef, params)
@@ -216,7 +279,7 @@ class TextScorer:
             tokenized = tokenize_texts(texts, self.tokenizer, self.max_seq_length, text_pairs)
         # As many rows as one batch needs (packed: rows of several texts), up to batch_size.
         needed = data.batches_per_epoch(data.example_lengths(tokenized), batch_format, global_batch_size=1)
-        rows = min(self.batch_size, 1 << (needed - 1).bit_length())
+        rows = _rows_per_batch(needed, self.batch_size)
         out, order = [], []
         for batch in data.eval_batches(tokenized, batch_format, global_batch_size=rows):
             logits = self._forward(self._params, batch["input_ids"], batch["attention_mask"],
@@ -230,17 +293,101 @@ class TextScorer:
             in_order = np.empty_like(logits)
             in_order[np.concatenate(order)] = logits
             logits = in_order
-        self._check_finite(logits)
+        _refuse_non_finite(np.isfinite(logits).all(axis=-1), self.source, "text(s)")
         return logits
 
-    def _check_finite(self, logits: np.ndarray) -> None:
-        bad = np.flatnonzero(~np.isfinite(logits).all(axis=-1))
-        if bad.size:
-            raise FloatingPointError(
-                f"{self.source} gave non-finite scores for text(s) {bad[:5].tolist()} (0-based); no prediction "
-                f"is given from weights that produce NaN or infinity. Check {self.source} (was its training "
-                "stopped by a non-finite loss?)"
-            )
+
+class TokenScorer:
+    """Per-token logits of tokenised sequences from an in-memory `TokenClassifier`: the inference
+    path of `flaxheads.pipeline("token-classification")`.
+
+    Sequences are batched as `TextScorer` batches texts (`eval_batches`): padded on the model
+    family's side with the pad id `pad_token_ids` decides, to a length bucket, `batch_size` rows
+    at most (fewer for fewer sequences, a power of two), so the forward pass compiles once per
+    (bucket, batch size); `max_seq_length=None` (a model whose positions set no limit): the
+    buckets grow with the longest sequence. The model runs in eval mode from a copy.
+    """
+
+    def __init__(self, model: TokenClassifier, tokenizer, *, max_seq_length: int | None, batch_size: int = 64,
+                 source: str = "the model"):
+        _check_batch_size(batch_size)
+        backbone = model.config.backbone
+        check_tokenizer_fits(tokenizer, backbone, source)
+        self.tokenizer, self.batch_size, self.source = for_model(tokenizer, backbone), batch_size, source
+        self.max_seq_length = None if max_seq_length is None else fitting_max_length(backbone, max_seq_length)
+        self._format = _padding(tokenizer, backbone)
+        graphdef, self._params = _eval_copy(model)
+
+        def forward(params, input_ids, attention_mask, token_type_ids):
+            return nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids)
+
+        self._forward = jax.jit(forward)
+
+    def logits(self, sequences: dict[str, Sequence[Sequence[int]]]) -> list[np.ndarray]:
+        """Per sequence, in order, its (length, num_labels) float32 logits: `sequences` holds the
+        columns `input_ids`, `attention_mask` and, where the model reads them, `token_type_ids`,
+        one unpadded sequence per entry, as the tokenizer gives them.
+
+        Raises ValueError for a sequence longer than `max_seq_length`; FloatingPointError naming
+        the (0-based) sequences whose scores are not finite.
+        """
+        lengths = [len(ids) for ids in sequences["input_ids"]]
+        if not lengths:
+            return []
+        longest = max(lengths)
+        limit = self.max_seq_length or max(UNBOUNDED_START, 1 << (longest - 1).bit_length())
+        if longest > limit:
+            raise ValueError(f"a sequence of {longest} tokens is longer than the {limit} {self.source} reads")
+        names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in sequences]
+        table = datasets.Dataset.from_dict({**{name: [list(s) for s in sequences[name]] for name in names},
+                                           LENGTH: lengths})
+        batch_format = data.BatchFormat(max_seq_length=limit, **self._format)
+        out = []
+        for batch in data.eval_batches(table, batch_format,
+                                       global_batch_size=_rows_per_batch(len(lengths), self.batch_size)):
+            logits = np.asarray(self._forward(self._params, batch["input_ids"], batch["attention_mask"],
+                                              batch.get("token_type_ids")))
+            real = batch["example_mask"] > 0
+            # The padding side is the family's: the attention mask finds each row's tokens.
+            out.extend(row[mask > 0] for row, mask in zip(logits[real], batch["attention_mask"][real]))
+        _refuse_non_finite(np.array([np.isfinite(row).all() for row in out]), self.source, "sequence(s)")
+        return out
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+
+
+def _padding(tokenizer, backbone) -> dict[str, Any]:
+    """`BatchFormat`'s padding fields for `backbone`'s batches read with `tokenizer`."""
+    return dict(
+        pad_token_id=pad_token_ids(tokenizer, backbone.pad_token_id).input_ids,
+        pad_token_type_id=getattr(tokenizer, "pad_token_type_id", 0),
+        padding_side=backbone_spec(backbone.model_type).padding_side,
+    )
+
+
+def _eval_copy(model) -> tuple[Any, Any]:
+    """(graphdef, params) of an eval-mode copy of `model`: the caller's model keeps its mode."""
+    runnable = nnx.merge(*nnx.split(model))
+    runnable.eval()
+    return nnx.split(runnable)
+
+
+def _rows_per_batch(needed: int, batch_size: int) -> int:
+    """As many rows as `needed`, as a power of two (fewer shapes to compile), up to `batch_size`."""
+    return min(batch_size, 1 << (needed - 1).bit_length())
+
+
+def _refuse_non_finite(finite: np.ndarray, source: str, what: str) -> None:
+    bad = np.flatnonzero(~finite)
+    if bad.size:
+        raise FloatingPointError(
+            f"{source} gave non-finite scores for {what} {bad[:5].tolist()} (0-based); no prediction "
+            f"is given from weights that produce NaN or infinity. Check {source} (was its training "
+            "stopped by a non-finite loss?)"
+        )
 
 
 UNBOUNDED = 1 << 30

@@ -11,19 +11,16 @@ takes).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from flaxheads import problem
 from flaxheads import thresholds as thresholds_lib
-from flaxheads.inference import TextScorer, load_trained, require_model_folder
+from flaxheads.inference import TextScorer, pipeline_model
 from flaxheads.model import SequenceClassifier
-from flaxheads.tokenizer import load_tokenizer, longest_input, model_pad_token_id, read_tokenizer
+from flaxheads.tokenizer import longest_input
 
-TASKS = ("text-classification", "sentiment-analysis")
-"""transformers' names of this task ("sentiment-analysis" is its alias)."""
 FUNCTIONS = ("softmax", "sigmoid", "none")
 """What `function_to_apply` may name: what turns a text's logits into its scores."""
 
@@ -38,10 +35,11 @@ class _BestLabel:
 BEST_LABEL = _BestLabel()
 
 
-def pipeline(task: str = "text-classification", model: SequenceClassifier | str | os.PathLike | None = None,
-             tokenizer: Any = None, *, max_seq_length: int | None = None,
-             batch_size: int = 64) -> TextClassificationPipeline:
-    """A text classifier answering as `transformers.pipeline(task, model=..., tokenizer=...)`.
+def text_classification_pipeline(model: SequenceClassifier | str | os.PathLike | None = None, tokenizer: Any = None, *,
+                                 max_seq_length: int | None = None, batch_size: int = 64
+                                 ) -> TextClassificationPipeline:
+    """A text classifier answering as `transformers.pipeline("text-classification", model=...,
+    tokenizer=...)`: what `flaxheads.pipeline("text-classification", ...)` builds.
 
     `model`: a `SequenceClassifier`, or the folder of a trained one (loaded as `predict` loads it:
     refused when its classifier was never trained). `tokenizer`: a transformers tokenizer or its
@@ -50,35 +48,18 @@ def pipeline(task: str = "text-classification", model: SequenceClassifier | str 
     limit; None: that limit, else the tokenizer's `model_max_length`, else not at all, as
     transformers' pipeline) and classified `batch_size` at a time.
 
-    Raises ValueError for another task, a missing or foreign tokenizer, a folder without a
-    tokenizer or a trained classifier (UntrainedModel).
+    Raises ValueError for a missing or foreign tokenizer, a folder without a tokenizer or a
+    trained classifier (UntrainedModel), and a model of another task (naming the pipeline task
+    that reads it).
     """
-    if task not in TASKS:
-        raise ValueError(f"flaxheads.pipeline answers task={' or '.join(map(repr, TASKS))}, not {task!r}")
-    if model is None:
-        raise ValueError("pipeline() needs model=: a SequenceClassifier or the folder of a trained one")
-    if isinstance(model, SequenceClassifier):
-        if tokenizer is None:
-            raise ValueError(
-                "pipeline(model=<SequenceClassifier>) needs tokenizer=: the tokenizer the model was trained "
-                "with (a transformers tokenizer or its folder); a model in memory carries none"
-            )
-        source = "the model"
-        tokenizer = read_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-    else:
-        source = f"the model in {model}"
-        require_model_folder(model)
-        if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
-            tokenizer, pad_token_id = load_tokenizer(model, tokenizer)
-        else:
-            pad_token_id = model_pad_token_id(model, tokenizer)
-        model = load_trained(Path(model), pad_token_id=pad_token_id)
+    model, tokenizer, source = pipeline_model(model, tokenizer, SequenceClassifier)
     return TextClassificationPipeline(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
                                       source=source)
 
 
 class TextClassificationPipeline:
-    """Classifies texts with an in-memory model and tokenizer; see `pipeline` and `__call__`."""
+    """Classifies texts with an in-memory model and tokenizer; see `text_classification_pipeline`
+and `__call__`."""
 
     def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int | None = None,
                  batch_size: int = 64, source: str = "the model"):

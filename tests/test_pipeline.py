@@ -144,10 +144,13 @@ def test_in_memory_model_without_tokenizer_is_refused_naming_tokenizer(exported)
 
 
 def test_other_tasks_are_refused(exported):
-    folder, _ = exported("single_label")
+    folder, model = exported("single_label")
 
-    with pytest.raises(ValueError, match="not 'token-classification'"):
-        flaxheads.pipeline("token-classification", model=str(folder))
+    with pytest.raises(ValueError, match="not 'summarization'"):
+        flaxheads.pipeline("summarization", model=str(folder))
+    for given in (str(folder), model):  # a sequence classifier is read by the text-classification pipeline
+        with pytest.raises(ValueError, match=r"read it with flaxheads.pipeline\('text-classification'"):
+            flaxheads.pipeline("token-classification", model=given, tokenizer=str(folder))
 
 
 def test_unknown_function_to_apply_is_refused_naming_the_choices(exported):
