@@ -24,7 +24,7 @@ from flaxheads.conversion import loading, peft
 from flaxheads.conversion.loading import load_backbone
 from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION
-from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs, build_head
+from flaxheads.heads import HEAD_NAMES, HEADS, HeadBuilder, HeadConfig, HeadInputs, build_head
 
 FLAXHEADS_CONFIG_KEY = "flaxheads"
 """config.json section recording what transformers' config cannot: the head, its options, and a
@@ -281,6 +281,15 @@ class PretrainedModel:
     loader's, which reads config.json into `config_class` and picks transformers' class of the
     config's `task`), saving and LoRA."""
 
+    head_registry: ClassVar[Mapping[str, HeadBuilder]] = HEADS
+    """Where `config.head_config().name` is looked up: sequence heads, token heads, choice heads."""
+
+    def __init__(self, config, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.config = config
+        self.backbone = build_backbone(config.backbone, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.head = build_head(config.head_config(), registry=type(self).head_registry, dtype=dtype,
+                               param_dtype=param_dtype, rngs=rngs)
+
     # The loader's own function, so its signature and docstring live in one place: the classmethod
     # builds whichever class it is called on (`cls.config_class` reads config.json).
     from_pretrained = classmethod(loading.from_pretrained)
@@ -320,11 +329,6 @@ class SequenceClassifier(PretrainedModel, nnx.Module):
 
     config_class = ClassifierConfig
     """What `from_pretrained` reads config.json into."""
-
-    def __init__(self, config: ClassifierConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        self.config = config
-        self.backbone = build_backbone(config.backbone, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.head = build_head(config.head_config(), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(
         self,

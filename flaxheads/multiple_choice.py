@@ -23,9 +23,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone
+from flaxheads.backbones import BackboneConfig, backbone_config_from_hf
 from flaxheads.conversion.table import MULTIPLE_CHOICE
-from flaxheads.heads import CHOICE_HEADS, HeadConfig, HeadInputs, build_head
+from flaxheads.heads import CHOICE_HEADS, HeadConfig, HeadInputs
 from flaxheads.model import FLAXHEADS_CONFIG_KEY, PretrainedModel
 
 CHOICE_DROPOUT: dict[str, Callable[[Any], float]] = {
@@ -128,12 +128,7 @@ class MultipleChoice(PretrainedModel, nnx.Module):
     config_class = MultipleChoiceConfig
     """What `from_pretrained` reads config.json into."""
 
-    def __init__(self, config: MultipleChoiceConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs):
-        self.config = config
-        self.backbone = build_backbone(config.backbone, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.head = build_head(config.head_config(), registry=CHOICE_HEADS, dtype=dtype, param_dtype=param_dtype,
-                               rngs=rngs)
+    head_registry = CHOICE_HEADS
 
     def __call__(
         self,

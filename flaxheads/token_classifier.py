@@ -22,9 +22,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone
+from flaxheads.backbones import BackboneConfig, backbone_config_from_hf
 from flaxheads.conversion.table import TOKEN_CLASSIFICATION
-from flaxheads.heads import TOKEN_HEADS, HeadConfig, HeadInputs, build_head
+from flaxheads.heads import TOKEN_HEADS, HeadConfig, HeadInputs
 from flaxheads.model import FLAXHEADS_CONFIG_KEY, LabelNames, PretrainedModel, resolve_labels
 
 IGNORE_INDEX = -100
@@ -150,12 +150,7 @@ class TokenClassifier(PretrainedModel, nnx.Module):
     config_class = TokenClassifierConfig
     """What `from_pretrained` reads config.json into."""
 
-    def __init__(self, config: TokenClassifierConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs):
-        self.config = config
-        self.backbone = build_backbone(config.backbone, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.head = build_head(config.head_config(), registry=TOKEN_HEADS, dtype=dtype, param_dtype=param_dtype,
-                               rngs=rngs)
+    head_registry = TOKEN_HEADS
 
     def __call__(
         self,
