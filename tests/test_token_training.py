@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -169,3 +170,32 @@ def test_evaluate_refuses_a_model_whose_token_head_was_never_trained(tiny_bert, 
 
     assert code == 2
     assert "random values" in capsys.readouterr().err
+
+
+def test_gradient_accumulation_gives_the_loss_and_gradient_of_the_whole_batch_tokens(tiny_bert):
+    import optax
+    from flax import nnx
+
+    from flaxheads.training.step import TrainState, make_train_step
+
+    model = flaxheads.TokenClassifier.from_pretrained(tiny_bert, num_labels=3, classifier_dropout=0.0)
+    graphdef, params = nnx.split(model)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 2000, size=(4, 8)).astype(np.int32)
+    mask = np.ones((4, 8), np.int32)
+    labels = rng.integers(0, 3, size=(4, 8)).astype(np.int32)
+    labels[0, 1:] = -100  # micro-batches with very different token counts: 1 + 8 against 16
+    labels[1, :] = -100
+    labels[1, 2] = 2
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels, "example_mask": np.ones(4, np.float32)}
+    step = jax.jit(make_train_step(graphdef, optax.sgd(1.0), optax.constant_schedule(1.0), problem.TOKEN_CLASSIFICATION))
+    state = TrainState(jnp.zeros((), jnp.int32), params, optax.sgd(1.0).init(params))
+
+    whole = step(state, {k: v[None] for k, v in batch.items()}, jax.random.key(0))
+    halves = step(state, {k: v.reshape(2, 2, *v.shape[1:]) for k, v in batch.items()}, jax.random.key(0))
+
+    model.eval()
+    expected = float(token_loss(model(ids, mask), jnp.asarray(labels)))
+    np.testing.assert_allclose(float(whole[1]["loss"]), expected, rtol=1e-5)
+    np.testing.assert_allclose(float(halves[1]["loss"]), expected, rtol=1e-5)
+    np.testing.assert_allclose(float(halves[1]["grad_norm"]), float(whole[1]["grad_norm"]), rtol=1e-4)
