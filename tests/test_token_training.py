@@ -199,3 +199,21 @@ def test_gradient_accumulation_gives_the_loss_and_gradient_of_the_whole_batch_to
     np.testing.assert_allclose(float(whole[1]["loss"]), expected, rtol=1e-5)
     np.testing.assert_allclose(float(halves[1]["loss"]), expected, rtol=1e-5)
     np.testing.assert_allclose(float(halves[1]["grad_norm"]), float(whole[1]["grad_norm"]), rtol=1e-4)
+
+
+def test_the_task_is_read_from_the_data_shape_or_set_with_task(tmp_path, conll):
+    from flaxheads.data import load_task
+
+    words = tmp_path / "train.jsonl"
+    words.write_text(json.dumps({"tokens": ["EU", "rejects"], "tags": ["B-ORG", "O"]}) + "\n", encoding="utf-8")
+    texts = tmp_path / "texts.csv"
+    texts.write_text("text,label\nfine film,pos\ndull film,neg\n", encoding="utf-8")
+
+    assert load_task(train_file=conll["train"]).problem_type == problem.TOKEN_CLASSIFICATION
+    found = load_task(train_file=words, label_all_tokens=True, stride=3)
+    assert found.words.task.label_names == ("B-ORG", "O") and found.words.label_all_tokens and found.words.stride == 3
+    assert load_task(train_file=texts).problem_type == problem.SINGLE_LABEL
+    with pytest.raises(ValueError, match="label_all_tokens=True label token classification data"):
+        load_task(train_file=texts, label_all_tokens=True)
+    with pytest.raises(ValueError, match=r"texts\.csv"):
+        load_task(train_file=texts, task="token-classification")
