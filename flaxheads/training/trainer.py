@@ -66,7 +66,8 @@ class TrainOutput(NamedTuple):
     and "train_examples" (real examples trained on) of this session."""
     predictions: list | None
     """With do_predict: per test example, its label name (single-label), list of label names
-    (multi-label) or score (regression); else None."""
+    (multi-label) or score (regression); token classification: per test sentence, its words'
+    tags; else None."""
 
 
 def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> ClassifierConfig:
