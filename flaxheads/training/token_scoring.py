@@ -35,10 +35,7 @@ class TokenSplitScorer(SplitScorer):
     def __init__(self, *args, words: data.WordLabelling, eval_mode: str = entity_metrics.DEFAULT, **kwargs):
         super().__init__(*args, **kwargs)
         self.words, self.eval_mode = words, eval_mode
-        if eval_mode == entity_metrics.STRICT and words.task.scheme == tags_lib.NO_SCHEME:
-            raise ValueError(f"eval_mode='strict' counts the entities well formed under a tag scheme, and the tags "
-                             f"have none ({words.task.scheme_reason}): pass tag_scheme='IOB2' (or IOB1, IOBES) if "
-                             "they mark entities, or leave eval_mode out")
+        check_eval_mode(eval_mode, words)
 
     def scores(self, split: str, params, *, max_batches: int | None = None) -> dict[str, float]:
         if max_batches is not None:
@@ -74,6 +71,14 @@ class TokenSplitScorer(SplitScorer):
 
     def _row_outputs(self, split: str, params, *, max_batches: int | None = None) -> tuple[list, float]:
         return row_outputs(self.evaluator, self.layout, params, *self.splits[split], max_batches=max_batches)
+
+
+def check_eval_mode(eval_mode: str, words: data.WordLabelling) -> None:
+    """ValueError for strict entity metrics on tags without a scheme (POS tags, say)."""
+    if eval_mode == entity_metrics.STRICT and words.task.scheme == tags_lib.NO_SCHEME:
+        raise ValueError(f"eval_mode='strict' counts the entities well formed under a tag scheme, and the tags "
+                         f"have none ({words.task.scheme_reason}): pass tag_scheme='IOB2' (or IOB1, IOBES) if "
+                         "they mark entities, or leave eval_mode out")
 
 
 def row_outputs(evaluator: Evaluator, layout: Layout, params, rows, lengths, *, max_batches: int | None = None
@@ -137,5 +142,5 @@ def format_word_predictions(tags: list[list[str]]) -> str:
     return "\n".join(["index\tprediction", *(f"{i}\t{' '.join(row)}" for i, row in enumerate(tags))]) + "\n"
 
 
-__all__ = ["TokenSplitScorer", "entities", "flat_metrics", "format_word_predictions", "has_entities",
+__all__ = ["TokenSplitScorer", "check_eval_mode", "entities", "flat_metrics", "format_word_predictions", "has_entities",
            "predicted_tags", "row_outputs"]

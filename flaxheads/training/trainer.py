@@ -170,6 +170,8 @@ class Trainer:
             raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
                              "TrainConfig(do_train=False)")
         check_best_model_settings(args, task, self.data.given, self.data.unlabelled)
+        if task.words is not None:
+            token_scoring.check_eval_mode(args.eval_mode, task.words)
         if args.do_predict and "test" not in self.data.given:
             raise ValueError("do_predict=True predicts the test split, but the data has none: give a test_file (or a "
                              "test_dataset), or leave do_predict out")
