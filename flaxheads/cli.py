@@ -120,14 +120,20 @@ def _evaluate(args) -> int:
     print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
     result = evaluate(config.model_folder(), task, args.split, max_seq_length=args.max_seq_length,
                       batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name,
-                      packing=config.packing, max_segments_per_row=config.max_segments_per_row)
+                      packing=config.packing, max_segments_per_row=config.max_segments_per_row,
+                      eval_mode=config.eval_mode)
     print(json.dumps(result, indent=2))
     return 0
 
 
 def _predict(args) -> int:
-    from flaxheads.inference import decision_thresholds, predict, reads_text_pairs
+    from flaxheads.inference import decision_thresholds, is_token_classifier, predict, reads_text_pairs
 
+    if is_token_classifier(args.model_name_or_path):
+        return _predict_words(args)
+    if args.stride is not None:
+        raise ValueError("stride= windows the sentences of a token classifier, and the model is a sequence "
+                         "classifier: leave --stride out")
     texts, pairs = list(args.texts), args.text_pairs
     if args.input_file:
         lines = _read_lines(args.input_file)
@@ -148,6 +154,28 @@ def _predict(args) -> int:
             "tuned on validation data (config.json): " + ", ".join(f"{n} {t:.3f}" for n, t in by_label.items())
             if tuned else "0.5 for every label (none were tuned: train with --tune_thresholds to tune them)"),
             file=sys.stderr)
+    for row in rows:
+        print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def _predict_words(args) -> int:
+    """A token classifier's tags: each text (or --input_file line) is a sentence of words separated
+    by whitespace; one JSON row per sentence, {"words", "tags", "entities"}."""
+    from flaxheads.inference import predict_words
+
+    if args.text_pairs:
+        raise ValueError("text_pair= gives second texts to a sequence classifier, and the model is a token "
+                         "classifier: leave --text_pair out")
+    if args.packing:
+        raise ValueError("packing=True (--packing) does not apply to token classification: each sentence is a row "
+                         "of its own. Predict without packing")
+    lines = list(args.texts) + (_read_lines(args.input_file) if args.input_file else [])
+    if not lines:
+        raise ValueError("nothing to predict: give sentences as arguments or --input_file (one sentence per line, "
+                         "words separated by spaces)")
+    rows = predict_words(args.model_name_or_path, [line.split() for line in lines], max_seq_length=args.max_seq_length,
+                         tokenizer_name=args.tokenizer_name, stride=args.stride)
     for row in rows:
         print(json.dumps(row, ensure_ascii=False))
     return 0
@@ -236,8 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="split of the data to evaluate on: train, validation or test")
     p.set_defaults(run=_evaluate)
 
-    p = add_parser("predict", help="labels and probabilities for texts")
-    p.add_argument("texts", nargs="*", help="texts to classify (and/or --input_file)")
+    p = add_parser("predict", help="labels and probabilities for texts (a token classifier: tags per word)")
+    p.add_argument("texts", nargs="*", help="texts to classify (and/or --input_file); for a token classifier, "
+                                            "sentences of words separated by spaces")
     p.add_argument("--model_name_or_path", required=True, help="folder of a trained classifier (train's output_dir)")
     p.add_argument("--text_pair", nargs="+", dest="text_pairs", metavar="TEXT_PAIR",
                    help="the second text of each text, in order, for a model trained on text pairs")
@@ -247,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer_name", help="folder of the model's tokenizer, when the model folder has none")
     p.add_argument("--packing", action="store_true",
                    help="score the texts several to a row of max_seq_length tokens (one compiled shape)")
+    p.add_argument("--stride", type=int,
+                   help="token classifiers: a sentence longer than max_seq_length tokens is read in windows sharing "
+                        "up to this many tokens; default: max_seq_length // 4")
     p.set_defaults(run=_predict)
 
     p = add_parser("report", help="draw a finished run's report again (PNGs in RUN_DIR/report/)")

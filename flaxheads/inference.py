@@ -23,7 +23,8 @@ from flaxheads import data, problem
 from flaxheads.backbones import backbone_spec
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import LENGTH, tokenize_texts
-from flaxheads.conversion import architecture_table, checkpoint_io
+from flaxheads.data.word_task import default_stride
+from flaxheads.conversion import TABLES, architecture_table, checkpoint_io
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 from flaxheads.model import FLAXHEADS_CONFIG_KEY, ClassifierConfig, PretrainedModel, SequenceClassifier, require_trained
@@ -34,6 +35,7 @@ from flaxheads.tokenizer import (
 )
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training import run_files
+from flaxheads.training import entity_metrics, token_scoring
 from flaxheads.training.scoring import Evaluator
 from flaxheads.training.sharding import Layout
 
@@ -124,15 +126,24 @@ def checkpoint_task(model_dir: str | os.PathLike) -> str | None:
 
 def evaluate(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 128,
              batch_size: int = 64, tokenizer_name: str | None = None, packing: bool = False,
-             max_segments_per_row: int | None = None) -> dict[str, float]:
+             max_segments_per_row: int | None = None, eval_mode: str = entity_metrics.DEFAULT) -> dict[str, float]:
     """Metrics of a saved (trained) classifier on one split of `task`; with `packing`, scored in
     packed rows of `max_seq_length` tokens (`batch_size` rows per batch), with the same metrics.
 
     Classes are matched by name: the data's labels are renumbered to the model's class ids
     (ValueError when the data has other classes). Raises NonFiniteScores, reporting no metric,
-    when the model gives NaN or infinite scores."""
+    when the model gives NaN or infinite scores.
+
+    Token classification data (`task.words`) is scored by a saved token classifier at the word
+    level (`evaluate_words`), with entity metrics in `eval_mode`."""
     if split not in task.splits:
         raise ValueError(f"the data has no {split!r} split; it has {sorted(task.splits)}")
+    if task.words is not None:
+        if packing:
+            raise ValueError("packing=True (--packing) does not apply to token classification: each sentence (or "
+                             "window of one) is a row of its own. Evaluate without packing")
+        return evaluate_words(model_dir, task, split, max_seq_length=max_seq_length, batch_size=batch_size,
+                              tokenizer_name=tokenizer_name, eval_mode=eval_mode)
     require_model_folder(model_dir)
     tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
     model = load_trained(model_dir, num_labels=task.num_labels, problem_type=task.problem_type,
@@ -181,6 +192,91 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, text_pairs: Iterable
     if pairs is not None:
         rows = [{"text": row.pop("text"), "text_pair": pair, **row} for row, pair in zip(rows, pairs)]
     return rows
+
+
+def evaluate_words(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 128,
+                   batch_size: int = 64, tokenizer_name: str | None = None, eval_mode: str = entity_metrics.DEFAULT
+                   ) -> dict[str, Any]:
+    """A saved (trained) token classifier's scores on a split of token-classification data
+    (`data.token_task_data`): {"f1", "precision", "recall", "accuracy", "macro_*", "loss",
+    "report": the whole `entity_report`}, as `flaxheads train` reports them. The data's tags are
+    read as the model's (ValueError naming the file, sentence and word of a tag it lacks)."""
+    require_model_folder(model_dir)
+    tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
+    model = load_trained(model_dir, pad_token_id=pad_token_id, model_class=TokenClassifier)
+    words = task.words
+    relabelled = data.word_task({split: words.task.splits[split], "train": words.task.splits["train"]},
+                                label_names=model.config.label_names, scheme=words.task.scheme)
+    task = data.token_task_data(relabelled, label_all_tokens=words.label_all_tokens, stride=words.stride)
+    max_seq_length = fitting_max_length(model.config.backbone, max_seq_length)
+    rows = data.tokenize_word_split(task, split, tokenizer, max_seq_length)
+    batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length,
+                                             model_pad_token_id=model.config.backbone.pad_token_id)
+    model.eval()
+    graphdef, params = nnx.split(model)
+    scorer = token_scoring.TokenSplitScorer(
+        graphdef, {split: data.OwnSplit(rows, data.example_lengths(rows))}, batch_format, Layout.create(),
+        eval_batch=batch_size, class_names=model.config.label_names, tokenizer=tokenizer, words=task.words,
+        eval_mode=eval_mode)
+    metrics = scorer.scores(split, params)
+    return {**metrics, "report": scorer.reports[split]}
+
+
+def is_token_classifier(model_dir: str | os.PathLike) -> bool:
+    """Whether `model_dir` holds a token classifier (config.json names a `*ForTokenClassification`)."""
+    try:
+        hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    except (OSError, ValueError):
+        return False  # not a readable model folder: loading it says what is wrong, in its own words
+    table = TABLES.get(hf.get("model_type"))  # an unknown family is refused by the loader, in its words
+    return table is not None and any(table.task_of(name) == TOKEN_CLASSIFICATION
+                                     for name in hf.get("architectures") or ())
+
+
+def predict_words(model_dir: str | Path, sentences: Iterable[Sequence[str]], *, max_seq_length: int = 128,
+                  batch_size: int = 64, tokenizer_name: str | None = None, stride: int | None = None
+                  ) -> list[dict[str, Any]]:
+    """For each sentence (a list of words), in order: {"words", "tags"} and, when the model's
+    tags mark entities (B-PER, I-LOC, O, ...), "entities" (`token_scoring.entities`). A sentence
+    longer than `max_seq_length` tokens is read in windows sharing up to `stride` tokens (default
+    max_seq_length // 4), never truncated. Raises UntrainedModel for a model never trained, and
+    FloatingPointError naming the sentence whose scores are not finite."""
+    require_model_folder(model_dir)
+    tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
+    model = load_trained(model_dir, pad_token_id=pad_token_id, model_class=TokenClassifier)
+    sentences = [list(words) for words in sentences]
+    present = [i for i, words in enumerate(sentences) if words]  # an empty line has no word to tag
+    max_seq_length = fitting_max_length(model.config.backbone, max_seq_length)
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    columns = data.tokenize_words(tokenizer, [sentences[i] for i in present], max_seq_length,
+                                  stride=default_stride(max_seq_length, special) if stride is None else stride)
+    columns["word_ids"] = [[-1 if w is None else w for w in ids] for ids in columns["word_ids"]]
+    rows = datasets.Dataset.from_dict(columns)
+    names = model.config.label_names
+    batch_format = data.BatchFormat(
+        max_seq_length, pad_token_ids(tokenizer, model.config.backbone.pad_token_id).input_ids,
+        getattr(tokenizer, "pad_token_type_id", 0), tokenizer.padding_side, data.TOKEN_CLASSIFICATION, len(names))
+    model.eval()
+    graphdef, params = nnx.split(model)
+    evaluator = Evaluator(graphdef, data.TOKEN_CLASSIFICATION, Layout.create(), batch_format,
+                          min(batch_size, 1 << max(len(rows) - 1, 0).bit_length()))  # fewer rows: a power of two
+    row_logits, _ = token_scoring.row_outputs(evaluator, Layout.create(), params, rows, data.example_lengths(rows)) \
+        if len(rows) else ([], 0.0)
+    word_logits = data.word_predictions(row_logits, columns["word_ids"], columns["sentence"],
+                                        [len(sentences[i]) for i in present])
+    tags = dict(zip(present, token_scoring.predicted_tags(word_logits, names)))
+    bad = next((present[k] for k, values in enumerate(word_logits) if not np.isfinite(values).all()), None)
+    if bad is not None:
+        raise FloatingPointError(f"the model in {model_dir} gives non-finite scores for sentence {bad + 1}; no tag is "
+                                 "reported")
+    with_entities = token_scoring.has_entities(names)
+    results = []
+    for i, words in enumerate(sentences):
+        row = {"words": words, "tags": tags.get(i, [])}
+        if with_entities:
+            row["entities"] = token_scoring.entities(words, row["tags"])
+        results.append(row)
+    return results
 
 
 def reads_text_pairs(model_dir: str | os.PathLike) -> bool:

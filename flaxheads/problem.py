@@ -42,6 +42,15 @@ PAIRWISE_REWARD = "pairwise_reward"
 HF_PROBLEM_TYPES = (REGRESSION, SINGLE_LABEL, MULTI_LABEL)
 """The problem types transformers' `PretrainedConfig.problem_type` accepts."""
 PROBLEM_TYPES = (*HF_PROBLEM_TYPES, PAIRWISE_REWARD)
+"""What a sequence classifier's labels may mean."""
+TOKEN_CLASSIFICATION = "token_classification"
+"""A class per token (NER, POS: a `TokenClassifier`'s labels), -100 where a token is not scored;
+the loss is the cross entropy over the scored tokens (`token_loss_terms`). A kind of data the
+Trainer takes, not a sequence classifier's problem type, so it is not one of `PROBLEM_TYPES`."""
+DATA_PROBLEM_TYPES = (*PROBLEM_TYPES, TOKEN_CLASSIFICATION)
+"""What a data set's labels may mean (`TaskData.problem_type`, `BatchFormat.problem_type`)."""
+IGNORE_INDEX = -100
+"""The label of a token the loss skips (PyTorch's `CrossEntropyLoss` ignore_index)."""
 
 T = TypeVar("T")
 
@@ -52,6 +61,11 @@ def require_known(problem_type: str) -> str:
     if problem_type not in PROBLEM_TYPES:
         raise ValueError(f"unknown problem_type={problem_type!r}; choose one of {PROBLEM_TYPES}")
     return problem_type
+
+
+def require_known_data(problem_type: str) -> str:
+    """`require_known`, token classification also allowed: what a data set's labels may mean."""
+    return problem_type if problem_type == TOKEN_CLASSIFICATION else require_known(problem_type)
 
 
 _UNDEFINED = object()
@@ -224,7 +238,10 @@ def weighted_loss_terms(logits, labels, problem_type: str, *, class_weights=None
     numerator (1 - e) w[y] (-log p_y) + e/C sum_c w_c (-log p_c), denominator w[y]; with no
     weights this is transformers' Trainer `label_smoothing_factor` (its `LabelSmoother`).
     Multi-label, as `BCEWithLogitsLoss(pos_weight=class_weights)`: the mean over labels of
-    -(w_c y log s(x) + (1 - y) log(1 - s(x))), denominator 1."""
+    -(w_c y log s(x) + (1 - y) log(1 - s(x))), denominator 1.
+    Token classification: `token_loss_terms` (no class weights or smoothing)."""
+    if problem_type == TOKEN_CLASSIFICATION:
+        return token_loss_terms(logits, labels)
     if problem_type == SINGLE_LABEL and (class_weights is not None or label_smoothing):
         log_p = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         num_classes = log_p.shape[-1]
@@ -242,6 +259,18 @@ def weighted_loss_terms(logits, labels, problem_type: str, *, class_weights=None
         return losses, jnp.ones_like(losses)
     losses = per_example_loss(logits, labels, problem_type)
     return losses, jnp.ones_like(losses)
+
+
+def token_loss_terms(logits_BTL, labels_BT) -> tuple[jax.Array, jax.Array]:
+    """(numerators, denominators), each (batch,): per example the summed float32 cross entropy of
+    its tokens whose label is not IGNORE_INDEX, and how many there are. sum(numerators * mask) /
+    sum(denominators * mask) over a batch is PyTorch's `CrossEntropyLoss(ignore_index=-100)` over
+    all its real examples' tokens, as transformers' token classifiers compute it."""
+    scored_BT = labels_BT != IGNORE_INDEX
+    losses_BT = optax.softmax_cross_entropy_with_integer_labels(
+        logits_BTL.astype(jnp.float32), jnp.where(scored_BT, labels_BT, 0).astype(jnp.int32))
+    return (jnp.sum(jnp.where(scored_BT, losses_BT, 0.0), axis=-1),
+            jnp.sum(scored_BT, axis=-1).astype(jnp.float32))
 
 
 def balanced_class_weights(labels, problem_type: str, num_labels: int) -> tuple[float, ...]:

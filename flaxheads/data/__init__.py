@@ -57,12 +57,14 @@ from flaxheads.data.shards import (
 )
 from flaxheads.data.sources import load_task
 from flaxheads.data.splits import split_dataset
-from flaxheads.data.subwords import IGNORE_INDEX, align_labels, tokenize_words
-from flaxheads.data.task import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TaskData
+from flaxheads.data.subwords import IGNORE_INDEX, align_labels, tokenize_word_split, tokenize_words
+from flaxheads.data.task import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION, TaskData
 from flaxheads.data.tokenization import tokenize_split, tokenize_task
 from flaxheads.data.windows import merge_windows, plan_windows, word_predictions
 from flaxheads.data.word_files import WordSplit, read_conll, read_conllu, read_word_file, read_word_records, word_split
-from flaxheads.data.word_task import WordTask, load_word_files, word_task
+from flaxheads.data.word_task import (
+    WordLabelling, WordTask, load_word_files, looks_like_word_file, token_task_data, word_task,
+)
 
 __all__ = [
     "BUILTIN_DATASETS",
@@ -76,9 +78,11 @@ __all__ = [
     "RowPlan",
     "SINGLE_LABEL",
     "SplitData",
+    "TOKEN_CLASSIFICATION",
     "TaskData",
     "TrainBatches",
     "WordSplit",
+    "WordLabelling",
     "WordTask",
     "accumulation_view",
     "align_labels",
@@ -100,6 +104,7 @@ __all__ = [
     "load_named_dataset",
     "load_task",
     "load_word_files",
+    "looks_like_word_file",
     "merge_windows",
     "movie_snippets",
     "movie_snippets_regression",
@@ -116,6 +121,8 @@ __all__ = [
     "tokenize_own_shards",
     "tokenize_split",
     "tokenize_task",
+    "token_task_data",
+    "tokenize_word_split",
     "tokenize_words",
     "trec6",
     "word_predictions",

@@ -102,13 +102,17 @@ class BatchFormat:
     def __post_init__(self):
         if self.padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
-        problem.require_known(self.problem_type)
+        problem.require_known_data(self.problem_type)
         if self.max_segments < 0:
             raise ValueError(f"max_segments must be 0 (no packing) or positive, got {self.max_segments}")
         if self.max_segments and self.problem_type == problem.PAIRWISE_REWARD:
             raise ValueError("sequence packing (TrainConfig(packing=True), --packing) does not apply to preference "
                              "pairs (problem_type pairwise_reward): each pair is scored as two rows. Train them "
                              "without packing")
+        if self.max_segments and self.problem_type == problem.TOKEN_CLASSIFICATION:
+            raise ValueError("sequence packing (TrainConfig(packing=True), --packing) does not apply to token "
+                             "classification: each sentence (or window of one) is a row of its own. Train without "
+                             "packing")
         bucket_lengths(self.max_seq_length, self.pad_to_multiple_of)  # its error names a bad value
 
     @classmethod
@@ -563,7 +567,10 @@ def _collate(
         for name, pad_value in pad_values.items()
         if name in records
     }
-    if LABELS in records:
+    if LABELS in records and fmt.problem_type == problem.TOKEN_CLASSIFICATION:
+        # a label per token, padded like the tokens with the ignored label
+        batch["labels"] = pad(records[LABELS], padded_length, problem.IGNORE_INDEX, fmt.padding_side)
+    elif LABELS in records:
         batch["labels"] = _labels(records[LABELS], fmt)
     batch["example_mask"] = example_mask
     return batch

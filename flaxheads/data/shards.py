@@ -14,6 +14,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from flaxheads.data.batching import example_lengths, num_batches, process_rows, process_shards, shard_bounds
+from flaxheads.data.subwords import tokenize_word_split
 from flaxheads.data.task import TaskData
 from flaxheads.data.tokenization import tokenize_split
 
@@ -56,6 +57,10 @@ def tokenize_own_shards(task: TaskData, tokenizer, max_seq_length: int, *, data_
     for name, split in task.splits.items():
         if splits is not None and name not in splits:
             continue
+        if task.words is not None:
+            own[name] = _own_word_rows(task, name, tokenizer, max_seq_length, data_shards)
+            counts.append(f"{len(own[name].rows)} of {len(own[name].lengths)} {name}")
+            continue
         rows = process_rows(len(split), data_shards, index, count)
         # The whole split is not re-selected, so that it keeps its tokenisation cache.
         selected = split if len(rows) == len(split) else split.select(rows)
@@ -66,6 +71,16 @@ def tokenize_own_shards(task: TaskData, tokenizer, max_seq_length: int, *, data_
     print(f"process {index}/{count} tokenized {', '.join(counts)} examples "
           f"(shards {shards.start}-{shards.stop - 1} of {data_shards})")
     return own
+
+
+def _own_word_rows(task: TaskData, split: str, tokenizer, max_seq_length: int, data_shards: int) -> OwnSplit:
+    """A token-classification split: a long sentence becomes several rows (windows), so the rows
+    are known only once the sentences are tokenised; every process tokenises them all (quick, and
+    uncached) and keeps its shards' rows of them."""
+    tokenized = tokenize_word_split(task, split, tokenizer, max_seq_length)
+    lengths = example_lengths(tokenized)
+    rows = process_rows(len(tokenized), data_shards, jax.process_index(), jax.process_count())
+    return OwnSplit(tokenized if len(rows) == len(tokenized) else tokenized.select(rows), lengths)
 
 
 def gather_lengths(own_lengths: np.ndarray, num_examples: int, num_shards: int) -> np.ndarray:

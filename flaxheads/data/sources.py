@@ -8,6 +8,12 @@ import os
 from flaxheads.data.builtin import load_builtin
 from flaxheads.data.files import load_local_files, load_named_dataset
 from flaxheads.data.task import TaskData
+from flaxheads.data.word_task import load_word_files, looks_like_word_file, token_task_data
+
+TEXT_CLASSIFICATION = "text-classification"
+TOKEN_CLASSIFICATION = "token-classification"
+TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+"""What `load_task(task=...)` reads the data as (transformers' pipeline names)."""
 
 
 def load_task(
@@ -25,11 +31,39 @@ def load_task(
     num_labels: int | None = None,
     chosen_column: str = "chosen",
     rejected_column: str = "rejected",
+    task: str | None = None,
+    label_all_tokens: bool = False,
+    stride: int | None = None,
+    tag_scheme: str | None = None,
 ) -> TaskData:
     """The data set named by the first of `train_file` (with `validation_file`, `test_file`),
     `dataset_name` (a Hugging Face data set in the local cache) or `dataset` (a built-in one, split
     with `seed`); the column and label arguments read files and hub data sets. ValueError when
-    none is named, or as the loaders say."""
+    none is named, or as the loaders say.
+
+    `task`: "text-classification" or "token-classification"; None: token classification when
+    `train_file` holds words and tags (`looks_like_word_file`: CoNLL, CoNLL-U, or JSON / CSV with
+    a tokens column), else text classification. Token classification reads the files with
+    `load_word_files` (`tag_scheme`: the tags' scheme, None: detected) and labels subwords with
+    `label_all_tokens` and `stride` (`word_task.WordLabelling`)."""
+    if task not in (None, *TASKS):
+        raise ValueError(f"task={task!r}: choose one of {', '.join(TASKS)}")
+    if task is None and train_file and looks_like_word_file(train_file, text_column):
+        task = TOKEN_CLASSIFICATION
+    if task == TOKEN_CLASSIFICATION:
+        if not train_file:
+            raise ValueError("task='token-classification' reads word files: give a train_file (CoNLL, CoNLL-U, or "
+                             "JSON / JSON Lines / CSV with a tokens and a tags column)")
+        words = load_word_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
+                                scheme=tag_scheme)
+        return token_task_data(words, label_all_tokens=label_all_tokens, stride=stride)
+    token_settings = [name for name, on in (("label_all_tokens=True", label_all_tokens),
+                                            (f"stride={stride}", stride is not None),
+                                            (f"tag_scheme={tag_scheme!r}", tag_scheme is not None)) if on]
+    if token_settings:
+        raise ValueError(f"{' and '.join(token_settings)} label token classification data, and the data reads as "
+                         "text classification: give word files (CoNLL, or JSON / CSV with a tokens column), pass "
+                         "task='token-classification', or leave them out")
     columns = dict(text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
                    problem_type=problem_type, num_labels=num_labels, chosen_column=chosen_column,
                    rejected_column=rejected_column)
@@ -43,4 +77,4 @@ def load_task(
     raise ValueError("no data: give a train_file, a dataset_name (a hub data set) or a dataset (a built-in one)")
 
 
-__all__ = ["load_task"]
+__all__ = ["TASKS", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION", "load_task"]

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import datasets
+
 from flaxheads import tags as tags_lib
+from flaxheads.data.task import TaskData
 from flaxheads.data.tokenization import _check_max_length
 from flaxheads.data.windows import WordIds, plan_windows
 
@@ -175,4 +178,21 @@ def _columns(rows, label_ids, label_all_tokens: bool, b_to_i, with_types: bool) 
     return columns
 
 
-__all__ = ["IGNORE_INDEX", "align_labels", "tokenize_words"]
+def tokenize_word_split(task: TaskData, split: str, tokenizer, max_seq_length: int) -> datasets.Dataset:
+    """The rows of a token-classification task's `split` (`word_task.token_task_data`) as
+    `tokenize_words` makes them, with the task's labelling options, as a Dataset: `input_ids`,
+    `attention_mask` (`token_type_ids`), `labels` (per token, IGNORE_INDEX where not scored),
+    `length`, `word_ids` (-1 for special tokens) and `sentence`. A sentence longer than
+    `max_seq_length` tokens gives several rows (windows), so a split may have more rows than
+    sentences. Errors name the file, sentence and word (`WordSplit.where`)."""
+    labelling = task.words
+    words = labelling.task.splits[split]
+    stride = labelling.stride_for(max_seq_length, tokenizer.num_special_tokens_to_add(pair=False))
+    columns = tokenize_words(tokenizer, words.tokens, max_seq_length, tags=words.tags,
+                             label_names=labelling.task.label_names, label_all_tokens=labelling.label_all_tokens,
+                             stride=stride, where=words.where)
+    columns["word_ids"] = [[-1 if w is None else w for w in ids] for ids in columns["word_ids"]]
+    return datasets.Dataset.from_dict(columns)
+
+
+__all__ = ["IGNORE_INDEX", "align_labels", "tokenize_word_split", "tokenize_words"]

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import datasets
 
 from flaxheads import problem
 
 # Hugging Face's `config.problem_type` strings, defined once in `flaxheads.problem`.
-from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL  # noqa: F401 (re-exported)
+from flaxheads.problem import (  # noqa: F401 (re-exported)
+    MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION,
+)
+
+if TYPE_CHECKING:
+    from flaxheads.data.word_task import WordLabelling
 
 TEXT = "text"
 TEXT_PAIR = "text_pair"
@@ -42,6 +48,10 @@ class TaskData:
 
     Preference pairs (`pairwise_reward`, `num_labels` 1) have `chosen` and `rejected` text
     columns instead of `text`, and a float `label` holding each pair's margin (0.0: none).
+
+    Token classification (`token_classification`) has a `tokens` column (the sentence's words)
+    and a `label` column of tag ids, one per word; `words` holds the word-level task (tag scheme,
+    where each sentence came from) and how its tags go onto subwords (`word_task.token_task_data`).
     """
 
     splits: datasets.DatasetDict
@@ -55,11 +65,15 @@ class TaskData:
     label column holds (e.g. `"regression: the label column holds non-integer floats (e.g. 0.5
     at train row 3)"`), `"<problem_type>: set by problem_type"` when the caller chose it, or what
     a built-in data set's label is. Empty only for a `TaskData` built by hand without one."""
+    words: WordLabelling | None = None
+    """Token classification only: the word-level task and its subword labelling options."""
 
     def __post_init__(self):
-        problem.require_known(self.problem_type)
+        problem.require_known_data(self.problem_type)
         if "train" not in self.splits:
             raise ValueError(f"TaskData needs a 'train' split, got {sorted(self.splits)}")
+        if (self.words is None) != (self.problem_type != TOKEN_CLASSIFICATION):
+            raise ValueError(f"TaskData(words=...) goes with problem_type={TOKEN_CLASSIFICATION!r}, and only with it")
         if len(self.id2label) != self.num_labels:
             raise ValueError(
                 f"id2label has {len(self.id2label)} entries but num_labels={self.num_labels}"

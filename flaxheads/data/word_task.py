@@ -13,8 +13,15 @@ import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
 
+import datasets
+
+from flaxheads import problem
 from flaxheads import tags as tags_lib
-from flaxheads.data.word_files import WordSplit, read_word_file
+from flaxheads.data.task import LABEL, TaskData
+from flaxheads.data.word_files import CONLL_SUFFIXES, RECORD_SUFFIXES, TOKENS_COLUMN, WordSplit, read_word_file
+
+TOKENS = "tokens"
+"""The words column of a token-classification `TaskData` split."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,4 +86,62 @@ def word_task(splits: Mapping[str, WordSplit], *, label_names: Sequence[str] | N
     return WordTask(dict(splits), names, scheme, reason)
 
 
-__all__ = ["WordTask", "load_word_files", "word_task"]
+@dataclasses.dataclass(frozen=True)
+class WordLabelling:
+    """A word task and how its word tags become subword labels (`subwords.tokenize_words`)."""
+
+    task: WordTask
+    label_all_tokens: bool = False
+    """Label a word's later subwords with its tag too (B- turned into I-), as run_ner.py's flag;
+    default: only its first subword (the others are ignored by the loss)."""
+    stride: int | None = None
+    """Tokens two windows of a sentence longer than max_seq_length share; None: `default_stride`."""
+
+    def stride_for(self, max_seq_length: int, special_tokens: int) -> int:
+        """The stride in effect for rows of `max_seq_length` tokens, `special_tokens` of them special."""
+        if self.stride is not None:
+            return self.stride
+        return default_stride(max_seq_length, special_tokens)
+
+
+def default_stride(max_seq_length: int, special_tokens: int) -> int:
+    """A quarter of the row (32 tokens of 128), below the room the special tokens leave."""
+    return max(0, min(max_seq_length // 4, max_seq_length - special_tokens - 1))
+
+
+def token_task_data(task: WordTask, *, label_all_tokens: bool = False, stride: int | None = None) -> TaskData:
+    """`task` as the `TaskData` the Trainer takes: per split a `tokens` column (words) and a
+    `label` column (tag ids), problem type token classification, the tags as id2label."""
+    splits = datasets.DatasetDict({
+        name: datasets.Dataset.from_dict({TOKENS: split.tokens, LABEL: task.tag_ids(name)})
+        for name, split in task.splits.items()
+    })
+    return TaskData(splits, problem.TOKEN_CLASSIFICATION, task.num_labels, dict(enumerate(task.label_names)),
+                    problem_type_reason=f"{problem.TOKEN_CLASSIFICATION}: word tags, scheme {task.scheme_reason}",
+                    words=WordLabelling(task, label_all_tokens, stride))
+
+
+def looks_like_word_file(path: str | pathlib.Path, text_column: str = "text") -> bool:
+    """Whether `path` holds words and tags (token classification) rather than texts and labels:
+    a CoNLL or CoNLL-U suffix (.tsv only without a `text_column` header), or JSON / JSON Lines /
+    CSV whose first record has a `tokens` column and no `text_column`."""
+    path = pathlib.Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".conllu" or (suffix in CONLL_SUFFIXES and suffix != ".tsv"):
+        return True
+    if suffix not in (*RECORD_SUFFIXES, ".tsv") or not path.is_file():
+        return False
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        head = f.read(65536)
+    first = head.lstrip()
+    if suffix == ".tsv":
+        return text_column not in first.split("\n", 1)[0].split("\t")
+    if suffix == ".csv":
+        header = first.split("\n", 1)[0]
+        return TOKENS_COLUMN in [c.strip().strip('"') for c in header.split(",")] and text_column not in header
+    # JSON: the first record's keys, cheaply (a record is an object with a "tokens" key)
+    return f'"{TOKENS_COLUMN}"' in first[:4096] and f'"{text_column}"' not in first[:4096]
+
+
+__all__ = ["TOKENS", "WordLabelling", "WordTask", "default_stride", "load_word_files", "looks_like_word_file",
+           "token_task_data", "word_task"]

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from flaxheads.conversion.hub import resolve_checkpoint
+from flaxheads.data import sources
 from flaxheads.data.batching import PAD_TO_MULTIPLE_OF
 from flaxheads.data.builtin import BUILTIN_DATASETS
 from flaxheads.data.packing import segments_per_row
@@ -21,6 +22,9 @@ from flaxheads.heads import HEAD_NAMES
 from flaxheads.lora import LoRAConfig
 from flaxheads.problem import PROBLEM_TYPES
 from flaxheads.shipped_model import minilm_path
+from flaxheads.tags import SCHEMES
+from flaxheads.training.entity_metrics import DEFAULT as DEFAULT_EVAL_MODE
+from flaxheads.training.entity_metrics import MODES as EVAL_MODES
 from flaxheads.training.optim import SCHEDULES
 from flaxheads.training.parallel import PARALLEL
 
@@ -102,6 +106,24 @@ class TrainConfig:
     label_smoothing_factor: float = 0.0
     """Label smoothing of the single-label training loss, as transformers' Trainer applies it:
     (1 - f) x cross-entropy + f x the mean over classes of -log p."""
+
+    # Token classification (docs/token_tasks.md).
+    task: str | None = None
+    """What to train: "text-classification" (a label per text) or "token-classification" (a tag per
+    word: NER, POS); default: token-classification when train_file holds words and tags (CoNLL,
+    CoNLL-U, or JSON / CSV with a tokens and a ner_tags or tags column), else text-classification."""
+    label_all_tokens: bool = False
+    """Token classification: label every subword of a word with its tag (B- turned into I-), as
+    run_ner.py's flag; default: only the first subword carries the word's label."""
+    stride: int | None = None
+    """Token classification: a sentence longer than max_seq_length tokens becomes windows of whole
+    words that share up to this many tokens (never truncated); default: max_seq_length // 4."""
+    tag_scheme: str | None = None
+    """Token classification: the tags' scheme (IOB1, IOB2, IOBES, or none for tags without
+    entities such as POS); default: detected from the train tags."""
+    eval_mode: str = DEFAULT_EVAL_MODE
+    """Token classification: entity metrics as seqeval's default mode (conlleval's lenient chunks,
+    run_ner.py's) or strict (only entities well formed under tag_scheme count)."""
 
     # How to train.
     max_seq_length: int = 128
@@ -289,6 +311,8 @@ class TrainConfig:
         self.class_weight_values()  # its errors name the setting
         if not 0.0 <= self.label_smoothing_factor < 1.0:
             raise ValueError(f"label_smoothing_factor={self.label_smoothing_factor}: it must be in [0, 1)")
+        if self.stride is not None and self.stride < 0:
+            raise ValueError(f"stride={self.stride}: it must be 0 or positive")
         if self.eval_steps is not None and self.eval_steps <= 0:
             raise ValueError(f"eval_steps={self.eval_steps}: it must be positive")
         if self.eval_steps is not None and self.eval_strategy in ("no", "epoch"):
@@ -381,6 +405,7 @@ class TrainConfig:
             dataset_name=self.dataset_name, dataset=self.dataset, seed=self.seed, text_column=self.text_column,
             text_pair_column=self.text_pair_column, label_column=self.label_column, problem_type=self.problem_type,
             num_labels=self.num_labels, chosen_column=self.chosen_column, rejected_column=self.rejected_column,
+            task=self.task, label_all_tokens=self.label_all_tokens, stride=self.stride, tag_scheme=self.tag_scheme,
         )
 
     def model_folder(self) -> Path:
@@ -411,6 +436,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "eval_strategy": EVAL_STRATEGIES,
     "report_to": REPORT_TO,
     "lora_export": LORA_EXPORTS,
+    "task": sources.TASKS,
+    "tag_scheme": SCHEMES,
+    "eval_mode": EVAL_MODES,
 }
 """The valid values of each TrainConfig field that has a fixed set (None, where it is the field's
 default, means "decide for me")."""

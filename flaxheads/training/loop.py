@@ -381,4 +381,6 @@ class TrainLoop:
 
 
 def best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
-    return cfg.metric_for_best_model or ("mse" if problem_type == data.REGRESSION else "accuracy")
+    if cfg.metric_for_best_model:
+        return cfg.metric_for_best_model
+    return {data.REGRESSION: "mse", data.TOKEN_CLASSIFICATION: "f1"}.get(problem_type, "accuracy")

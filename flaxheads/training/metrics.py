@@ -44,7 +44,11 @@ METRIC_NAMES: Mapping[str, tuple[str, ...]] = {
     MULTI_LABEL: ("accuracy", "micro_f1", "macro_f1"),
     REGRESSION: ("mse", "pearson", "spearman"),
     PAIRWISE_REWARD: ("accuracy", "margin"),
+    problem.TOKEN_CLASSIFICATION: ("f1", "precision", "recall", "accuracy", "macro_f1", "macro_precision",
+                                   "macro_recall"),
 }
+"""Token classification's are entity-level (micro averages, and macro ones) with word accuracy
+(`flaxheads.training.entity_metrics.entity_report`, seqeval's numbers)."""
 
 class NonFiniteScores(FloatingPointError):
     """Logits or a loss that are NaN or infinite: no metric is computed from them (argmax of NaN
@@ -59,6 +63,11 @@ _HIGHER_IS_BETTER = {
     "pearson": True,
     "spearman": True,
     "margin": True,
+    "f1": True,
+    "precision": True,
+    "recall": True,
+    "macro_precision": True,
+    "macro_recall": True,
     "mse": False,
     "loss": False,
 }

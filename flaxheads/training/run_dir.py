@@ -135,6 +135,9 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
         lora = cfg.lora and {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
                              "target_modules": list(cfg.lora.target_modules)}  # as JSON reads it back
         trained["trainable"] = {"freeze_backbone": cfg.freeze_backbone, "lora": lora or None}
+    if task.words is not None:  # how word tags became subword labels (token classification only)
+        trained["token_labels"] = {"label_all_tokens": task.words.label_all_tokens, "stride": task.words.stride,
+                                   "scheme": task.words.task.scheme}
     if objective:  # the loss's class weights (resolved) and label smoothing (recorded only when set)
         trained["objective"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(objective.items())}
     settings = {name: getattr(cfg, name) for name in TRAINING_SETTINGS}
@@ -143,6 +146,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
         settings["calibrate"] = True
     if cfg.tune_thresholds:
         settings["tune_thresholds"] = True
+    if task.words is not None:  # the entity metrics the best model is chosen by
+        settings["eval_mode"] = cfg.eval_mode
     return {"trained": trained, "settings": settings}
 
 

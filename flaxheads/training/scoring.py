@@ -27,7 +27,8 @@ class EvalPrediction(NamedTuple):
     split, in dataset order."""
 
     predictions: np.ndarray
-    """(N, num_labels) float32 logits; (N, 2) rewards (chosen, rejected) of preference pairs."""
+    """(N, num_labels) float32 logits; (N, 2) rewards (chosen, rejected) of preference pairs; token
+    classification: a list, per sentence, of its words' (num_words, num_labels) logits."""
     label_ids: np.ndarray | None
     """(N,) class ids, (N,) scores, (N, num_labels) multi-hot rows or (N,) pair margins; None for
     unlabelled data."""

@@ -104,6 +104,11 @@ def make_train_step(
     of loss and gradients are then summed over `axis_name` before dividing (a pmean weighted by
     real examples, which equals the plain pmean when every device has the same count).
 
+    Token classification: logits (accum, batch, T, C), labels (accum, batch, T) with -100 where a
+    token is not scored; the loss (and gradient) is the mean cross entropy over the scored tokens
+    of the real examples of all micro-batches (and devices), as PyTorch's
+    `CrossEntropyLoss(ignore_index=-100)` over the whole global batch at once.
+
     `class_weights` and `label_smoothing` shape the training loss (`problem.weighted_loss_terms`):
     the gradient is then that of sum(numerators) / sum(denominators) over the real examples of the
     whole global batch, as PyTorch's weighted cross-entropy over the same batch.
@@ -113,7 +118,9 @@ def make_train_step(
         logits = _logits(graphdef, params, micro_batch, train=True, rngs=nnx.Rngs(dropout=key), frozen=frozen)
         logits, examples = per_example_logits(logits, micro_batch), per_example(micro_batch)
         mask = examples["example_mask"]
-        if class_weights is None and not label_smoothing:
+        # Token classification: numerators the examples' summed token losses, denominators their
+        # scored tokens, so the step's loss is the mean over the global batch's real tokens.
+        if class_weights is None and not label_smoothing and problem_type != problem.TOKEN_CLASSIFICATION:
             return jnp.sum(problem.per_example_loss(logits, examples["labels"], problem_type) * mask), jnp.sum(mask)
         numerators, denominators = problem.weighted_loss_terms(
             logits, examples["labels"], problem_type, class_weights=class_weights, label_smoothing=label_smoothing)
@@ -168,13 +175,16 @@ def make_train_step(
 def make_eval_step(graphdef: nnx.GraphDef, problem_type: str) -> Callable[[nnx.State, dict], dict[str, Any]]:
     """`(params, batch) -> {"logits", "loss"}` per example, deterministic (no dropout); for packed
     rows one entry per slot, (B * S, ...) as `per_example` flattens a batch (mask them with its
-    `example_mask`)."""
+    `example_mask`). Token classification: (B, T, C) logits, "loss" each example's summed token
+    losses and "scored_tokens" how many tokens they are (`problem.token_loss_terms`)."""
 
     def eval_step(params, batch):
         logits = per_example_logits(_logits(graphdef, params, batch, train=False), batch)
         examples = per_example(batch)
         out = {"logits": logits}
-        if "labels" in examples:
+        if "labels" in examples and problem_type == problem.TOKEN_CLASSIFICATION:
+            out["loss"], out["scored_tokens"] = problem.token_loss_terms(logits, examples["labels"])
+        elif "labels" in examples:
             out["loss"] = problem.per_example_loss(logits, examples["labels"], problem_type)
         return out
 

@@ -32,8 +32,9 @@ from flaxheads.backbones import stacking
 from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
+from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
 from flaxheads.tokenizer import check_room_for_text, fitting_max_length, for_model, load_tokenizer
-from flaxheads.training import calibration, run_dir, run_report
+from flaxheads.training import calibration, run_dir, run_report, token_scoring
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.distributed import initialize as initialize_distributed
@@ -65,13 +66,24 @@ class TrainOutput(NamedTuple):
     and "train_examples" (real examples trained on) of this session."""
     predictions: list | None
     """With do_predict: per test example, its label name (single-label), list of label names
-    (multi-label) or score (regression); else None."""
+    (multi-label) or score (regression); token classification: per test sentence, its words'
+    tags; else None."""
 
 
 def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> ClassifierConfig:
     """The model's config with the data's problem type and class names, or ValueError naming
     what to change when the model cannot learn these labels."""
     reason = task.problem_type_reason or task.problem_type
+    tokens = task.problem_type == data.TOKEN_CLASSIFICATION
+    if tokens and not isinstance(config, TokenClassifierConfig):
+        raise ValueError(f"the data reads as {reason}, which a token classifier learns, and the model is a sequence "
+                         "classifier: load it with flaxheads.from_pretrained(..., task='token-classification')")
+    if not tokens and isinstance(config, TokenClassifierConfig):
+        raise ValueError(f"the model is a token classifier and the data reads as {reason}: give it word tags "
+                         "(task=flaxheads.data.token_task_data(flaxheads.data.load_word_files(...))), or load a "
+                         "sequence classifier (flaxheads.from_pretrained)")
+    if tokens:
+        return _fit_token_config(config, task)
     if config.num_labels != task.num_labels:
         raise ValueError(
             f"the model has {config.num_labels} labels but the data has {task.num_labels} ({reason}). Load the "
@@ -98,6 +110,21 @@ def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> Classif
     return dataclasses.replace(config, problem_type=task.problem_type, labels=names, text_pair=task.has_text_pair)
 
 
+def _fit_token_config(config: TokenClassifierConfig, task: data.TaskData) -> TokenClassifierConfig:
+    names = tuple(task.id2label[i] for i in range(task.num_labels))
+    if config.num_labels != task.num_labels:
+        raise ValueError(
+            f"the model has {config.num_labels} labels but the data has {task.num_labels} tags ({', '.join(names)}). "
+            f"Load the model with TokenClassifier.from_pretrained(..., id2label={list(names)}) (and "
+            "ignore_mismatched_sizes=True when its checkpoint has a trained head of another size)")
+    default = tuple(data.task.default_id2label(task.num_labels).values())
+    if config.labels not in (None, default, names):
+        raise ValueError(f"the model's tags are {list(config.labels)} but the data's are {list(names)} (the sorted "
+                         "train tags): load the model with from_pretrained(..., id2label=[...the data's tags...]) to "
+                         "relabel its head")
+    return dataclasses.replace(config, labels=names)
+
+
 class Trainer:
     """Fine-tunes a `SequenceClassifier` on data held in Python, as `flaxheads train` does.
 
@@ -114,6 +141,9 @@ class Trainer:
     model (`num_labels=1`): rows with `args.chosen_column` and `args.rejected_column` texts (and
     no text column, or `problem_type="pairwise_reward"`), or `(chosen_texts, rejected_texts)`
     tuples with that problem type; the metrics are pair accuracy and mean reward margin.
+    Token classification: a `TokenClassifier` with `task=flaxheads.data.token_task_data(word_task)`
+    (`flaxheads train` reads CoNLL and word JSON / CSV files so); its metrics are entity-level
+    (`training.token_scoring`) and its predictions per sentence, per word.
 
     The model's num_labels and problem_type must fit the data (ValueError naming what to change);
     the trained model carries the data's class names. `args.do_train` False only scores and
@@ -130,6 +160,8 @@ class Trainer:
         self.tokenizer, self.compute_metrics = for_model(tokenizer, model.config.backbone), compute_metrics
         self.data = self._load_data(model.config, task, train_dataset, eval_dataset, test_dataset)
         self.task = task = self.data.task
+        self.model_class = type(model)
+        """What the run trains and exports: `SequenceClassifier`, or `TokenClassifier` for word tags."""
         print0(f"problem type {task.problem_type_reason or task.problem_type}")
         imbalance = data.labels.imbalance_warning(task) if args.do_train else None
         if imbalance:
@@ -138,6 +170,8 @@ class Trainer:
             raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
                              "TrainConfig(do_train=False)")
         check_best_model_settings(args, task, self.data.given, self.data.unlabelled)
+        if task.words is not None:
+            token_scoring.check_eval_mode(args.eval_mode, task.words)
         if args.do_predict and "test" not in self.data.given:
             raise ValueError("do_predict=True predicts the test split, but the data has none: give a test_file (or a "
                              "test_dataset), or leave do_predict out")
@@ -155,7 +189,7 @@ class Trainer:
             pad_to_multiple_of=args.pad_to_multiple_of,
             max_segments=segments_per_row(args.packing, args.max_segments_per_row, self.max_seq_length))
         self.config = fit_config_to_task(model.config, task)
-        if args.do_train and self.config.thresholds is not None:
+        if args.do_train and getattr(self.config, "thresholds", None) is not None:
             print0("note: the model's decision thresholds are dropped: they were tuned for the weights this run "
                    "trains further (tune_thresholds=True tunes new ones)", file=sys.stderr)
             self.config = dataclasses.replace(self.config, thresholds=None)
@@ -189,9 +223,17 @@ class Trainer:
         task = data.load_task(**cfg.data_source()) if task is None else task
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
         layout = Layout.create(cfg.mesh)
-        model, loading_info = from_pretrained(
-            src, pad_token_id=pad_token_id, num_labels=task.num_labels, head=cfg.head,
-            problem_type=task.problem_type, id2label=[task.id2label[i] for i in range(task.num_labels)],
+        if task.problem_type == data.TOKEN_CLASSIFICATION:
+            if cfg.head is not None:
+                raise ValueError(f"head={cfg.head!r} picks a sequence classifier's head, and the data is token "
+                                 "classification, whose head is the family's own (a Linear on every token): leave "
+                                 "head out")
+            loader, head_settings = TokenClassifier.from_pretrained, {}
+        else:
+            loader, head_settings = from_pretrained, {"head": cfg.head, "problem_type": task.problem_type}
+        model, loading_info = loader(
+            src, pad_token_id=pad_token_id, num_labels=task.num_labels, **head_settings,
+            id2label=[task.id2label[i] for i in range(task.num_labels)],
             classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, param_dtype=cfg.param_dtype, seed=cfg.seed,
             ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
             placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
@@ -232,8 +274,9 @@ class Trainer:
         """Global train batches per epoch. Packed, the count of rows depends on the examples'
         token counts, so the train split is tokenised here, before the output folder is claimed
         (in memory, not in its cache), and kept for training."""
-        if not self.batch_format.packed:
+        if not self.batch_format.packed and self.task.words is None:
             return data.num_batches(len(self.task.splits["train"]), self.global_batch)
+        # A token-classification sentence longer than max_seq_length gives several rows (windows).
         self._tokenized_train = self._own_splits(["train"], cache=False)["train"]
         return data.batches_per_epoch(self._tokenized_train.lengths, self.batch_format,
                                       global_batch_size=self.global_batch, num_shards=self.args.data_shards)
@@ -248,10 +291,13 @@ class Trainer:
         return {**{name: early[name] for name in names if name in early}, **own}
 
     def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str]) -> SplitScorer:
-        return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, eval_batch=self.eval_batch,
-                           class_names=self.config.label_names,
-                           data_shards=self.args.data_shards, unlabelled=unlabelled,
-                           compute_metrics=self.compute_metrics, tokenizer=self.tokenizer,
+        options = dict(eval_batch=self.eval_batch, class_names=self.config.label_names,
+                       data_shards=self.args.data_shards, unlabelled=unlabelled,
+                       compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
+        if self.task.words is not None:
+            return token_scoring.TokenSplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
+                                                  words=self.task.words, eval_mode=self.args.eval_mode)
+        return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
                            thresholds=self.config.thresholds)
 
     def _splits_to_score(self) -> list[str]:
@@ -386,7 +432,7 @@ class Trainer:
     def _read_best_model(self, folder: Path):
         """The best evaluation's weights from best_model/ (a resumed run no longer has them in
         memory), as the parameters of this run's model."""
-        best = from_pretrained(folder, dtype=self.args.dtype, param_dtype=self.args.param_dtype)
+        best = self.model_class.from_pretrained(folder, dtype=self.args.dtype, param_dtype=self.args.param_dtype)
         _, state = nnx.split(best)
         if jax.tree.structure(state) != jax.tree.structure(self.params):
             raise ValueError(f"{folder} does not hold this run's model (its parameters differ): cannot load the best "
@@ -493,7 +539,10 @@ class Trainer:
         return self._scorer_of("test", dataset).predict("test", self.params)
 
     def predicted_labels(self, logits) -> list:
-        """Per row of `logits`: label name, list of label names (multi-label) or score."""
+        """Per row of `logits`: label name, list of label names (multi-label) or score; token
+        classification: per sentence (its words' logits), the list of its words' tags."""
+        if self.task.words is not None:
+            return token_scoring.predicted_tags(logits, self.config.label_names)
         return describe_predictions(self.task.problem_type, logits, self.config.label_names, self.config.thresholds)
 
     def _predictions(self) -> list:
@@ -503,7 +552,9 @@ class Trainer:
         return predicted
 
     def _write_predictions(self, predicted: list) -> None:
-        written = run_dir.write_predictions(self.output_dir, format_predictions(predicted),
+        text = (token_scoring.format_word_predictions(predicted) if self.task.words is not None
+                else format_predictions(predicted))
+        written = run_dir.write_predictions(self.output_dir, text,
                                             overwrite=self.args.overwrite_output_dir)
         print(f"predictions for the test split written to {written}")
 
@@ -515,6 +566,10 @@ class Trainer:
             if self._scorer is not None and split in self._scorer.splits:
                 return self._scorer
             return self._scorer_for(self._own_splits([split]), self.data.unlabelled)
+        if self.task.words is not None:
+            raise NotImplementedError("evaluate(dataset) and predict(dataset) take texts; for token classification "
+                                      "give the Trainer the data as task= (flaxheads.data.token_task_data) and call "
+                                      "them without a dataset")
         extra = data.load_in_memory({split: dataset}, beside=self.data.source_train,
                                     **self._column_args(self.config))
         if extra.task.id2label != self.task.id2label:
