@@ -86,8 +86,9 @@ class GPT2Config:
 
     @property
     def default_classifier_dropout(self) -> float:
-        """classifier_dropout if set, else resid_pdrop (GPT-2's hidden dropout), as
-        `GPT2ForTokenClassification` chooses. The "last_token" head has no dropout at all."""
+        """classifier_dropout if set, else resid_pdrop (GPT-2's hidden dropout): the dropout of the
+        heads flaxheads adds on GPT-2 (cls, mean, ...). The "last_token" head has no dropout at all,
+        and `GPT2ForTokenClassification` takes classifier_dropout, else 0.1 (`TOKEN_DROPOUT`)."""
         return self.resid_pdrop if self.classifier_dropout is None else self.classifier_dropout
 
     @property
