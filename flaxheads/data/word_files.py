@@ -106,24 +106,37 @@ def read_conll(
     `label_names`. Raises ValueError naming the line for a line without those columns, an empty
     token or tag, and a file that is empty, not UTF-8 or has no sentence."""
     path = pathlib.Path(path)
+
+    def read_word(line: str, number: int, sentence: int, word: int):
+        columns = line.split(separator)
+        if columns[0] == DOCSTART:
+            return _END
+        return _conll_columns(columns, token_column, tag_column, path, number, sentence, word)
+
+    return _checked(_sentences(path, read_word), label_names)
+
+
+_END = object()
+"""What a line reader returns for a line that ends the sentence before it (CoNLL's -DOCSTART-)."""
+
+
+def _sentences(path: pathlib.Path, read_word) -> WordSplit:
+    """The sentences of a file with a word per line and blank lines (only whitespace) between
+    sentences: `read_word(line, line number, sentence index, word index)` returns the line's
+    (token, tag), None to skip the line, or `_END` to end the sentence there."""
     tokens, tags, lines = [], [], []
     sentence: tuple[list, list, list] = ([], [], [])
     for number, line in enumerate(_text_lines(path), start=1):
-        if not line.strip():
+        word = _END if not line.strip() else read_word(line, number, len(tokens), len(sentence[0]))
+        if word is _END:
             _close(sentence, tokens, tags, lines)
             sentence = ([], [], [])
-            continue
-        columns = line.split(separator)
-        if columns[0] == DOCSTART:
-            _close(sentence, tokens, tags, lines)
-            sentence = ([], [], [])
-            continue
-        token, tag = _conll_columns(columns, token_column, tag_column, path, number, len(tokens), len(sentence[0]))
-        sentence[0].append(token)
-        sentence[1].append(tag)
-        sentence[2].append(number)
+        elif word is not None:
+            sentence[0].append(word[0])
+            sentence[1].append(word[1])
+            sentence[2].append(number)
     _close(sentence, tokens, tags, lines)
-    return _checked(WordSplit(tokens, tags, str(path), lines), label_names)
+    return WordSplit(tokens, tags, str(path), lines)
 
 
 def _close(sentence, tokens: list, tags: list, lines: list) -> None:
@@ -181,28 +194,21 @@ def read_conllu(path: str | pathlib.Path, *, tag_field: str = "upos", label_name
     if tag_field not in fields:
         raise ValueError(f"tag_field={tag_field!r}; choose one of {sorted(fields)}")
     path = pathlib.Path(path)
-    tokens, tags, lines = [], [], []
-    sentence: tuple[list, list, list] = ([], [], [])
-    for number, line in enumerate(_text_lines(path), start=1):
-        if not line.strip():
-            _close(sentence, tokens, tags, lines)
-            sentence = ([], [], [])
-            continue
+
+    def read_word(line: str, number: int, sentence: int, word: int):
         if line.startswith("#"):
-            continue
+            return None
         columns = line.split("\t")
         if len(columns) != 10:
             raise ValueError(
-                f"{path}, sentence {len(tokens) + 1} (line {number}): a CoNLL-U word line has 10 tab-separated "
+                f"{path}, sentence {sentence + 1} (line {number}): a CoNLL-U word line has 10 tab-separated "
                 f"columns, this one {len(columns)}: {line[:60]!r}"
             )
         if "-" in columns[0] or "." in columns[0]:
-            continue
-        sentence[0].append(columns[1])
-        sentence[1].append(columns[fields[tag_field]])
-        sentence[2].append(number)
-    _close(sentence, tokens, tags, lines)
-    return _checked(WordSplit(tokens, tags, str(path), lines), label_names)
+            return None
+        return columns[1], columns[fields[tag_field]]
+
+    return _checked(_sentences(path, read_word), label_names)
 
 
 # ---------------------------------------------------------------------------------------------
