@@ -289,6 +289,8 @@ class PretrainedModel:
         self.backbone = build_backbone(config.backbone, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.head = build_head(config.head_config(), registry=type(self).head_registry, dtype=dtype,
                                param_dtype=param_dtype, rngs=rngs)
+        self.skip_unread_positions = True
+        """Run the backbone's last layer only where the head reads it (`runs_last_layer_at`)."""
 
     # The loader's own function, so its signature and docstring live in one place: the classmethod
     # builds whichever class it is called on (`cls.config_class` reads config.json).
@@ -307,15 +309,36 @@ class PretrainedModel:
         return lora.add_adapters(self, config, [t.flax_module for t in targets], seed=seed)
 
     def backbone_states(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
-                        segment_ids=None, rngs: nnx.Rngs | None = None):
+                        segment_ids=None, last_layer_positions=None, rngs: nnx.Rngs | None = None):
         """The backbone's `BackboneOutput` for (batch, seq) inputs, LoRA dropout keyed by `rngs`;
         ValueError for concrete ids outside the vocabulary (`check_input_ids`). No mask: every
-        token is real."""
+        token is real. `last_layer_positions` (batch, P), for a backbone that can
+        (`runs_last_layer_at`): its last layer runs at those positions only, and the last hidden
+        state is valid there only."""
         check_input_ids(input_ids, getattr(self.config.backbone, "vocab_size", None))
         backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
+        options = {} if last_layer_positions is None else {"last_layer_positions": last_layer_positions}
         with lora.adapter_dropout_key(lora.lora_config(self), rngs):  # LoRA layers take no rngs argument
             return self.backbone(input_ids, backbone_mask, token_type_ids, position_ids, segment_ids=segment_ids,
-                                 rngs=rngs)
+                                 rngs=rngs, **options)
+
+    def runs_last_layer_at(self, head_inputs: HeadInputs) -> jax.Array | None:
+        """The (batch, P) positions to run the backbone's last layer at, or None for all of them.
+
+        Positions when the head reads the last layer there only (its `last_layer_positions`), the
+        backbone can run its last layer at some positions (`LAST_LAYER_AT_POSITIONS`), and no
+        LoRA adapter dropout draws masks shaped by the sequence. The skipped positions' queries,
+        feed-forward and norms change nothing the head reads, so logits and gradients equal the
+        full computation's (to float32 rounding; dropout drops the same units). A first-token
+        head on a 6-layer encoder skips ~1/7 of the step's dense work. `skip_unread_positions =
+        False` on the model turns it off."""
+        reads = getattr(self.head, "last_layer_positions", None)
+        if not (self.skip_unread_positions and reads and getattr(self.backbone, "LAST_LAYER_AT_POSITIONS", False)):
+            return None
+        adapters = lora.lora_config(self)
+        if adapters is not None and adapters.dropout:
+            return None
+        return reads(head_inputs)
 
 
 class SequenceClassifier(PretrainedModel, nnx.Module):
@@ -366,11 +389,11 @@ class SequenceClassifier(PretrainedModel, nnx.Module):
             attention_mask = (segment_ids > 0).astype(jnp.int32)
         else:
             num_segments = None
-        out = self.backbone_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
-                                   rngs=rngs)
         # The head gets the caller's mask, None included: "last_token" lets a given mask decide.
-        inputs = HeadInputs(out.hidden_states, attention_mask, input_ids, cls_index, segment_ids, num_segments)
-        return self.head(inputs, rngs).astype(jnp.float32)
+        inputs = HeadInputs((), attention_mask, input_ids, cls_index, segment_ids, num_segments)
+        out = self.backbone_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                                   last_layer_positions=self.runs_last_layer_at(inputs), rngs=rngs)
+        return self.head(inputs._replace(hidden_states=out.hidden_states), rngs).astype(jnp.float32)
 
     def loss(self, logits: jax.Array, labels: jax.Array, example_mask: jax.Array | None = None) -> jax.Array:
         """The loss for this model's problem type (inferred from the labels when unset)."""

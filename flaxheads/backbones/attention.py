@@ -33,6 +33,7 @@ def attend(
     dropout_rate: float = 0.0,
     deterministic: bool = False,
     rngs: nnx.Rngs | None = None,
+    query_rows: dropout.Rows | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention over a (batch, key) padding mask; returns BTNH.
 
@@ -52,6 +53,8 @@ def attend(
     `jax.nn.dot_product_attention`, which GPUs run as a fused kernel. Attention-probability
     dropout (as BERT trains with) has no fused form there, so in train mode at a non-zero rate
     the probabilities are materialised; that needs `rngs` (ValueError without, as `dropout.apply`).
+    `query_rows` says the queries are rows of a longer sequence (`dropout.Rows` on axis 1 of the
+    queries): the probabilities then drop the units the full sequence's scores drop there.
     """
     if mask_BS is None:
         mask_B11S = None
@@ -79,5 +82,6 @@ def attend(
     if mask_B11S is not None:
         logits_BNTS = jnp.where(mask_B11S, logits_BNTS, jnp.finfo(logits_BNTS.dtype).min)
     probs_BNTS = jax.nn.softmax(logits_BNTS.astype(jnp.float32), axis=-1).astype(value_BSNH.dtype)
-    probs_BNTS = dropout.apply(probs_BNTS, dropout_rate, rngs, deterministic=False)
+    rows = None if query_rows is None else dropout.Rows(2, query_rows.index[:, None, :, None], query_rows.length)
+    probs_BNTS = dropout.apply(probs_BNTS, dropout_rate, rngs, deterministic=False, rows=rows)
     return jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS, value_BSNH)

@@ -192,19 +192,25 @@ class SelfAttention(nnx.Module):
         self.output = layers.dense(d, d, **kw)
         self.deterministic = False
 
-    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs,
+                 query_rows: dropout.Rows | None = None) -> jax.Array:
+        """Attention output at every position, or with `query_rows` (`EncoderLayer`) at those
+        positions only: (batch, P, hidden) from queries there over every key."""
         b, t, _ = x_BTD.shape
-        heads = (b, t, self.cfg.num_attention_heads, self.cfg.head_dim)  # hidden splits as (heads, head_dim)
-        context_BTNH = attention.attend(
-            self.query(x_BTD).reshape(heads),
-            self.key(x_BTD).reshape(heads),
-            self.value(x_BTD).reshape(heads),
+        x_BPD = x_BTD if query_rows is None else segments.gather(x_BTD, query_rows.index)
+        p = x_BPD.shape[1]
+        n, h = self.cfg.num_attention_heads, self.cfg.head_dim  # hidden splits as (heads, head_dim)
+        context_BPNH = attention.attend(
+            self.query(x_BPD).reshape(b, p, n, h),
+            self.key(x_BTD).reshape(b, t, n, h),
+            self.value(x_BTD).reshape(b, t, n, h),
             mask_BT,
             dropout_rate=self.cfg.attention_probs_dropout_prob,
             deterministic=self.deterministic,
             rngs=rngs,
+            query_rows=query_rows,
         )
-        return self.output(context_BTNH.reshape(b, t, -1))
+        return self.output(context_BPNH.reshape(b, p, -1))
 
 
 class EncoderLayer(nnx.Module):
@@ -234,13 +240,29 @@ class EncoderLayer(nnx.Module):
         self.act = layers.activation(cfg.hidden_act)
         self.deterministic = False
 
-    def __call__(self, x_BTD, mask_BT, rngs, **attention_inputs) -> jax.Array:
+    def __call__(self, x_BTD, mask_BT, rngs, *, positions_BP: jax.Array | None = None,
+                 **attention_inputs) -> jax.Array:
+        """The layer's output (batch, T, hidden); with `positions_BP` (batch, P) only at those
+        positions, (batch, P, hidden), equal to the full output's rows there (dropout included:
+        the same units drop). Keys and values still come from every position; the queries,
+        feed-forward and norms run for P positions instead of T (what a head that reads the
+        first token needs of the last layer)."""
+        rows = None
+        if positions_BP is not None:
+            rows = dropout.Rows(1, positions_BP, x_BTD.shape[1])
+            attention_inputs["query_rows"] = rows
+            if mask_BT is not None and mask_BT.ndim == 4:  # per-query masks (packed rows): those queries' rows
+                mask_BT = jnp.take_along_axis(mask_BT, positions_BP[:, None, :, None], axis=2)
+
         def drop(y):
-            return dropout.apply(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic)
+            return dropout.apply(y, self.cfg.hidden_dropout_prob, rngs, deterministic=self.deterministic,
+                                 rows=None if rows is None else dropout.Rows(1, positions_BP[..., None], rows.length))
 
         attended = self.attention(x_BTD, mask_BT, rngs, **attention_inputs)
         if self.cfg.attention_output_dropout:
             attended = drop(attended)
+        if positions_BP is not None:
+            x_BTD = segments.gather(x_BTD, positions_BP)
         x_BTD = self.attention_norm(x_BTD + attended)
         mlp_BTD = self.output(self.act(self.intermediate(x_BTD)))
         return self.output_norm(x_BTD + (drop(mlp_BTD) if self.mlp_dropout else mlp_BTD))
@@ -258,6 +280,9 @@ class Encoder(nnx.Module):
     flaxheads keep the pooler in the "pooler" head instead, so heads stay backbone-agnostic.
     Built in train mode (dropout on, `rngs` needed at call time); `.eval()` turns dropout off.
     """
+
+    LAST_LAYER_AT_POSITIONS = True
+    """The call takes `last_layer_positions` (`SequenceClassifier.runs_last_layer_at`)."""
 
     def __init__(
         self,
@@ -295,12 +320,17 @@ class Encoder(nnx.Module):
         position_ids: jax.Array | None = None,
         *,
         segment_ids: jax.Array | None = None,
+        last_layer_positions: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> BackboneOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids, position_ids: (batch, seq) ints.
 
         `segment_ids` (batch, seq) packs several examples per row (`segments`): attention stays
         within a segment (attention_mask is then not read) and positions restart at each one.
+        `last_layer_positions` (batch, P) ints: the last layer runs at those positions only
+        (`EncoderLayer`), and the last hidden state holds its output there and zeros elsewhere;
+        for a caller that reads nothing else of it (a first-token head). Every other layer's
+        states are whole.
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
         eval mode ignores it. ValueError in train mode without it (non-zero dropout rates)."""
         x_BTD = self.embeddings(input_ids, token_type_ids, position_ids, rngs, segment_ids)
@@ -308,7 +338,13 @@ class Encoder(nnx.Module):
             x_BTD = self.embeddings_project(x_BTD)  # (B, T, embedding_size) -> (B, T, hidden)
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
-        hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
+        if last_layer_positions is None or not len(self.layers):
+            hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
+        else:
+            hidden_states = stacking.run_layers(self, list(self.layers)[:-1], x_BTD, attention_mask, rngs=rngs)
+            rows_BPD = stacking.run_layer(self, self.layers[-1], hidden_states[-1], attention_mask, rngs,
+                                          positions_BP=last_layer_positions)
+            hidden_states.append(segments.scatter(rows_BPD, last_layer_positions, x_BTD.shape[1]))
         x_BTD = hidden_states[-1]
         pooled = None if self.pooler is None else self.pooler(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), pooled)

@@ -95,6 +95,15 @@ def gather(hidden_BTD: jax.Array, index_BS: jax.Array) -> jax.Array:
     return jnp.take_along_axis(hidden_BTD, index_BS[..., None], axis=1)
 
 
+def scatter(rows_BPD: jax.Array, index_BP: jax.Array, length: int) -> jax.Array:
+    """(batch, length, hidden) holding `rows_BPD` at positions `index_BP` and zeros elsewhere: the
+    inverse of `gather` for the positions gathered. A position listed twice must carry the same
+    row both times (one of them is kept, and the gradient reaches one of them)."""
+    batch_B1 = jnp.arange(rows_BPD.shape[0])[:, None]
+    zeros_BTD = jnp.zeros((rows_BPD.shape[0], length, *rows_BPD.shape[2:]), rows_BPD.dtype)
+    return zeros_BTD.at[batch_B1, index_BP].set(rows_BPD)
+
+
 def mean(hidden_BTD: jax.Array, segment_ids_BT: jax.Array, num_segments: int) -> jax.Array:
     """(batch, S, hidden) mean of each segment's states (0 for an absent segment)."""
     weights_BST = one_hot(segment_ids_BT, num_segments).astype(hidden_BTD.dtype)

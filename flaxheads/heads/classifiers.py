@@ -15,7 +15,24 @@ from flaxheads.heads import pooling
 from flaxheads.heads.base import HeadConfig, HeadInputs
 
 
-class PoolerHead(nnx.Module):
+class FirstTokenReader:
+    """A head that reads the last layer at the first token only (`pooling.first_token`): a model
+    may run that layer at those positions alone (`SequenceClassifier`)."""
+
+    def last_layer_positions(self, inputs: HeadInputs) -> jax.Array | None:
+        """(batch, P) positions of the last layer this head reads; None: all of them."""
+        return pooling.first_token_positions(inputs)
+
+
+class PoolReader:
+    """A head that pools with `self.pool`: the last-layer positions are those the pooling reads."""
+
+    def last_layer_positions(self, inputs: HeadInputs) -> jax.Array | None:
+        """(batch, P) positions of the last layer this head reads; None: all of them."""
+        return pooling.positions_read(self.pool, inputs)
+
+
+class PoolerHead(FirstTokenReader, nnx.Module):
     """`BertForSequenceClassification`: pooler (dense + tanh on the first token) -> dropout -> classifier."""
 
     OUTPUT_LAYER = "classifier"
@@ -34,7 +51,7 @@ class PoolerHead(nnx.Module):
         return self.classifier(dropout.apply(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
 
-class RobertaHead(nnx.Module):
+class RobertaHead(FirstTokenReader, nnx.Module):
     """`RobertaClassificationHead`: first token -> dropout -> dense -> tanh -> dropout -> out_proj.
 
     `activation` replaces the tanh: ELECTRA's `ElectraClassificationHead` is this head with GELU."""
@@ -66,7 +83,7 @@ class RobertaHead(nnx.Module):
         return self.out_proj(drop(x))
 
 
-class DistilBertHead(nnx.Module):
+class DistilBertHead(FirstTokenReader, nnx.Module):
     """`DistilBertForSequenceClassification`: first token -> pre_classifier -> ReLU -> dropout -> classifier."""
 
     OUTPUT_LAYER = "classifier"
@@ -84,7 +101,7 @@ class DistilBertHead(nnx.Module):
         return self.classifier(dropout.apply(x, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
 
-class DebertaHead(nnx.Module):
+class DebertaHead(FirstTokenReader, nnx.Module):
     """`DebertaV2ForSequenceClassification`: `ContextPooler` (first token -> dropout at the
     `pooler_dropout` option -> dense -> the `pooler_hidden_act` option) -> dropout -> classifier.
 
@@ -111,7 +128,7 @@ class DebertaHead(nnx.Module):
         return self.classifier(drop(pooled, self.cfg.dropout_rate))
 
 
-class LinearHead(nnx.Module):
+class LinearHead(PoolReader, nnx.Module):
     """pool(hidden states) -> dropout -> classifier, for a pooling function of `heads.pooling`."""
 
     OUTPUT_LAYER = "classifier"
@@ -196,7 +213,7 @@ def modernbert_options(cfg: HeadConfig) -> dict[str, Any]:
     return options
 
 
-class ModernBertHead(nnx.Module):
+class ModernBertHead(PoolReader, nnx.Module):
     """`ModernBertForSequenceClassification`'s head: pool (classifier_pooling "cls": the first
     token; "mean": the mean over real tokens) -> `ModernBertPredictionHead` (dense, bias only with
     classifier_bias -> classifier_activation -> LayerNorm(norm_eps, bias only with norm_bias))

@@ -23,6 +23,20 @@ def first_token(inputs: HeadInputs) -> jax.Array:
     return first_token_of(inputs, inputs.hidden_states[-1])
 
 
+def first_token_positions(inputs: HeadInputs) -> jax.Array:
+    """(batch, P) int32: the positions `first_token` reads, 0 (P = 1) or each segment's first
+    token (P = num_segments). Needs no hidden states: a model asks before running the backbone."""
+    if inputs.packed:
+        return segments.starts(inputs.segment_ids, inputs.num_segments)
+    return jnp.zeros((inputs.input_ids.shape[0], 1), jnp.int32)
+
+
+def positions_read(pool, inputs: HeadInputs) -> jax.Array | None:
+    """The last-layer positions the pooling function `pool` reads (`first_token_positions` for
+    `first_token`), or None when it reads every position (a mean) or more than the last layer."""
+    return first_token_positions(inputs) if pool is first_token else None
+
+
 def first_real_token(inputs: HeadInputs) -> jax.Array:
     """The last layer's state at each row's first real token (the first position whose attention
     mask is 1; position 0 without a mask, or in a row with no real token): what
