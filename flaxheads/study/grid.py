@@ -19,8 +19,16 @@ from typing import Any
 
 from flaxheads.data.builtin import BUILTIN_DATASETS
 
-MODES = ("finetune", "probe")
-"""finetune: backbone and head trained end to end; probe: backbone frozen, only the head trained."""
+MODES = ("finetune", "probe", "lbfgs", "majority")
+"""finetune: backbone and head trained end to end; probe: backbone frozen, only the head trained
+(by the Trainer, as fine-tuning); lbfgs: a converged linear probe, logistic (ridge for regression)
+regression fitted with L-BFGS on the head's frozen features (`study/probe.py`); majority: the
+majority-class baseline (regression: the train mean), no model at all."""
+MAJORITY = "majority"
+"""The `head` of a majority-class baseline cell."""
+ARMS = {"pooler_reinit": "pooler"}
+"""Study arms that are a library head run differently: `pooler_reinit` is `pooler` with its
+pretrained dense layer replaced by a fresh one (the control separating "pooler" from "pretrained")."""
 STUDY_HEADS = ("pooler", "cls", "mean", "concat_last4", "roberta", "summary", "last_token")
 """The heads of the committed study; `pooler`, BERT's own, is the default the others are compared to."""
 STUDY_DATASETS = ("movie_snippets", "sms_spam", "trec6", "movie_snippets_regression")
@@ -116,6 +124,17 @@ class StudySettings:
     test_examples: int | None = 500
     """Score the final test metrics on this fixed random subset of the test split (the same rows
     for every cell, so paired comparisons stay fair); None: all of it."""
+    max_epochs: float | None = None
+    """With it, cells train up to this many passes over the train subset and max_steps is ignored."""
+    early_stopping_patience: int | None = None
+    """With it, a cell stops after this many evaluations without a better validation metric and
+    restores the weights of its best evaluation (TrainConfig load_best_model_at_end)."""
+    learning_rates: tuple[float, ...] = ()
+    """Candidate learning rates: each fine-tuned (checkpoint, head, data set) first trains once per
+    candidate on `lr_search_seeds` and keeps the rate of the best validation metric (validation
+    only, seeds outside the study's). Empty: learning_rate for every cell."""
+    lr_search_seeds: tuple[int, ...] = (1000,)
+    """Seeds of the learning-rate search cells (with learning_rates)."""
     split_seed: int = 0
     """Seed of the built-in data sets' 80/10/10 split and of the subsets: fixed for the study,
     so that cell seeds change the head's initialisation, dropout and data order, never the data."""
@@ -130,14 +149,28 @@ class StudySettings:
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive or None (the whole split), got {getattr(self, name)}")
         object.__setattr__(self, "train_options", tuple(sorted(dict(self.train_options).items())))
+        object.__setattr__(self, "learning_rates", tuple(float(rate) for rate in self.learning_rates))
+        object.__setattr__(self, "lr_search_seeds", tuple(int(seed) for seed in self.lr_search_seeds))
 
     def learning_rate_for(self, mode: str) -> float:
         return self.probe_learning_rate if mode == "probe" else self.learning_rate
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON values. Fields added after the first study appear only when they
+        differ from their default, so a first-study grid keeps its cell keys (its results resume)."""
         settings = dataclasses.asdict(self)
         settings["train_options"] = dict(self.train_options)
+        for name in LATER_FIELDS:
+            if getattr(self, name) == _DEFAULTS[name]:
+                del settings[name]
+            elif isinstance(settings[name], tuple):
+                settings[name] = list(settings[name])
         return settings
+
+
+LATER_FIELDS = ("max_epochs", "early_stopping_patience", "learning_rates", "lr_search_seeds")
+"""StudySettings fields the first study (docs/head_study.md, 2026-11) did not have."""
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(StudySettings)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +183,24 @@ class Cell:
     data: DataSpec
     seed: int
     mode: str = "finetune"
+    learning_rate: float | None = None
+    """The fine-tuning rate when the study chooses one per head (learning_rates); None: the settings'."""
+    lr_search: bool = False
+    """A learning-rate search cell: it only decides the rate of its head's study cells."""
 
     @property
     def checkpoint_name(self) -> str:
         return self.checkpoint or "all-MiniLM-L6-v2"
+
+    @property
+    def library_head(self) -> str:
+        """The flaxheads head the cell builds (`ARMS` maps study arms to theirs)."""
+        return ARMS.get(self.head, self.head)
+
+    @property
+    def trains(self) -> bool:
+        """Whether the cell runs the Trainer (the lbfgs and majority cells fit no network)."""
+        return self.mode in ("finetune", "probe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,9 +265,15 @@ def committed_grid(seeds: Sequence[int] = range(5), settings: StudySettings = St
 
 
 def cell_key_fields(cell: Cell, settings: StudySettings, data_identity: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything that decides a cell's result, as JSON-ready values."""
-    return {"checkpoint": cell.checkpoint_name, "head": cell.head, "dataset": cell.data.name,
-            "data": dict(data_identity), "seed": cell.seed, "mode": cell.mode, "settings": settings.to_dict()}
+    """Everything that decides a cell's result, as JSON-ready values (the learning rate and the
+    search flag only where the study chooses rates, so first-study keys stay as they were)."""
+    fields = {"checkpoint": cell.checkpoint_name, "head": cell.head, "dataset": cell.data.name,
+              "data": dict(data_identity), "seed": cell.seed, "mode": cell.mode, "settings": settings.to_dict()}
+    if cell.learning_rate is not None:
+        fields["learning_rate"] = cell.learning_rate
+    if cell.lr_search:
+        fields["lr_search"] = True
+    return fields
 
 
 def cell_key(fields: Mapping[str, Any]) -> str:
