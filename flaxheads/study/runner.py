@@ -280,7 +280,7 @@ def run_cell(cell: Cell, settings: StudySettings, task: TaskData, cell_dir: Path
 
 def _trained_cell(cell: Cell, settings: StudySettings, task: TaskData, cell_dir: Path,
                   keep_models: bool) -> dict[str, Any]:
-    import flaxheads
+    from flaxheads.model import from_pretrained
     from flaxheads.tokenizer import load_tokenizer
     from flaxheads.training.trainer import Trainer
 
@@ -293,7 +293,7 @@ def _trained_cell(cell: Cell, settings: StudySettings, task: TaskData, cell_dir:
     results = output.metrics
     if results.get("already_complete"):
         wall = results.get("seconds", wall)  # trained earlier: what this call took says nothing
-        trained, tokenizer = flaxheads.from_pretrained(cell_dir), load_tokenizer(cell_dir)[0]
+        trained, tokenizer = from_pretrained(cell_dir), load_tokenizer(cell_dir)[0]
     else:
         trained, tokenizer = output.model, trainer.tokenizer
     start_point = {"step": 0, **baselines.split_metrics(initial, task)["validation"]}
@@ -327,12 +327,12 @@ def _fitted_cell(cell: Cell, settings: StudySettings, task: TaskData, cell_dir: 
 
 def _initial_model(cell: Cell, settings: StudySettings, task: TaskData, cell_dir: Path):
     """(model, tokenizer) as the cell's Trainer would start from them, in eval mode."""
-    import flaxheads
+    from flaxheads.model import from_pretrained
     from flaxheads.tokenizer import load_tokenizer
 
     folder = cell_train_config(dataclasses.replace(cell, mode="finetune"), settings, cell_dir).model_folder()
     tokenizer, pad_token_id = load_tokenizer(folder)
-    model = flaxheads.from_pretrained(folder, head=cell.library_head, num_labels=task.num_labels, seed=cell.seed,
+    model = from_pretrained(folder, head=cell.library_head, num_labels=task.num_labels, seed=cell.seed,
                                       problem_type=task.problem_type, pad_token_id=pad_token_id)
     model.eval()
     return model, tokenizer
