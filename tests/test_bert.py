@@ -105,10 +105,25 @@ def _masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * mask).sum(1) / mask.sum(1)
 
 
+def _masked_max(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return hidden.masked_fill(mask[..., None] == 0, -torch.inf).amax(1)
+
+
+def _attention_pool(hidden: torch.Tensor, mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    scores = (hidden @ query[0]).masked_fill(mask == 0, -torch.inf)
+    return (torch.softmax(scores, dim=1)[..., None] * hidden).sum(1)
+
+
 # head -> f(hidden_states, attention_mask, exported tensors, base prefix) -> logits
 REFERENCE_HEADS = {
     "cls": lambda hs, mask, w, base: _linear(hs[-1][:, 0], w, "head.classifier"),
     "mean": lambda hs, mask, w, base: _linear(_masked_mean(hs[-1], mask), w, "head.classifier"),
+    "mean_max": lambda hs, mask, w, base: _linear(
+        torch.cat([_masked_mean(hs[-1], mask), _masked_max(hs[-1], mask)], dim=-1), w, "head.classifier"
+    ),
+    "attention": lambda hs, mask, w, base: _linear(
+        _attention_pool(hs[-1], mask, w["head.query.weight"]), w, "head.classifier"
+    ),
     "concat_last4": lambda hs, mask, w, base: _linear(
         torch.cat([hs[-k][:, 0] for k in (1, 2, 3, 4)], dim=-1), w, "head.classifier"
     ),
@@ -120,8 +135,8 @@ REFERENCE_HEADS = {
     ),
 }
 NON_CANONICAL = [
-    *[("bert", head) for head in ("roberta", "cls", "mean", "concat_last4")],
-    *[("roberta", head) for head in ("pooler", "cls", "mean", "concat_last4")],
+    *[("bert", head) for head in ("roberta", "cls", "mean", "mean_max", "attention", "concat_last4")],
+    *[("roberta", head) for head in ("pooler", "cls", "mean", "mean_max", "attention", "concat_last4")],
 ]
 
 
@@ -181,7 +196,7 @@ def test_all_padding_row_gives_finite_logits_with_and_without_dropout(hf_checkpo
     assert np.isfinite(np.asarray(logits)).all() and np.isfinite(np.asarray(with_dropout)).all()
 
 
-@pytest.mark.parametrize("head", ["mean", "concat_last4"])
+@pytest.mark.parametrize("head", ["mean", "mean_max", "attention", "concat_last4"])
 def test_non_canonical_head_round_trips_through_flax_format(hf_checkpoint, tmp_path, head):
     checkpoint = hf_checkpoint(ROBERTA.base, num_hidden_layers=4)
     model = flaxheads.from_pretrained(checkpoint.path, head=head, num_labels=3)

@@ -24,13 +24,15 @@ from flax import nnx
 from families import FAMILIES
 from flaxheads import ClassifierConfig, SequenceClassifier
 from flaxheads.backbones import backbone_config_from_hf, segments
+from flaxheads.heads import HeadInputs, pooling
 
 PACKED = {name: row for name, row in FAMILIES.items() if row.packing is not None}
 """The families of tests/families.py, each with its config overrides for packing (`Family.packing`)."""
 
 # Every head once on BERT (with each summary_type and ModernBERT pooling), each family's own head.
 BERT_HEADS = [
-    ("pooler", {}), ("roberta", {}), ("electra", {}), ("cls", {}), ("mean", {}), ("concat_last4", {}),
+    ("pooler", {}), ("roberta", {}), ("electra", {}), ("cls", {}), ("mean", {}), ("mean_max", {}), ("attention", {}),
+    ("concat_last4", {}),
     ("last_token", {}), ("distilbert", {}), ("deberta", {}), ("modernbert", {"classifier_pooling": "cls"}),
     ("modernbert", {"classifier_pooling": "mean"}), ("summary", {"summary_type": "last"}),
     ("summary", {"summary_type": "first"}), ("summary", {"summary_type": "mean"}),
@@ -38,7 +40,8 @@ BERT_HEADS = [
 ]
 CASES = [("bert", head, options) for head, options in BERT_HEADS] + [
     (name, row.head, {}) for name, row in PACKED.items() if name != "bert"
-] + [("modernbert", "modernbert", {"classifier_pooling": "mean"}), ("gpt2", "mean", {}), ("llama", "cls", {})]
+] + [("modernbert", "modernbert", {"classifier_pooling": "mean"}), ("gpt2", "mean", {}), ("gpt2", "mean_max", {}),
+    ("gpt2", "attention", {}), ("llama", "cls", {})]
 
 LENGTHS = (5, 7, 4)
 """Three examples: rows [ex0 ex1 pad pad], [ex2 pad ...] of length ROW."""
@@ -198,3 +201,48 @@ def test_packed_logits_under_jit_equal_eager_ones():
 
     np.testing.assert_allclose(forward(state, ids, segment_ids, 2), model(ids, segment_ids=segment_ids, num_segments=2),
                                atol=ATOL, rtol=0)
+
+
+# -- pooling against numpy, padded on either side and packed ----------------------------------------
+
+QUERY = np.random.default_rng(2).normal(size=8).astype(np.float32)
+
+
+def _softmax_pool(hidden_TD: np.ndarray) -> np.ndarray:
+    scores_T = hidden_TD @ QUERY
+    weights_T = np.exp(scores_T - scores_T.max())
+    return (weights_T / weights_T.sum()) @ hidden_TD
+
+
+POOLING_REFERENCES = {
+    "masked_mean": (lambda inputs: pooling.masked_mean(inputs), lambda h: h.mean(axis=0)),
+    "masked_max": (lambda inputs: pooling.masked_max(inputs), lambda h: h.max(axis=0)),
+    "mean_max": (lambda inputs: pooling.mean_max(inputs), lambda h: np.concatenate([h.mean(axis=0), h.max(axis=0)])),
+    "attention": (lambda inputs: pooling.attention_pool(inputs, inputs.hidden_states[-1] @ QUERY), _softmax_pool),
+}
+"""Pooling function -> its numpy reference on one example's real tokens (T, D) alone."""
+
+
+@pytest.mark.parametrize("layout", ["right", "left", "packed"])
+@pytest.mark.parametrize("name", sorted(POOLING_REFERENCES))
+def test_pooling_equals_numpy_on_each_examples_real_tokens(name, layout):
+    pool, reference = POOLING_REFERENCES[name]
+    hidden_BTD = np.random.default_rng(3).normal(size=(2, 9, 8)).astype(np.float32)
+    lengths = [[4, 3], [9]] if layout == "packed" else [[4], [9]]
+    segment_ids = np.zeros((2, 9), np.int32)
+    spans = []  # (row, slot, start, end) of every example
+    for row, row_lengths in enumerate(lengths):
+        at = 9 - sum(row_lengths) if layout == "left" else 0
+        for slot, length in enumerate(row_lengths):
+            segment_ids[row, at:at + length] = slot + 1
+            spans.append((row, slot, at, at + length))
+            at += length
+    if layout == "packed":
+        inputs = HeadInputs((jnp.asarray(hidden_BTD),), None, None, segment_ids=jnp.asarray(segment_ids), num_segments=2)
+    else:
+        inputs = HeadInputs((jnp.asarray(hidden_BTD),), jnp.asarray(segment_ids > 0, jnp.int32), None)
+    pooled = np.asarray(pool(inputs))
+    for row, slot, start, end in spans:
+        got = pooled[row, slot] if layout == "packed" else pooled[row]
+        np.testing.assert_allclose(got, reference(hidden_BTD[row, start:end]), atol=1e-5, rtol=1e-5,
+                                   err_msg=f"{name}, {layout}: row {row} example {slot + 1}")

@@ -43,7 +43,8 @@ def test_grid_of_two_heads_and_two_seeds_writes_four_lines(tiny_study):
     assert len(records) == 4 and len(run.ran) == 4
     assert {(r["head"], r["seed"]) for r in records} == {("pooler", 0), ("pooler", 1), ("cls", 0), ("cls", 1)}
     first = records[0]
-    assert first["steps"] == 2 and [point["step"] for point in first["curve"]] == [1, 2]
+    assert first["steps"] == 2 and [point["step"] for point in first["curve"]] == [0, 1, 2]
+    assert len(first["test_predictions"]) == len(first["test_labels"]) == 16
     assert "accuracy" in first["validation"] and "accuracy" in first["test"]
     assert first["settings"]["max_steps"] == 2 and first["versions"]["jax"] and first["device"]["count"] >= 1
 
@@ -133,29 +134,87 @@ def test_probe_without_freeze_backbone_names_the_fix(tiny_bert, snippets_csv, tm
 # -- statistics --------------------------------------------------------------------------------
 
 
-def test_summary_has_the_mean_the_sample_std_and_a_ci_around_the_mean():
-    summary = stats.summarize([1.0, 2.0, 3.0, 4.0, 5.0])
-    assert summary.n == 5 and summary.mean == 3.0
-    np.testing.assert_allclose(summary.std, np.sqrt(2.5))
-    assert summary.low < 3.0 < summary.high and 1.0 <= summary.low and summary.high <= 5.0
+def test_t_interval_covers_the_mean_95_percent_of_the_time_at_ten_seeds():
+    rng = np.random.default_rng(0)
+    samples = rng.normal(0.3, 0.02, size=(2000, 10))
+    covered = [low <= 0.3 <= high for low, high in map(stats.t_interval, samples)]
+    assert 0.93 <= np.mean(covered) <= 0.97
 
 
-def test_bootstrap_is_the_same_on_every_call():
-    values = [0.81, 0.84, 0.80, 0.86, 0.83]
-    assert stats.bootstrap_ci(values) == stats.bootstrap_ci(values)
+def test_holm_matches_the_hand_worked_example():
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4 x 0.005, 3 x 0.01, 2 x 0.03, max(1 x 0.04, 0.06)
+    np.testing.assert_allclose(stats.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+    np.testing.assert_allclose(stats.holm([0.5, 0.9]), [1.0, 1.0])
 
 
-def test_paired_comparison_finds_a_consistent_gain_and_calls_noise_noise():
-    default = {0: 0.80, 1: 0.82, 2: 0.78, 3: 0.81, 4: 0.79}
+def test_exact_sign_flip_p_equals_brute_force_enumeration_and_scipy():
+    import itertools
+
+    from scipy.stats import permutation_test
+
+    d = np.array([0.03, 0.01, -0.005, 0.02, 0.04, 0.015, -0.01, 0.025])
+    flips = [abs(np.mean(np.array(signs) * d)) for signs in itertools.product((1, -1), repeat=d.size)]
+    brute = np.mean(np.array(flips) >= abs(d.mean()) - 1e-12)
+    scipy_p = permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf).pvalue
+    assert stats.sign_flip_p(d) == pytest.approx(brute) == pytest.approx(scipy_p)
+    assert stats.sign_flip_p(np.full(10, 0.01)) == pytest.approx(2 / 2 ** 10)  # the smallest p at 10 seeds
+
+
+def test_monte_carlo_sign_flip_p_is_close_to_the_exact_one():
+    d = np.random.default_rng(1).normal(0.005, 0.02, size=18)
+    assert stats.sign_flip_p(d, exact_up_to=12) == pytest.approx(stats.sign_flip_p(d), abs=0.01)
+
+
+def test_friedman_equals_scipy_and_the_nemenyi_cd_demsars_table():
+    from scipy.stats import friedmanchisquare
+
+    scores = np.random.default_rng(2).normal(size=(20, 5)) + np.array([0.0, 0.3, 0.6, 0.1, 0.2])
+    ranks = stats.rank_analysis(list("abcde"), scores)
+    expected = friedmanchisquare(*scores.T)
+    assert ranks.statistic == pytest.approx(expected.statistic) and ranks.p == pytest.approx(expected.pvalue)
+    assert sum(ranks.average_ranks) == pytest.approx(15.0)
+    assert ranks.critical_difference == pytest.approx(2.728 * np.sqrt(5 * 6 / (6 * 20)), rel=1e-3)  # Demsar 2006
+
+
+def test_paired_bootstrap_over_examples_is_zero_for_equal_predictions_and_wider_than_seeds_alone():
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, size=300)
+    a = np.where(rng.random((10, 300)) < 0.8, labels, 1 - labels)
+    b = np.where(rng.random((10, 300)) < 0.8, labels, 1 - labels)
+    assert stats.paired_bootstrap_ci(a, a, labels, "accuracy") == (0.0, 0.0)
+    low, high = stats.paired_bootstrap_ci(a, b, labels, "accuracy")
+    seeds_only = stats.t_interval((a == labels).mean(1) - (b == labels).mean(1))
+    assert high - low > seeds_only[1] - seeds_only[0]
+    scores = labels + rng.normal(size=(10, 300))
+    assert stats.paired_bootstrap_ci(scores, scores, labels, "pearson") == (0.0, 0.0)
+
+
+def test_weighted_pearson_equals_corrcoef_of_the_resampled_examples():
+    rng = np.random.default_rng(4)
+    labels, scores = rng.normal(size=50), rng.normal(size=(3, 50))
+    weights = rng.multinomial(50, np.full(50, 1 / 50), size=1)
+    rows = np.repeat(np.arange(50), weights[0])
+    expected = [np.corrcoef(scores[s, rows], labels[rows])[0, 1] for s in range(3)]
+    np.testing.assert_allclose(stats._pearson(scores, labels, weights)[0], expected)
+
+
+def test_holm_corrected_verdict_finds_a_consistent_gain_at_ten_seeds_and_calls_noise_noise():
+    default = {seed: 0.80 + 0.01 * np.sin(seed) for seed in range(10)}
     better = {seed: value + 0.05 + 0.002 * seed for seed, value in default.items()}
-    gain = stats.paired_comparison(better, default)
-    assert gain.verdict == stats.BETTER and gain.difference > 0 and gain.low > 0
-    noisy = {seed: value + (0.01 if seed % 2 else -0.01) for seed, value in default.items()}
-    assert stats.paired_comparison(noisy, default).verdict == stats.WITHIN_NOISE
+    noisy = {seed: value + (0.01 if seed % 2 else -0.012) for seed, value in default.items()}
+    family = stats.with_holm({"gain": stats.paired_comparison(better, default),
+                              "noise": stats.paired_comparison(noisy, default)})
+    assert family["gain"].verdict == stats.BETTER and family["gain"].p_holm == pytest.approx(2 * 2 / 2 ** 10)
+    assert family["noise"].verdict == stats.WITHIN_NOISE
+
+
+def test_five_seeds_can_never_pass_the_exact_test():
+    default = {seed: 0.8 for seed in range(5)}
+    assert stats.paired_comparison({s: 0.9 for s in range(5)}, default).verdict == stats.WITHIN_NOISE
 
 
 def test_paired_comparison_of_a_lower_is_better_metric_calls_a_rise_worse():
-    default = {0: 1.0, 1: 1.1, 2: 0.9}
+    default = {seed: 1.0 + 0.01 * seed for seed in range(10)}
     assert stats.paired_comparison({s: v + 0.5 for s, v in default.items()}, default,
                                    higher_is_better=False).verdict == stats.WORSE
 
@@ -186,7 +245,7 @@ def results_files(tmp_path):
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     rng = np.random.default_rng(0)
     for dataset in ("snips", "scores"):
-        for seed in range(4):
+        for seed in range(10):
             append_record(first, _record("pooler", dataset, seed, value=0.80 + 0.01 * rng.normal()))
             append_record(first, _record("mean", dataset, seed, value=0.85 + 0.01 * rng.normal()))
             append_record(second, _record("cls", dataset, seed, value=0.80 + 0.01 * rng.normal()))
@@ -199,7 +258,7 @@ def results_files(tmp_path):
 
 def test_merge_counts_a_cell_from_two_files_once_and_ignores_a_half_written_line(results_files):
     records, problems = merge_records(results_files)
-    assert len(records) == 32
+    assert len(records) == 80
     assert any("half-written" in line for line in problems)
 
 
@@ -210,8 +269,10 @@ def test_report_writes_markdown_with_verdicts_and_three_png_plots(results_files,
     text = report.markdown.read_text()
     assert "## Conclusions" in text and "flaxheads study run ..." in text
     assert "better: `mean`" in text and "within noise of it: `cls`" in text
-    assert sorted(p.name for p in report.figures) == ["frozen_vs_finetuned.png", "learning_curves.png",
-                                                      "metric_per_head.png"]
+    assert sorted(p.name for p in report.figures) == ["critical_difference.png", "frozen_vs_finetuned.png",
+                                                      "learning_curves.png", "metric_per_head.png",
+                                                      "paired_differences.png"]
+    assert "### Ranks across data sets (Friedman, Nemenyi)" in text and "Holm" in text
     for figure in report.figures:
         assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"head_study/{figure.name}" in text
@@ -240,7 +301,7 @@ def test_study_report_command_writes_the_report_and_its_reproduce_command(result
 def test_report_refuses_to_pool_results_of_different_settings(results_files, tmp_path):
     from flaxheads.study.report import write_report
 
-    other = _record("pooler", "snips", 9)
+    other = _record("pooler", "snips", 19)
     other["settings"]["max_steps"] = 1
     append_record(tmp_path / "c.jsonl", other)
     with pytest.raises(ValueError, match="different study settings"):
@@ -250,13 +311,13 @@ def test_report_refuses_to_pool_results_of_different_settings(results_files, tmp
 def test_report_lists_a_failed_cell_and_leaves_it_out_of_the_numbers(results_files, tmp_path):
     from flaxheads.study.report import write_report
 
-    failed = {key: value for key, value in _record("mean", "snips", 7).items()
+    failed = {key: value for key, value in _record("mean", "snips", 17).items()
               if key not in ("validation", "test", "curve", "problem_type", "split_sizes")}
     append_record(tmp_path / "c.jsonl", {**failed, "error": "loss became nan at step 3"})
     report = write_report([*results_files, tmp_path / "c.jsonl"], tmp_path / "r.md")
     text = report.markdown.read_text()
-    assert "Failed cell (no metrics): mean on snips, seed 7, finetune: loss became nan at step 3" in text
-    assert "(n=4)" in text and "(n=5)" not in text
+    assert "Failed cell (no metrics): mean on snips, seed 17, finetune: loss became nan at step 3" in text
+    assert "(n=10)" in text and "(n=11)" not in text
 
 
 @pytest.mark.slow  # training runs
@@ -267,3 +328,29 @@ def test_a_diverging_cell_is_recorded_as_failed_and_the_study_goes_on(tiny_bert,
     (record,) = read_results(tmp_path / RESULTS_FILE).records
     # Diverged: its training loss, or first its validation scores, stopped being finite.
     assert record["key"] == run.ran[0] and ("loss became" in record["error"] or "non-finite" in record["error"])
+
+
+@pytest.mark.slow  # training runs
+def test_study_run_of_a_tiny_converged_grid_and_its_report_render_the_new_sections(tiny_bert, snippets_csv, tmp_path):
+    from flaxheads.cli import main
+
+    data = f"snippets={snippets_csv['train']},{snippets_csv['validation']},{snippets_csv['validation']}"
+    study = tmp_path / "study"
+    assert main(["study", "run", "--grid", "converged", "--study_dir", str(study), "--checkpoints", str(tiny_bert),
+                 "--heads", "pooler", "mean_max", "--datasets", data, "--seeds", "0", "1", "--lbfgs_heads", "pooler",
+                 "attention", "--lbfgs_datasets", data, "--lbfgs_seeds", "0", "--majority_datasets", data,
+                 "--text_column", "sentence", "--max_seq_length", "16", "--batch_size", "8", "--eval_steps", "2",
+                 "--train_examples", "32", "--test_examples", "16", "--max_epochs", "1", "--early_stopping_patience",
+                 "1", "--learning_rates"]) == 0
+    records = read_results(study / RESULTS_FILE).records
+    assert sorted((r["mode"], r["head"]) for r in records) == sorted(
+        [("finetune", "pooler")] * 2 + [("finetune", "mean_max")] * 2 + [("lbfgs", "pooler"), ("lbfgs", "attention"),
+                                                                          ("majority", "majority")])
+    assert all(len(r["test_predictions"]) == 16 for r in records)
+    assert all(r["curve"][0]["step"] == 0 for r in records if r["mode"] == "finetune")
+    report = tmp_path / "report.md"
+    assert main(["study", "report", str(study / RESULTS_FILE), "--output", str(report)]) == 0
+    text = report.read_text()
+    assert "Fine-tuned vs converged linear probe (L-BFGS on frozen features) and the majority class" in text
+    assert "seeds x examples [" in text and "--lbfgs_heads pooler attention" in text
+    assert (tmp_path / "report" / "paired_differences.png").is_file()

@@ -7,6 +7,8 @@
 | `electra`      | first token -> dropout -> dense -> GELU -> dropout -> out_proj     | `ElectraClassificationHead`    |
 | `cls`          | first token -> dropout -> linear                                   | BERT paper                     |
 | `mean`         | mean over real tokens (attention mask) -> dropout -> linear        |                                |
+| `mean_max`     | mean and max over real tokens, concatenated -> dropout -> linear   |                                |
+| `attention`    | softmax(query . token) weighted mean over real tokens -> dropout -> linear (one learned query) |  |
 | `concat_last4` | first token of the last 4 layers, concatenated -> dropout -> linear |                                |
 | `last_token`   | last real token (pad id, else mask; see `last_token.py`) -> score, no bias | `GPT2ForSequenceClassification` |
 | `summary`      | last/first/mean/cls_index -> [dense] -> [tanh] -> logits_proj (see `summary.py`) | `XLNetForSequenceClassification` |
@@ -31,8 +33,8 @@ from flax import nnx
 
 from flaxheads.heads.base import HeadConfig, HeadInputs
 from flaxheads.heads.classifiers import (
-    DebertaHead, DistilBertHead, ModernBertHead, PoolerHead, RobertaHead, concat_last4_head, cls_head, electra_head,
-    mean_head, modernbert_choice_head,
+    AttentionPoolHead, DebertaHead, DistilBertHead, ModernBertHead, PoolerHead, RobertaHead, concat_last4_head, cls_head,
+    electra_head, mean_head, mean_max_head, modernbert_choice_head,
 )
 from flaxheads.heads.last_token import LastTokenHead
 from flaxheads.heads.summary import SummaryHead
@@ -46,6 +48,8 @@ HEADS: dict[str, HeadBuilder] = {
     "roberta": RobertaHead,
     "cls": cls_head,
     "mean": mean_head,
+    "mean_max": mean_max_head,
+    "attention": AttentionPoolHead,
     "concat_last4": concat_last4_head,
     "last_token": LastTokenHead,
     "summary": SummaryHead,

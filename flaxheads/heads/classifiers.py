@@ -156,6 +156,28 @@ class LinearHead(PoolReader, nnx.Module):
         return self.classifier(dropout.apply(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
 
 
+class AttentionPoolHead(nnx.Module):
+    """Learned attention pooling: one query vector scores every real token of the last layer,
+    softmax over the real tokens (each packed example's alone) -> weighted mean -> dropout ->
+    classifier. The query is a bias-free (hidden -> 1) Linear, so the export stores it as
+    `query.weight` like any head Linear; it starts at normal(init_std), scores near 0, so the
+    head starts close to mean pooling."""
+
+    OUTPUT_LAYER = "classifier"
+    """The Linear that gives the logits (calibration folds a temperature into it)."""
+
+    def __init__(self, cfg: HeadConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        kw = dict(init_std=cfg.init_std, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.query = layers.dense(cfg.hidden_size, 1, use_bias=False, **kw)
+        self.classifier = layers.dense(cfg.hidden_size, cfg.num_labels, **kw)
+        self.deterministic = False
+
+    def __call__(self, inputs: HeadInputs, rngs: nnx.Rngs | None = None) -> jax.Array:
+        scores_BT = self.query(inputs.hidden_states[-1])[..., 0]
+        pooled = pooling.attention_pool(inputs, scores_BT)
+        return self.classifier(dropout.apply(pooled, self.cfg.dropout_rate, rngs, deterministic=self.deterministic))
+
 
 def electra_head(cfg: HeadConfig, **kw) -> RobertaHead:
     """`ElectraClassificationHead`: RoBERTa's head with GELU whatever the backbone's hidden_act
@@ -171,6 +193,11 @@ def cls_head(cfg: HeadConfig, **kw) -> LinearHead:
 def mean_head(cfg: HeadConfig, **kw) -> LinearHead:
     """Mean over the real tokens (attention mask) -> dropout -> linear."""
     return LinearHead(cfg, pooling.masked_mean, cfg.hidden_size, **kw)
+
+
+def mean_max_head(cfg: HeadConfig, **kw) -> LinearHead:
+    """Mean and max over the real tokens, concatenated -> dropout -> linear."""
+    return LinearHead(cfg, pooling.mean_max, 2 * cfg.hidden_size, **kw)
 
 
 def concat_last4_head(cfg: HeadConfig, **kw) -> LinearHead:

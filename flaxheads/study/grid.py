@@ -19,8 +19,16 @@ from typing import Any
 
 from flaxheads.data.builtin import BUILTIN_DATASETS
 
-MODES = ("finetune", "probe")
-"""finetune: backbone and head trained end to end; probe: backbone frozen, only the head trained."""
+MODES = ("finetune", "probe", "lbfgs", "majority")
+"""finetune: backbone and head trained end to end; probe: backbone frozen, only the head trained
+(by the Trainer, as fine-tuning); lbfgs: a converged linear probe, logistic (ridge for regression)
+regression fitted with L-BFGS on the head's frozen features (`study/probe.py`); majority: the
+majority-class baseline (regression: the train mean), no model at all."""
+MAJORITY = "majority"
+"""The `head` of a majority-class baseline cell."""
+ARMS = {"pooler_reinit": "pooler"}
+"""Study arms that are a library head run differently: `pooler_reinit` is `pooler` with its
+pretrained dense layer replaced by a fresh one (the control separating "pooler" from "pretrained")."""
 STUDY_HEADS = ("pooler", "cls", "mean", "concat_last4", "roberta", "summary", "last_token")
 """The heads of the committed study; `pooler`, BERT's own, is the default the others are compared to."""
 STUDY_DATASETS = ("movie_snippets", "sms_spam", "trec6", "movie_snippets_regression")
@@ -116,6 +124,17 @@ class StudySettings:
     test_examples: int | None = 500
     """Score the final test metrics on this fixed random subset of the test split (the same rows
     for every cell, so paired comparisons stay fair); None: all of it."""
+    max_epochs: float | None = None
+    """With it, cells train up to this many passes over the train subset and max_steps is ignored."""
+    early_stopping_patience: int | None = None
+    """With it, a cell stops after this many evaluations without a better validation metric and
+    restores the weights of its best evaluation (TrainConfig load_best_model_at_end)."""
+    learning_rates: tuple[float, ...] = ()
+    """Candidate learning rates: each fine-tuned (checkpoint, head, data set) first trains once per
+    candidate on `lr_search_seeds` and keeps the rate of the best validation metric (validation
+    only, seeds outside the study's). Empty: learning_rate for every cell."""
+    lr_search_seeds: tuple[int, ...] = (1000,)
+    """Seeds of the learning-rate search cells (with learning_rates)."""
     split_seed: int = 0
     """Seed of the built-in data sets' 80/10/10 split and of the subsets: fixed for the study,
     so that cell seeds change the head's initialisation, dropout and data order, never the data."""
@@ -130,14 +149,28 @@ class StudySettings:
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive or None (the whole split), got {getattr(self, name)}")
         object.__setattr__(self, "train_options", tuple(sorted(dict(self.train_options).items())))
+        object.__setattr__(self, "learning_rates", tuple(float(rate) for rate in self.learning_rates))
+        object.__setattr__(self, "lr_search_seeds", tuple(int(seed) for seed in self.lr_search_seeds))
 
     def learning_rate_for(self, mode: str) -> float:
         return self.probe_learning_rate if mode == "probe" else self.learning_rate
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON values. Fields added after the first study appear only when they
+        differ from their default, so a first-study grid keeps its cell keys (its results resume)."""
         settings = dataclasses.asdict(self)
         settings["train_options"] = dict(self.train_options)
+        for name in LATER_FIELDS:
+            if getattr(self, name) == _DEFAULTS[name]:
+                del settings[name]
+            elif isinstance(settings[name], tuple):
+                settings[name] = list(settings[name])
         return settings
+
+
+LATER_FIELDS = ("max_epochs", "early_stopping_patience", "learning_rates", "lr_search_seeds")
+"""StudySettings fields the first study (docs/head_study.md, 2026-11) did not have."""
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(StudySettings)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +183,24 @@ class Cell:
     data: DataSpec
     seed: int
     mode: str = "finetune"
+    learning_rate: float | None = None
+    """The fine-tuning rate when the study chooses one per head (learning_rates); None: the settings'."""
+    lr_search: bool = False
+    """A learning-rate search cell: it only decides the rate of its head's study cells."""
 
     @property
     def checkpoint_name(self) -> str:
         return self.checkpoint or "all-MiniLM-L6-v2"
+
+    @property
+    def library_head(self) -> str:
+        """The flaxheads head the cell builds (`ARMS` maps study arms to theirs)."""
+        return ARMS.get(self.head, self.head)
+
+    @property
+    def trains(self) -> bool:
+        """Whether the cell runs the Trainer (the lbfgs and majority cells fit no network)."""
+        return self.mode in ("finetune", "probe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,10 +264,72 @@ def committed_grid(seeds: Sequence[int] = range(5), settings: StudySettings = St
     ), settings)
 
 
+CONVERGED_HEADS = ("pooler", "pooler_reinit", "cls", "mean", "mean_max", "attention", "concat_last4")
+CONVERGED_DATASETS = ("movie_snippets", "sms_spam", "trec6")
+CONVERGED_SEEDS = tuple(range(12))
+CONVERGED_SETTINGS = StudySettings(
+    max_seq_length=32, batch_size=16, eval_steps=20, train_examples=640, validation_examples=200,
+    test_examples=500, max_epochs=3, early_stopping_patience=3, learning_rates=(1e-4, 3e-4), lr_search_seeds=(1000,),
+)
+
+
+def converged_grid(seeds: Sequence[int] = CONVERGED_SEEDS, settings: StudySettings = CONVERGED_SETTINGS) -> StudyGrid:
+    """The second study (issue 28): converged cells, 12 seeds, controls. `flaxheads study run
+    --grid converged --study_dir studies/minilm-converged` (a new folder: the first study's
+    results stay in docs/head_study/ under their own settings).
+
+    - Cells: 7 arms (the first study's pooler/cls/mean/concat_last4, the new mean_max and
+      attention, and pooler_reinit, the control for the untrained MiniLM pooler) x 3 data sets x
+      12 seeds, fine-tuned: 252 cells; a learning-rate search of 2 rates x 1 seed per arm and
+      data set: 42 cells; L-BFGS probes of every arm's frozen features on 3 seeds: 63 fits; one
+      majority baseline per data set.
+    - Why 12 seeds: the exact sign-flip test's smallest two-sided p is 2 / 2**n; Holm's first
+      step over the 18 comparisons with the default needs p < 0.05 / 18 = 0.0028: 10 seeds
+      (0.0020) pass only when every seed agrees, 12 (0.0005) leave room for one or two that do
+      not. The first study's power analysis asked for more than 5 seeds everywhere.
+    - Why these data: movie_snippets_regression is left out for time (its Pearson r moved least
+      with the head); sms_spam stays as the near-ceiling, imbalanced case (majority 0.87).
+    - Length: max_seq_length 32 holds most snippets and all trec6 questions (the first study's
+      choice); cells pay per step, so shorter sequences would save little (trec6, padded to 16,
+      took 42 s against ~51 s for the others at 32).
+    - Budget (timing of the committed results.jsonl, 2-core CPU, 15 other processes beside it):
+      a fine-tuned cell of 60 steps of 16 took 51 s wall (44.8-56.8 s per data set), all in
+      (compilation, 3 evaluations of 200, the test scoring): 0.85 s per step. Here a cell trains at
+      most 3 epochs of 640 examples = 120 steps, evaluating 200 validation examples every 20 steps
+      (6 evaluations instead of 3) and stopping after 3 evaluations without a better one; the
+      step-0 and per-example test scoring add ~3 s. At most 120 x 0.85 + 3 = 105 s per cell;
+      a cell that stops at step 80 (best at 20) costs ~71 s. The 294 trained cells take at most
+      294 x 105 s = 8.6 h, about 6.5 h if early stopping halves the last epoch on average; the
+      probes ~63 x 8 s = 8 min (one forward pass over 1340 examples each). On a quiet CPU the
+      first study ran ~12% faster than its note's 60 s guess. Run it in parts if needed: the
+      runner resumes, and --max_cells bounds a session.
+    - Converged: a cell's validation curve is read as flat when the best evaluation lies before
+      the last quarter of its steps or early stopping ended it; the report counts the cells that
+      end on a still-rising curve (`table.unconverged`), so the claim is checked, not assumed.
+    """
+    builtin = tuple(DataSpec(name) for name in CONVERGED_DATASETS)
+    seeds = tuple(seeds)
+    return StudyGrid((
+        Block(CONVERGED_HEADS, builtin, seeds),
+        Block(CONVERGED_HEADS, builtin, seeds[:3], modes=("lbfgs",)),
+        Block((MAJORITY,), builtin, seeds[:1], modes=("majority",)),
+    ), settings)
+
+
+GRIDS = {"committed": committed_grid, "converged": converged_grid}
+"""The studies `flaxheads study run --grid` names: the first (docs/head_study.md) and the second."""
+
+
 def cell_key_fields(cell: Cell, settings: StudySettings, data_identity: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything that decides a cell's result, as JSON-ready values."""
-    return {"checkpoint": cell.checkpoint_name, "head": cell.head, "dataset": cell.data.name,
-            "data": dict(data_identity), "seed": cell.seed, "mode": cell.mode, "settings": settings.to_dict()}
+    """Everything that decides a cell's result, as JSON-ready values (the learning rate and the
+    search flag only where the study chooses rates, so first-study keys stay as they were)."""
+    fields = {"checkpoint": cell.checkpoint_name, "head": cell.head, "dataset": cell.data.name,
+              "data": dict(data_identity), "seed": cell.seed, "mode": cell.mode, "settings": settings.to_dict()}
+    if cell.learning_rate is not None:
+        fields["learning_rate"] = cell.learning_rate
+    if cell.lr_search:
+        fields["lr_search"] = True
+    return fields
 
 
 def cell_key(fields: Mapping[str, Any]) -> str:

@@ -67,6 +67,9 @@ def learning_curves(table: StudyTable, checkpoint: str, path: Path, mode: str = 
             style = dict(linewidth=2.2, color="black") if head == table.default_head else dict(linewidth=1.2)
             line, = ax.plot(steps, values.mean(axis=0), label=head, **style)
             ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.12)
+        majority = table.majority(checkpoint, dataset)
+        if majority is not None:
+            ax.axhline(majority, color="gray", linestyle=":", linewidth=1.2, label="majority class (test)")
         ax.set_title(dataset)
         ax.set_xlabel("step")
         ax.set_ylabel(f"validation {table.metric(dataset)}")
@@ -88,15 +91,18 @@ def _curve_matrix(curves: dict[int, list[tuple[int, float]]]):
 
 
 def frozen_vs_finetuned(table: StudyTable, checkpoint: str, path: Path) -> Path | None:
-    """Per data set with linear-probe cells: each head's mean and 95% CI fine-tuned and frozen."""
-    datasets = [d for d in table.datasets() if any(table.values((checkpoint, d, "probe", h)) for h in table.heads())]
+    """Per data set with linear-probe cells: each head's mean and 95% CI fine-tuned and frozen
+    (the converged L-BFGS probe where the study has one, else the Trainer's probe)."""
+    frozen = "lbfgs" if "lbfgs" in table.modes() else "probe"
+    datasets = [d for d in table.datasets() if any(table.values((checkpoint, d, frozen, h)) for h in table.heads())]
     if not datasets:
         return None
     plt = pyplot()
     figure, axes = _panels(plt, len(datasets))
-    modes = (("finetune", "fine-tuned", "tab:blue"), ("probe", "frozen backbone (linear probe)", "tab:red"))
+    label = "frozen, L-BFGS probe" if frozen == "lbfgs" else "frozen backbone (linear probe)"
+    modes = (("finetune", "fine-tuned", "tab:blue"), (frozen, label, "tab:red"))
     for ax, dataset in zip(axes, datasets):
-        heads = [h for h in table.heads() if table.values((checkpoint, dataset, "probe", h))]
+        heads = [h for h in table.heads() if table.values((checkpoint, dataset, frozen, h))]
         for offset, (mode, label, color) in zip((-0.15, 0.15), modes):
             for x, head in enumerate(heads):
                 summary = table.summary((checkpoint, dataset, mode, head))
@@ -110,4 +116,58 @@ def frozen_vs_finetuned(table: StudyTable, checkpoint: str, path: Path) -> Path 
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=7)
     figure.suptitle(f"{checkpoint}: fine-tuned vs frozen backbone (mean and 95% CI over seeds)", fontsize=10)
+    return save(plt, figure, path)
+
+
+def paired_differences(table: StudyTable, checkpoint: str, path: Path, mode: str = "finetune") -> Path | None:
+    """Each head minus the default head, paired by seed: the mean with its 95% t interval (thick)
+    and, where there is one, the interval over seeds and test examples (thin); filled markers for
+    the differences the Holm-corrected analysis calls better or worse."""
+    comparisons = table.comparisons(checkpoint, mode)
+    datasets = [d for d in table.datasets() if any(key[0] == d for key in comparisons)]
+    if not datasets:
+        return None
+    plt = pyplot()
+    figure, axes = _panels(plt, len(datasets))
+    for ax, dataset in zip(axes, datasets):
+        heads = [h for h in table.heads() if (dataset, h) in comparisons]
+        for y, head in enumerate(heads):
+            c = comparisons[(dataset, head)]
+            if c.example_low is not None:
+                ax.plot([c.example_low, c.example_high], [y, y], color="tab:gray", linewidth=1)
+            ax.plot([c.low, c.high], [y, y], color="tab:blue", linewidth=3)
+            filled = c.verdict != "within noise"
+            ax.plot(c.difference, y, "o", color="tab:blue", markerfacecolor="tab:blue" if filled else "white")
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.set_yticks(range(len(heads)), heads)
+        ax.set_title(dataset)
+        ax.set_xlabel(f"{table.split} {table.metric(dataset)} minus {table.default_head}'s")
+        ax.grid(axis="x", alpha=0.3)
+    figure.suptitle(f"{checkpoint}, {mode}: paired differences (thick: 95% t CI over seeds; thin: over seeds and "
+                    "test examples; filled: Holm-corrected finding)", fontsize=9)
+    return save(plt, figure, path)
+
+
+def critical_difference(table: StudyTable, checkpoint: str, path: Path) -> Path | None:
+    """Average rank of each head over the data-set x seed blocks on a line, with a bar as long as
+    the Nemenyi critical difference: heads closer than it are not told apart."""
+    ranks = table.ranks(checkpoint)
+    if ranks is None:
+        return None
+    plt = pyplot()
+    figure, ax = plt.subplots(figsize=(7.0, 0.45 * len(ranks.heads) + 1.4))
+    ordered = sorted(zip(ranks.average_ranks, ranks.heads))
+    for y, (rank, head) in enumerate(ordered):
+        ax.plot(rank, y, "o", color="tab:blue")
+        ax.annotate(head, (rank, y), textcoords="offset points", xytext=(8, -3), fontsize=8)
+    best = ordered[0][0]
+    ax.plot([best, best + ranks.critical_difference], [-0.8, -0.8], color="tab:red", linewidth=3)
+    ax.annotate(f"CD {ranks.critical_difference:.2f}", (best, -0.8), textcoords="offset points", xytext=(0, 5),
+                fontsize=8, color="tab:red")
+    ax.set_xlim(0.5, len(ranks.heads) + 0.5)
+    ax.set_ylim(len(ordered) - 0.4, -1.4)
+    ax.set_yticks([])
+    ax.set_xlabel("average rank (1 = best)")
+    ax.set_title(f"{checkpoint}: Friedman p {ranks.p:.3g} over {ranks.blocks} blocks; Nemenyi critical difference",
+                 fontsize=9)
     return save(plt, figure, path)

@@ -61,8 +61,11 @@ def write_report(results_files: Sequence[str | os.PathLike], markdown: str | os.
 
 
 def _figure_names(table: StudyTable) -> list[str]:
-    return [f"{kind}{_suffix(table, c)}.png" for c in table.checkpoints()
-            for kind in ("metric_per_head", "learning_curves", "frozen_vs_finetuned")]
+    return [f"{kind}{_suffix(table, c)}.png" for c in table.checkpoints() for kind in FIGURES]
+
+
+FIGURES = ("metric_per_head", "paired_differences", "learning_curves", "frozen_vs_finetuned", "critical_difference")
+"""The figures per checkpoint, each drawn by the `plots` function of its name (None when it has no data)."""
 
 
 def _suffix(table: StudyTable, checkpoint: str) -> str:
@@ -76,9 +79,7 @@ def draw_figures(table: StudyTable, figures_dir: Path) -> list[Path]:
     drawn = []
     for checkpoint in table.checkpoints():
         suffix = _suffix(table, checkpoint)
-        drawn += [plots.metric_per_head(table, checkpoint, figures_dir / f"metric_per_head{suffix}.png"),
-                  plots.learning_curves(table, checkpoint, figures_dir / f"learning_curves{suffix}.png"),
-                  plots.frozen_vs_finetuned(table, checkpoint, figures_dir / f"frozen_vs_finetuned{suffix}.png")]
+        drawn += [getattr(plots, kind)(table, checkpoint, figures_dir / f"{kind}{suffix}.png") for kind in FIGURES]
     return [path for path in drawn if path is not None]
 
 
@@ -95,10 +96,14 @@ def render(table: StudyTable, figures: Sequence[Path], base: Path, *, reproduce:
         parts += [f"## Results{title}\n", results_table(table, checkpoint) + "\n",
                   f"### Each head against the default head (`{table.default_head}`), paired by seed\n",
                   comparison_table(table, checkpoint) + "\n"]
+        parts += _analysis_sections(table, checkpoint)
         if "probe" in table.modes():
             parts += ["### Fine-tuned vs frozen backbone (linear probe)\n", probe_table(table, checkpoint) + "\n"]
     parts += ["## Plots\n"] + [f"![{path.stem}]({os.path.relpath(path, base)})\n" for path in figures]
     parts += ["## Conclusions\n", conclusions(table) + "\n"]
+    notes = [note for note in map(checkpoint_note, table.checkpoints()) if note]
+    if notes:
+        parts += ["## The checkpoint\n", "\n\n".join(notes) + "\n"]
     if reproduce:
         parts += ["## Reproduce\n", f"```sh\n{reproduce}\n```\n"]
     if problems:
@@ -125,10 +130,13 @@ def setup(table: StudyTable) -> str:
         f"- Cells: {len(records)}; compute: {_hours(sum(r.get('wall_seconds') or 0 for r in records))} in all, "
         f"{_mean_seconds(records):.0f} s per cell on {_devices(records)}",
         f"- Versions: {_versions(records)}",
-        "- Statistics: mean ± standard deviation over seeds; [95% bootstrap CI of the mean, percentile method, "
-        f"{stats.BOOTSTRAP_SAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}]. A paired difference is \"within noise\" "
-        "when its interval contains 0. With a handful of seeds the percentile interval runs narrow: read a "
-        "verdict whose interval nearly touches 0 as a lean, not a finding.",
+        "- Statistics: mean ± standard deviation over seeds [95% t interval of the mean]. Each head against the "
+        "default: paired by seed, exact sign-flip permutation p-value (all 2^n flips up to "
+        f"{stats.EXACT_SIGN_FLIPS_UP_TO} seeds), Holm-adjusted over all the comparisons of a checkpoint and mode; "
+        "a 95% paired bootstrap interval over seeds and test examples (test-set noise included; "
+        f"{stats.BOOTSTRAP_SAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}). \"better\"/\"worse\" only when "
+        f"the Holm-adjusted p < {stats.ALPHA} and that interval excludes 0; otherwise \"within noise\". "
+        "Across data sets: Friedman test over data-set x seed blocks, Nemenyi critical difference.",
     ]
     lines += [f"- Failed cell (no metrics): {r['head']} on {r['dataset']}, seed {r['seed']}, {r['mode']}: {r['error']}"
               for r in table.failed()]
@@ -181,13 +189,16 @@ def results_table(table: StudyTable, checkpoint: str, mode: str = "finetune") ->
 def _difference(comparison: stats.Comparison | None) -> str:
     if comparison is None:
         return "-"
-    return (f"{comparison.difference:+.4f} [{comparison.low:+.4f}, {comparison.high:+.4f}] "
-            f"**{comparison.verdict}** (n={comparison.n})")
+    examples = (f"; seeds x examples [{comparison.example_low:+.4f}, {comparison.example_high:+.4f}]"
+                if comparison.example_low is not None else "")
+    holm = f", Holm {comparison.p_holm:.3g}" if comparison.p_holm is not None else ""
+    return (f"{comparison.difference:+.4f} [{comparison.low:+.4f}, {comparison.high:+.4f}]{examples}; "
+            f"p {comparison.p:.3g}{holm} **{comparison.verdict}** (n={comparison.n})")
 
 
 def comparison_table(table: StudyTable, checkpoint: str, mode: str = "finetune") -> str:
     datasets = table.datasets()
-    header = ["head"] + [f"{d}: difference [95% CI]" for d in datasets]
+    header = ["head"] + [f"{d}: difference [95% t CI]; p" for d in datasets]
     rows = [[f"`{h}`"] + [_difference(table.comparison((checkpoint, d, mode, h))) for d in datasets]
             for h in table.heads() if h != table.default_head]
     return _markdown_table(header, rows)
@@ -254,3 +265,74 @@ def _probe_sentences(table: StudyTable) -> list[str]:
             if gaps:
                 sentences.append(f"- Fine-tuned minus frozen backbone on `{dataset}`: " + ", ".join(gaps) + ".")
     return sentences
+
+
+def _analysis_sections(table: StudyTable, checkpoint: str) -> list[str]:
+    """Rank analysis, baselines and converged probes, convergence: each where the records have it."""
+    parts = []
+    ranks = table.ranks(checkpoint)
+    if ranks is not None:
+        ordered = sorted(zip(ranks.average_ranks, ranks.heads))
+        parts += ["### Ranks across data sets (Friedman, Nemenyi)\n",
+                  f"Over {ranks.blocks} data-set x seed blocks (rank 1 best): "
+                  + ", ".join(f"`{head}` {rank:.2f}" for rank, head in ordered)
+                  + f". Friedman chi-square {ranks.statistic:.2f}, p {ranks.p:.3g}; Nemenyi critical difference "
+                  f"{ranks.critical_difference:.2f} (alpha {stats.ALPHA}): heads whose average ranks differ by more "
+                  "differ.\n"]
+    rows = []
+    for dataset in table.datasets():
+        majority = table.majority(checkpoint, dataset)
+        for head in table.heads():
+            frozen = table.summary((checkpoint, dataset, "lbfgs", head))
+            if frozen is not None:
+                rows.append([f"`{dataset}`", f"`{head}`", _cell(table.summary((checkpoint, dataset, "finetune", head))),
+                             _cell(frozen), "-" if majority is None else f"{majority:.4f}"])
+    if rows:
+        parts += ["### Fine-tuned vs converged linear probe (L-BFGS on frozen features) and the majority class\n",
+                  _markdown_table(["data set", "head", "fine-tuned", "frozen, L-BFGS probe", "majority class"], rows)
+                  + "\n"]
+    parts += [convergence(table, checkpoint) + "\n"] if table.searches or table.unconverged() else []
+    return parts
+
+
+def convergence(table: StudyTable, checkpoint: str) -> str:
+    """The learning rates chosen on validation and the cells that may not have converged."""
+    lines = ["### Convergence and learning rates\n"]
+    rates = [f"`{head}` on `{dataset}`: {', '.join(f'{r:g}' for r in table.chosen_rates(checkpoint, dataset, head))}"
+             for dataset in table.datasets() for head in table.heads() if table.chosen_rates(checkpoint, dataset, head)]
+    if rates:
+        lines.append(f"Learning rates chosen on validation ({len(table.searches)} search cells): " + "; ".join(rates)
+                     + ".")
+    late = table.unconverged()
+    lines.append(f"{len(late)} fine-tuned cell(s) reached their best validation metric in the last quarter of their "
+                 "steps (still rising when they ended)" + (": " + ", ".join(
+                     f"{r['head']} on {r['dataset']} seed {r['seed']}" for r in late[:20]) if late else "") + ".")
+    return "\n".join(lines)
+
+
+def checkpoint_note(checkpoint: str) -> str | None:
+    """What the shipped MiniLM's weights say about its pooler (read from them, not assumed):
+    None for another checkpoint."""
+    if checkpoint != "all-MiniLM-L6-v2":
+        return None
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from flaxheads.shipped_model import minilm_path
+
+    folder = minilm_path()
+    weights = load_file(folder / "model.safetensors")
+    kernel, bias = weights["pooler.dense.weight"].astype(np.float64), weights["pooler.dense.bias"]
+    top = np.linalg.svd(kernel, compute_uv=False)[0]
+    edge = 2 * kernel.std() * np.sqrt(kernel.shape[0])
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    modes = [k.removeprefix("pooling_mode_") for k, on in pooling.items() if k.startswith("pooling_mode_") and on]
+    return (f"`all-MiniLM-L6-v2` is a sentence-transformers encoder trained for {' and '.join(modes)} pooling "
+            f"(its 1_Pooling/config.json). Its BERT pooler was never trained: the bias is exactly 0 "
+            f"(max |b| = {np.abs(bias).max():g}) and the weight's largest singular value, {top:.3f}, sits at the "
+            f"edge a random Gaussian matrix of its size and spread would have ({edge:.3f}). On this checkpoint the "
+            "`pooler` head is a fresh dense + tanh layer over [CLS], which `pooler_reinit` makes explicit; the "
+            "results say nothing about a checkpoint whose pooler was trained (e.g. BERT's, trained on next-sentence "
+            "prediction).")
