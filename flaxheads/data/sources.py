@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 
 from flaxheads.data.builtin import load_builtin
+from flaxheads.data.choices import load_choice_files, looks_like_choice_file
 from flaxheads.data.files import load_local_files, load_named_dataset
 from flaxheads.data.task import TaskData
 from flaxheads.data.word_task import load_word_files, looks_like_word_file, token_task_data
 
 TEXT_CLASSIFICATION = "text-classification"
 TOKEN_CLASSIFICATION = "token-classification"
-TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+MULTIPLE_CHOICE = "multiple-choice"
+TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, MULTIPLE_CHOICE)
 """What `load_task(task=...)` reads the data as (transformers' pipeline names)."""
 
 
@@ -35,6 +37,9 @@ def load_task(
     label_all_tokens: bool = False,
     stride: int | None = None,
     tag_scheme: str | None = None,
+    context_column: str | None = None,
+    question_column: str | None = None,
+    choice_columns: tuple[str, ...] | None = None,
 ) -> TaskData:
     """The data set named by the first of `train_file` (with `validation_file`, `test_file`),
     `dataset_name` (a Hugging Face data set in the local cache) or `dataset` (a built-in one, split
@@ -45,11 +50,29 @@ def load_task(
     `train_file` holds words and tags (`looks_like_word_file`: CoNLL, CoNLL-U, or JSON / CSV with
     a tokens column), else text classification. Token classification reads the files with
     `load_word_files` (`tag_scheme`: the tags' scheme, None: detected) and labels subwords with
-    `label_all_tokens` and `stride` (`word_task.WordLabelling`)."""
+    `label_all_tokens` and `stride` (`word_task.WordLabelling`).
+
+    `task` "multiple-choice" (None: when `choice_columns` are given, or `train_file` has choice
+    columns, `choices.looks_like_choice_file`) reads the files with `choices.load_choice_files`:
+    `context_column`, `question_column`, `choice_columns` and `label_column`, detected where None."""
     if task not in (None, *TASKS):
         raise ValueError(f"task={task!r}: choose one of {', '.join(TASKS)}")
     if task is None and train_file and looks_like_word_file(train_file, text_column):
         task = TOKEN_CLASSIFICATION
+    if task is None and (choice_columns or (train_file and looks_like_choice_file(train_file, text_column))):
+        task = MULTIPLE_CHOICE
+    choice_settings = dict(context_column=context_column, question_column=question_column,
+                           choice_columns=choice_columns)
+    if task == MULTIPLE_CHOICE:
+        if not train_file:
+            raise ValueError("task='multiple-choice' reads files: give a train_file (CSV, JSON or JSON Lines with a "
+                             "context column, choice columns and a label column)")
+        return load_choice_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
+                                 label_column=label_column, **choice_settings)
+    named = [f"{name}={value!r}" for name, value in choice_settings.items() if value is not None]
+    if named:
+        raise ValueError(f"{' and '.join(named)} name multiple-choice columns, and the data reads as "
+                         f"{task or TEXT_CLASSIFICATION}: pass task='multiple-choice', or leave them out")
     if task == TOKEN_CLASSIFICATION:
         if not train_file:
             raise ValueError("task='token-classification' reads word files: give a train_file (CoNLL, CoNLL-U, or "
@@ -77,4 +100,4 @@ def load_task(
     raise ValueError("no data: give a train_file, a dataset_name (a hub data set) or a dataset (a built-in one)")
 
 
-__all__ = ["TASKS", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION", "load_task"]
+__all__ = ["MULTIPLE_CHOICE", "TASKS", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION", "load_task"]
