@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from itertools import chain
 from pathlib import Path
 
 import jax
@@ -70,8 +71,8 @@ def _run_swag_features(tokenizer, rows: list[dict], max_seq_length: int) -> dict
     ending_names = [f"ending{i}" for i in range(4)]
     first_sentences = [[row["sent1"]] * 4 for row in rows]
     second_sentences = [[f"{row['sent2']} {row[end]}" for end in ending_names] for row in rows]
-    first_sentences = sum(first_sentences, [])
-    second_sentences = sum(second_sentences, [])
+    first_sentences = list(chain(*first_sentences))
+    second_sentences = list(chain(*second_sentences))
     tokenized = tokenizer(first_sentences, second_sentences, truncation=True, max_length=max_seq_length)
     return {k: [v[i: i + 4] for i in range(0, len(v), 4)] for k, v in tokenized.items()}
 
@@ -172,7 +173,7 @@ def test_train_reports_accuracy_and_exports_a_transformers_bert_for_multiple_cho
     assert type(reference).__name__ == "BertForMultipleChoice"
     tokenizer = transformers.AutoTokenizer.from_pretrained(choice_run)
     features = _run_swag_features(tokenizer, test_rows, 32)
-    enc = tokenizer.pad({k: sum(v, []) for k, v in features.items()}, return_tensors="np")
+    enc = tokenizer.pad({k: list(chain(*v)) for k, v in features.items()}, return_tensors="np")
     inputs = {k: v.reshape(len(test_rows), 4, -1) for k, v in enc.items()}
     ours = flaxheads.MultipleChoice.from_pretrained(choice_run)(inputs["input_ids"], inputs["attention_mask"],
                                                                  inputs["token_type_ids"])
@@ -202,6 +203,9 @@ def test_evaluate_and_predict_answer_as_the_run_did(choice_run, swag, capsys):
     assert rows[0]["context"] == first["sent1"]
     assert rows[0]["choice"] == f"{first['sent2']} {first[f'ending{chosen[0]}']}"
     np.testing.assert_allclose(sum(rows[0]["probabilities"]), 1.0, rtol=1e-6)
+
+    assert main(["predict", "--model_name_or_path", str(choice_run), "A man opens the door."]) == 2
+    assert "multiple-choice model: give its examples as --input_file" in capsys.readouterr().err
 
 
 def test_the_trainer_trains_on_choices_held_in_python(tiny_bert):

@@ -80,6 +80,14 @@ def bucket_for(longest: int, buckets: Sequence[int]) -> int:
     )
 
 
+_NOT_PACKED = {
+    problem.PAIRWISE_REWARD: "preference pairs (problem_type pairwise_reward): each pair is scored as two rows",
+    problem.TOKEN_CLASSIFICATION: "token classification: each sentence (or window of one) is a row of its own",
+    problem.MULTIPLE_CHOICE: "multiple choice: each choice is a row of its own, scored beside its example's others",
+}
+"""The data that sequence packing does not apply to, and why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchFormat:
     """How examples become arrays: padding values, padding side, label layout."""
@@ -105,18 +113,9 @@ class BatchFormat:
         problem.require_known_data(self.problem_type)
         if self.max_segments < 0:
             raise ValueError(f"max_segments must be 0 (no packing) or positive, got {self.max_segments}")
-        if self.max_segments and self.problem_type == problem.PAIRWISE_REWARD:
-            raise ValueError("sequence packing (TrainConfig(packing=True), --packing) does not apply to preference "
-                             "pairs (problem_type pairwise_reward): each pair is scored as two rows. Train them "
-                             "without packing")
-        if self.max_segments and self.problem_type == problem.TOKEN_CLASSIFICATION:
-            raise ValueError("sequence packing (TrainConfig(packing=True), --packing) does not apply to token "
-                             "classification: each sentence (or window of one) is a row of its own. Train without "
-                             "packing")
-        if self.max_segments and self.problem_type == problem.MULTIPLE_CHOICE:
-            raise ValueError("sequence packing (TrainConfig(packing=True), --packing) does not apply to multiple "
-                             "choice: each choice is a row of its own, scored beside its example's other choices. "
-                             "Train without packing")
+        if self.max_segments and self.problem_type in _NOT_PACKED:
+            raise ValueError(f"sequence packing (TrainConfig(packing=True), --packing) does not apply to "
+                             f"{_NOT_PACKED[self.problem_type]}. Train without packing")
         bucket_lengths(self.max_seq_length, self.pad_to_multiple_of)  # its error names a bad value
 
     @classmethod

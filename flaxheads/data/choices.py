@@ -64,6 +64,11 @@ class ChoiceColumns:
     label: str = "label"
 
     @property
+    def names(self) -> tuple[str, ...]:
+        """Every column read, the label's included."""
+        return (self.context, *([self.question] if self.question else []), *self.choices, self.label)
+
+    @property
     def holds_lists(self) -> bool:
         return len(self.choices) == 1
 
@@ -251,9 +256,11 @@ def choice_task(splits: Mapping[str, SplitData | None], *, context_column: str |
     num_choices = len(canonical["train"][0][CHOICES])
     for name, split in given.items():
         if name != "train":
-            find_choice_columns(split.column_names, where=where[name], context_column=columns.context,
-                                question_column=columns.question, choice_columns=columns.choices,
-                                label_column=columns.label)
+            missing = [column for column in columns.names if column not in split.column_names]
+            if missing:
+                raise ValueError(f"{where[name]} has no column {missing[0]!r}, which the train data has "
+                                 f"({columns.describe(num_choices)}); its columns are {split.column_names}. Give "
+                                 "every split the train data's columns")
             canonical[name] = canonical_choices(split, columns, where=where[name], num_choices=num_choices)
     return TaskData(datasets.DatasetDict(canonical), problem.MULTIPLE_CHOICE, num_choices,
                     columns.choice_names(num_choices),
@@ -320,6 +327,6 @@ def _first_record_columns(path: pathlib.Path) -> list[str] | None:
     return list(record) if isinstance(record, dict) else None
 
 
-__all__ = ["CONTEXT_COLUMNS", "ChoiceColumns", "LIST_COLUMNS", "NUMBERED_CHOICES", "QUESTION_COLUMNS",
+__all__ = ["CONTEXT_COLUMNS", "LIST_COLUMNS", "NUMBERED_CHOICES", "QUESTION_COLUMNS", "ChoiceColumns",
            "canonical_choices", "choice_task", "find_choice_columns", "load_choice_files", "looks_like_choice_file",
            "read_choice_file"]

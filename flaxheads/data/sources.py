@@ -18,6 +18,13 @@ TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, MULTIPLE_CHOICE)
 """What `load_task(task=...)` reads the data as (transformers' pipeline names)."""
 
 
+_FILES = {
+    TOKEN_CLASSIFICATION: "word files (CoNLL, CoNLL-U, or JSON / JSON Lines / CSV with a tokens and a tags column)",
+    MULTIPLE_CHOICE: "choice files (CSV, JSON or JSON Lines with a context column, choice columns and a label column)",
+}
+"""What the tasks that only read local files read."""
+
+
 def load_task(
     *,
     train_file: str | os.PathLike | None = None,
@@ -46,7 +53,7 @@ def load_task(
     with `seed`); the column and label arguments read files and hub data sets. ValueError when
     none is named, or as the loaders say.
 
-    `task`: "text-classification" or "token-classification"; None: token classification when
+    `task`: "text-classification", "token-classification" or "multiple-choice"; None: token classification when
     `train_file` holds words and tags (`looks_like_word_file`: CoNLL, CoNLL-U, or JSON / CSV with
     a tokens column), else text classification. Token classification reads the files with
     `load_word_files` (`tag_scheme`: the tags' scheme, None: detected) and labels subwords with
@@ -61,32 +68,24 @@ def load_task(
         task = TOKEN_CLASSIFICATION
     if task is None and (choice_columns or (train_file and looks_like_choice_file(train_file, text_column))):
         task = MULTIPLE_CHOICE
-    choice_settings = dict(context_column=context_column, question_column=question_column,
-                           choice_columns=choice_columns)
+    if task in _FILES and not train_file:
+        raise ValueError(f"task={task!r} reads {_FILES[task]}: give a train_file")
+    _refuse_settings_of_other_tasks(task or TEXT_CLASSIFICATION, {
+        TOKEN_CLASSIFICATION: [name for name, on in (("label_all_tokens=True", label_all_tokens),
+                                                     (f"stride={stride}", stride is not None),
+                                                     (f"tag_scheme={tag_scheme!r}", tag_scheme is not None)) if on],
+        MULTIPLE_CHOICE: [f"{name}={value!r}" for name, value in (("context_column", context_column),
+                                                                  ("question_column", question_column),
+                                                                  ("choice_columns", choice_columns)) if value],
+    })
     if task == MULTIPLE_CHOICE:
-        if not train_file:
-            raise ValueError("task='multiple-choice' reads files: give a train_file (CSV, JSON or JSON Lines with a "
-                             "context column, choice columns and a label column)")
         return load_choice_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
-                                 label_column=label_column, **choice_settings)
-    named = [f"{name}={value!r}" for name, value in choice_settings.items() if value is not None]
-    if named:
-        raise ValueError(f"{' and '.join(named)} name multiple-choice columns, and the data reads as "
-                         f"{task or TEXT_CLASSIFICATION}: pass task='multiple-choice', or leave them out")
+                                 label_column=label_column, context_column=context_column,
+                                 question_column=question_column, choice_columns=choice_columns)
     if task == TOKEN_CLASSIFICATION:
-        if not train_file:
-            raise ValueError("task='token-classification' reads word files: give a train_file (CoNLL, CoNLL-U, or "
-                             "JSON / JSON Lines / CSV with a tokens and a tags column)")
         words = load_word_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
                                 scheme=tag_scheme)
         return token_task_data(words, label_all_tokens=label_all_tokens, stride=stride)
-    token_settings = [name for name, on in (("label_all_tokens=True", label_all_tokens),
-                                            (f"stride={stride}", stride is not None),
-                                            (f"tag_scheme={tag_scheme!r}", tag_scheme is not None)) if on]
-    if token_settings:
-        raise ValueError(f"{' and '.join(token_settings)} label token classification data, and the data reads as "
-                         "text classification: give word files (CoNLL, or JSON / CSV with a tokens column), pass "
-                         "task='token-classification', or leave them out")
     columns = dict(text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
                    problem_type=problem_type, num_labels=num_labels, chosen_column=chosen_column,
                    rejected_column=rejected_column)
@@ -98,6 +97,17 @@ def load_task(
     if dataset:
         return load_builtin(dataset, seed=seed)
     raise ValueError("no data: give a train_file, a dataset_name (a hub data set) or a dataset (a built-in one)")
+
+
+def _refuse_settings_of_other_tasks(task: str, settings: dict[str, list[str]]) -> None:
+    """ValueError naming the settings (per task, those given) that only another task reads."""
+    for other, named in settings.items():
+        if named and other != task:
+            raise ValueError(f"{' and '.join(named)} {_LABEL[other]}, and the data reads as {task}: give "
+                             f"{_FILES[other]}, pass task={other!r}, or leave them out")
+
+
+_LABEL = {TOKEN_CLASSIFICATION: "label token classification data", MULTIPLE_CHOICE: "name multiple-choice columns"}
 
 
 __all__ = ["MULTIPLE_CHOICE", "TASKS", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION", "load_task"]
