@@ -118,6 +118,8 @@ def _evaluate(args) -> int:
     config = train_config(args)
     task = load_task(**config.data_source())
     print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
+    if task.is_choices:
+        return _evaluate_choices(args, config, task)
     result = evaluate(config.model_folder(), task, args.split, max_seq_length=args.max_seq_length,
                       batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name,
                       packing=config.packing, max_segments_per_row=config.max_segments_per_row,
@@ -126,9 +128,21 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _evaluate_choices(args, config: TrainConfig, task) -> int:
+    from flaxheads.choice_inference import evaluate_choices
+
+    result = evaluate_choices(config.model_folder(), task, args.split, max_seq_length=args.max_seq_length,
+                              batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def _predict(args) -> int:
+    from flaxheads.choice_inference import is_multiple_choice
     from flaxheads.inference import decision_thresholds, is_token_classifier, predict, reads_text_pairs
 
+    if is_multiple_choice(args.model_name_or_path):
+        return _predict_choices(args)
     if is_token_classifier(args.model_name_or_path):
         return _predict_words(args)
     if args.stride is not None:
@@ -176,6 +190,25 @@ def _predict_words(args) -> int:
                          "words separated by spaces)")
     rows = predict_words(args.model_name_or_path, [line.split() for line in lines], max_seq_length=args.max_seq_length,
                          tokenizer_name=args.tokenizer_name, stride=args.stride)
+    for row in rows:
+        print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def _predict_choices(args) -> int:
+    """A multiple-choice model's answers: each row of --input_file (a choice file, as train reads
+    them) gets one JSON row, {"context", "label": the chosen index, "choice", "probabilities"}."""
+    from flaxheads.choice_inference import predict_choices
+
+    given = [flag for flag, on in (("texts", args.texts), ("--text_pair", args.text_pairs), ("--packing", args.packing),
+                                   ("--stride", args.stride is not None)) if on]
+    if given or not args.input_file or args.input_file == "-":
+        raise ValueError("the model is a multiple-choice model: give its examples as --input_file, a CSV, JSON or "
+                         "JSON Lines file with a context, the choices and optionally a label per row (as train reads "
+                         "them)" + (f", and leave {' and '.join(given)} out" if given else ""))
+    rows = predict_choices(args.model_name_or_path, args.input_file, max_seq_length=args.max_seq_length,
+                           tokenizer_name=args.tokenizer_name, context_column=args.context_column,
+                           question_column=args.question_column, choice_columns=args.choice_columns)
     for row in rows:
         print(json.dumps(row, ensure_ascii=False))
     return 0
@@ -264,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="split of the data to evaluate on: train, validation or test")
     p.set_defaults(run=_evaluate)
 
-    p = add_parser("predict", help="labels and probabilities for texts (a token classifier: tags per word)")
+    p = add_parser("predict", help="labels and probabilities for texts (a token classifier: tags per word; a "
+                                   "multiple-choice model: the chosen index per row of --input_file)")
     p.add_argument("texts", nargs="*", help="texts to classify (and/or --input_file); for a token classifier, "
                                             "sentences of words separated by spaces")
     p.add_argument("--model_name_or_path", required=True, help="folder of a trained classifier (train's output_dir)")
@@ -279,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stride", type=int,
                    help="token classifiers: a sentence longer than max_seq_length tokens is read in windows sharing "
                         "up to this many tokens; default: max_seq_length // 4")
+    for name in ("context_column", "question_column", "choice_columns"):  # multiple choice: as train reads them
+        p.add_argument(f"--{name}", nargs="+" if name == "choice_columns" else None,
+                       help=field_docs()[name].replace("%", "%%"))
     p.set_defaults(run=_predict)
 
     p = add_parser("report", help="draw a finished run's report again (PNGs in RUN_DIR/report/)")

@@ -20,9 +20,9 @@ from typing import Any, Callable, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
+from flaxheads import problem
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf
 from flaxheads.conversion.table import MULTIPLE_CHOICE
 from flaxheads.heads import CHOICE_HEADS, HeadConfig, HeadInputs
@@ -174,7 +174,7 @@ def choice_loss(logits_BC: jax.Array, labels_B: jax.Array) -> jax.Array:
         bad = values[(values < 0) | (values >= num_choices)]
         if bad.size:
             raise ValueError(f"choice {int(bad[0])} is outside [0, {num_choices}) for {num_choices} choices")
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits_BC.astype(jnp.float32), labels_B))
+    return jnp.mean(problem.per_example_loss(logits_BC, labels_B, problem.MULTIPLE_CHOICE))
 
 
 __all__ = ["CHOICE_DROPOUT", "MultipleChoice", "MultipleChoiceConfig", "SUMMARY_DEFAULTS", "choice_loss"]

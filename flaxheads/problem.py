@@ -6,6 +6,7 @@
 | `single_label_classification`  | (B, L)        | integer class ids (B,)         | cross-entropy        |
 | `multi_label_classification`   | (B, L)        | multi-hot floats (B, L)        | binary cross-entropy |
 | `pairwise_reward`              | (B, 2)        | margins, float (B,)            | Bradley-Terry        |
+| `multiple_choice`              | (B, C)        | the right choice's index (B,)  | cross-entropy        |
 
 `pairwise_reward` trains a reward model (`num_labels=1`) on preference pairs, the format of TRL's
 `RewardTrainer`: each example is a `chosen` and a `rejected` text, scored in one forward pass, and
@@ -47,7 +48,11 @@ TOKEN_CLASSIFICATION = "token_classification"
 """A class per token (NER, POS: a `TokenClassifier`'s labels), -100 where a token is not scored;
 the loss is the cross entropy over the scored tokens (`token_loss_terms`). A kind of data the
 Trainer takes, not a sequence classifier's problem type, so it is not one of `PROBLEM_TYPES`."""
-DATA_PROBLEM_TYPES = (*PROBLEM_TYPES, TOKEN_CLASSIFICATION)
+MULTIPLE_CHOICE = "multiple_choice"
+"""The right one of each example's choices (SWAG, RACE: a `MultipleChoice`'s labels, the index of
+the right choice); the logits are one score per choice, (B, num_choices), and the loss their
+cross entropy, as transformers' `*ForMultipleChoice`. A kind of data, as token classification."""
+DATA_PROBLEM_TYPES = (*PROBLEM_TYPES, TOKEN_CLASSIFICATION, MULTIPLE_CHOICE)
 """What a data set's labels may mean (`TaskData.problem_type`, `BatchFormat.problem_type`)."""
 IGNORE_INDEX = -100
 """The label of a token the loss skips (PyTorch's `CrossEntropyLoss` ignore_index)."""
@@ -64,24 +69,34 @@ def require_known(problem_type: str) -> str:
 
 
 def require_known_data(problem_type: str) -> str:
-    """`require_known`, token classification also allowed: what a data set's labels may mean."""
-    return problem_type if problem_type == TOKEN_CLASSIFICATION else require_known(problem_type)
+    """`require_known`, token classification and multiple choice also allowed: what a data set's
+    labels may mean."""
+    return problem_type if problem_type in (TOKEN_CLASSIFICATION, MULTIPLE_CHOICE) else require_known(problem_type)
 
 
 _UNDEFINED = object()
 
 
+_UNSUPPORTED = {
+    PAIRWISE_REWARD: f"problem_type={PAIRWISE_REWARD!r} is not supported here; use it with chosen/rejected pairs "
+                     "to train a reward model",
+    MULTIPLE_CHOICE: "multiple-choice data is not supported here; train a flaxheads.MultipleChoice on it",
+}
+
+
 def by_problem_type(problem_type: str, *, single_label: T, multi_label: T, regression: T,
-                    pairwise_reward: T = _UNDEFINED) -> T:
+                    pairwise_reward: T = _UNDEFINED, multiple_choice: T = _UNDEFINED) -> T:
     """The argument named after `problem_type` (a value, or a function to call); ValueError as
-    `require_known` for an unknown one, and for `pairwise_reward` where the caller gives none
-    (that use has no meaning for preference pairs). Dispatch on the problem type goes through here."""
-    choices = {SINGLE_LABEL: single_label, MULTI_LABEL: multi_label, REGRESSION: regression,
-               PAIRWISE_REWARD: pairwise_reward}
-    chosen = choices[require_known(problem_type)]
+    `require_known` for an unknown one, and for `pairwise_reward` or `multiple_choice` where the
+    caller gives none (that use has no meaning for them). Dispatch on the problem type goes
+    through here."""
+    by_name = {SINGLE_LABEL: single_label, MULTI_LABEL: multi_label, REGRESSION: regression,
+               PAIRWISE_REWARD: pairwise_reward, MULTIPLE_CHOICE: multiple_choice}
+    if problem_type not in by_name:
+        require_known(problem_type)
+    chosen = by_name[problem_type]
     if chosen is _UNDEFINED:
-        raise ValueError(f"problem_type={PAIRWISE_REWARD!r} is not supported here; use it with chosen/rejected "
-                         "pairs to train a reward model")
+        raise ValueError(_UNSUPPORTED[problem_type])
     return chosen
 
 
@@ -195,10 +210,11 @@ def _check_class_ids(labels, num_labels: int) -> None:
 
 
 def per_example_loss(logits, labels, problem_type: str) -> jax.Array:
-    """(batch,) losses; their mean equals the Hugging Face loss for the same batch."""
+    """(batch,) losses; their mean equals the Hugging Face loss for the same batch. Multiple
+    choice: the cross entropy of each example's right choice under its (num_choices,) logits."""
     per_example = by_problem_type(
         problem_type, single_label=_cross_entropy, multi_label=_binary_cross_entropy, regression=_squared_error,
-        pairwise_reward=bradley_terry,
+        pairwise_reward=bradley_terry, multiple_choice=_cross_entropy,
     )
     return per_example(logits.astype(jnp.float32), labels)
 

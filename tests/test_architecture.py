@@ -21,7 +21,7 @@ FLOORS: dict[str, int] = {
     "token_classifier": 7, "multiple_choice": 7,
     "training": 8,
     "inference": 9, "functional": 9, "convert": 9,
-    "pipeline": 10, "token_pipeline": 10,
+    "pipeline": 10, "token_pipeline": 10, "choice_inference": 10,
     "study": 11, "benchmarks": 11,
     "cli": 12,
     "__init__": 13,

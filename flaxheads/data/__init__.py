@@ -55,10 +55,11 @@ from flaxheads.data.shards import (
     gather_lengths,
     tokenize_own_shards,
 )
+from flaxheads.data.choices import ChoiceColumns, choice_task, load_choice_files, read_choice_file
 from flaxheads.data.sources import load_task
 from flaxheads.data.splits import split_dataset
 from flaxheads.data.subwords import IGNORE_INDEX, align_labels, tokenize_word_split, tokenize_words
-from flaxheads.data.task import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION, TaskData
+from flaxheads.data.task import MULTI_LABEL, MULTIPLE_CHOICE, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION, TaskData
 from flaxheads.data.tokenization import tokenize_split, tokenize_task
 from flaxheads.data.windows import merge_windows, plan_windows, word_predictions
 from flaxheads.data.word_files import WordSplit, read_conll, read_conllu, read_word_file, read_word_records, word_split
@@ -68,6 +69,8 @@ from flaxheads.data.word_task import (
 
 __all__ = [
     "BUILTIN_DATASETS",
+    "ChoiceColumns",
+    "MULTIPLE_CHOICE",
     "BatchFormat",
     "DataPosition",
     "IGNORE_INDEX",
@@ -85,6 +88,7 @@ __all__ = [
     "WordLabelling",
     "WordTask",
     "accumulation_view",
+    "choice_task",
     "align_labels",
     "as_dataset",
     "batches_per_epoch",
@@ -102,6 +106,7 @@ __all__ = [
     "load_in_memory",
     "load_local_files",
     "load_named_dataset",
+    "load_choice_files",
     "load_task",
     "load_word_files",
     "looks_like_word_file",
@@ -112,6 +117,7 @@ __all__ = [
     "plan_windows",
     "process_rows",
     "process_shards",
+    "read_choice_file",
     "read_conll",
     "read_conllu",
     "read_word_file",

@@ -80,6 +80,14 @@ def bucket_for(longest: int, buckets: Sequence[int]) -> int:
     )
 
 
+_NOT_PACKED = {
+    problem.PAIRWISE_REWARD: "preference pairs (problem_type pairwise_reward): each pair is scored as two rows",
+    problem.TOKEN_CLASSIFICATION: "token classification: each sentence (or window of one) is a row of its own",
+    problem.MULTIPLE_CHOICE: "multiple choice: each choice is a row of its own, scored beside its example's others",
+}
+"""The data that sequence packing does not apply to, and why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchFormat:
     """How examples become arrays: padding values, padding side, label layout."""
@@ -105,14 +113,9 @@ class BatchFormat:
         problem.require_known_data(self.problem_type)
         if self.max_segments < 0:
             raise ValueError(f"max_segments must be 0 (no packing) or positive, got {self.max_segments}")
-        if self.max_segments and self.problem_type == problem.PAIRWISE_REWARD:
-            raise ValueError("sequence packing (TrainConfig(packing=True), --packing) does not apply to preference "
-                             "pairs (problem_type pairwise_reward): each pair is scored as two rows. Train them "
-                             "without packing")
-        if self.max_segments and self.problem_type == problem.TOKEN_CLASSIFICATION:
-            raise ValueError("sequence packing (TrainConfig(packing=True), --packing) does not apply to token "
-                             "classification: each sentence (or window of one) is a row of its own. Train without "
-                             "packing")
+        if self.max_segments and self.problem_type in _NOT_PACKED:
+            raise ValueError(f"sequence packing (TrainConfig(packing=True), --packing) does not apply to "
+                             f"{_NOT_PACKED[self.problem_type]}. Train without packing")
         bucket_lengths(self.max_seq_length, self.pad_to_multiple_of)  # its error names a bad value
 
     @classmethod
@@ -532,7 +535,8 @@ def make_batch(
 
     Returns, for B = global_batch_size // process_count and T the global batch's bucket:
     `input_ids`, `attention_mask` and (if the split has them) `token_type_ids` int32 (B, T), or
-    (B, 2, T) for preference pairs (chosen, rejected; both padded to the bucket of the longer);
+    (B, 2, T) for preference pairs (chosen, rejected; both padded to the bucket of the longer), or
+    (B, num_choices, T) for multiple choice;
     `labels` int32 (B,) single-label, float32 (B,) regression or pair margins, or float32
     (B, num_labels) multi-label (absent if the split has none); `example_mask` float32 (B,), 1
     for real rows.
@@ -561,7 +565,8 @@ def _collate(
     records: dict[str, list], padded_length: int, example_mask: np.ndarray, fmt: BatchFormat
 ) -> Batch:
     pad_values = {"input_ids": fmt.pad_token_id, "attention_mask": 0, "token_type_ids": fmt.pad_token_type_id}
-    pad = _pad_pairs if fmt.problem_type == problem.PAIRWISE_REWARD else _pad
+    grouped = fmt.problem_type in (problem.PAIRWISE_REWARD, problem.MULTIPLE_CHOICE)
+    pad = _pad_groups if grouped else _pad
     batch = {
         name: pad(records[name], padded_length, pad_value, fmt.padding_side)
         for name, pad_value in pad_values.items()
@@ -586,19 +591,23 @@ def _pad(sequences: Sequence[Sequence[int]], padded_length: int, pad_value: int,
     return padded
 
 
-def _pad_pairs(pairs: Sequence[Sequence[Sequence[int]]], padded_length: int, pad_value: int, side: str) -> np.ndarray:
-    """(B, 2, T): each example's two sequences padded alike, so that one forward pass scores both."""
-    flat = _pad([sequence for pair in pairs for sequence in pair], padded_length, pad_value, side)
-    return flat.reshape(len(pairs), 2, padded_length)
+def _pad_groups(groups: Sequence[Sequence[Sequence[int]]], padded_length: int, pad_value: int, side: str
+                ) -> np.ndarray:
+    """(B, G, T): each example's G sequences (a preference pair's two, or its choices; every
+    example has as many) padded alike, so that one forward pass scores them all."""
+    flat = _pad([sequence for group in groups for sequence in group], padded_length, pad_value, side)
+    return flat.reshape(len(groups), -1, padded_length)
 
 
 def _labels(values: list, fmt: BatchFormat) -> np.ndarray:
-    """Class ids (B,) int32, scores (B,) float32, or multi-hot rows (B, num_labels) float32."""
+    """Class ids (B,) int32, scores (B,) float32, multi-hot rows (B, num_labels) float32, or the
+    right choices' indices (B,) int32."""
     dtype, shape = problem.by_problem_type(
         fmt.problem_type,
         single_label=(np.int32, (len(values),)),
         regression=(np.float32, (len(values),)),
         multi_label=(np.float32, (len(values), fmt.num_labels)),
         pairwise_reward=(np.float32, (len(values),)),
+        multiple_choice=(np.int32, (len(values),)),
     )
     return np.asarray(values, dtype=dtype).reshape(shape)

@@ -70,7 +70,7 @@ def load_local_files(
     """
     files = {"train": train_file, "validation": validation_file, "test": test_file}
     splits = {
-        name: _read_split(name, pathlib.Path(path), cache_dir, label_column)
+        name: read_split(name, pathlib.Path(path), cache_dir, label_column)
         for name, path in files.items()
         if path
     }
@@ -147,7 +147,9 @@ def _format_of(path: pathlib.Path) -> tuple[str, dict]:
     return _FORMATS[suffixes[-1]]
 
 
-def _read_split(split_name: str, path: pathlib.Path, cache_dir, label_column: str) -> datasets.Dataset:
+def read_split(split_name: str, path: pathlib.Path, cache_dir, label_column: str) -> datasets.Dataset:
+    """The rows of one file, as `load_local_files` reads each (its errors name the file by the
+    flag of `split_name`: --train_file, --validation_file, --test_file)."""
     flag = _SPLIT_FLAGS[split_name]
     if not path.is_file():
         raise FileNotFoundError(f"{flag} {path}: no such file")

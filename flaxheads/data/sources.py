@@ -6,14 +6,23 @@ from __future__ import annotations
 import os
 
 from flaxheads.data.builtin import load_builtin
+from flaxheads.data.choices import load_choice_files, looks_like_choice_file
 from flaxheads.data.files import load_local_files, load_named_dataset
 from flaxheads.data.task import TaskData
 from flaxheads.data.word_task import load_word_files, looks_like_word_file, token_task_data
 
 TEXT_CLASSIFICATION = "text-classification"
 TOKEN_CLASSIFICATION = "token-classification"
-TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION)
+MULTIPLE_CHOICE = "multiple-choice"
+TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, MULTIPLE_CHOICE)
 """What `load_task(task=...)` reads the data as (transformers' pipeline names)."""
+
+
+_FILES = {
+    TOKEN_CLASSIFICATION: "word files (CoNLL, CoNLL-U, or JSON / JSON Lines / CSV with a tokens and a tags column)",
+    MULTIPLE_CHOICE: "choice files (CSV, JSON or JSON Lines with a context column, choice columns and a label column)",
+}
+"""What the tasks that only read local files read."""
 
 
 def load_task(
@@ -35,35 +44,48 @@ def load_task(
     label_all_tokens: bool = False,
     stride: int | None = None,
     tag_scheme: str | None = None,
+    context_column: str | None = None,
+    question_column: str | None = None,
+    choice_columns: tuple[str, ...] | None = None,
 ) -> TaskData:
     """The data set named by the first of `train_file` (with `validation_file`, `test_file`),
     `dataset_name` (a Hugging Face data set in the local cache) or `dataset` (a built-in one, split
     with `seed`); the column and label arguments read files and hub data sets. ValueError when
     none is named, or as the loaders say.
 
-    `task`: "text-classification" or "token-classification"; None: token classification when
+    `task`: "text-classification", "token-classification" or "multiple-choice"; None: token classification when
     `train_file` holds words and tags (`looks_like_word_file`: CoNLL, CoNLL-U, or JSON / CSV with
     a tokens column), else text classification. Token classification reads the files with
     `load_word_files` (`tag_scheme`: the tags' scheme, None: detected) and labels subwords with
-    `label_all_tokens` and `stride` (`word_task.WordLabelling`)."""
+    `label_all_tokens` and `stride` (`word_task.WordLabelling`).
+
+    `task` "multiple-choice" (None: when `choice_columns` are given, or `train_file` has choice
+    columns, `choices.looks_like_choice_file`) reads the files with `choices.load_choice_files`:
+    `context_column`, `question_column`, `choice_columns` and `label_column`, detected where None."""
     if task not in (None, *TASKS):
         raise ValueError(f"task={task!r}: choose one of {', '.join(TASKS)}")
     if task is None and train_file and looks_like_word_file(train_file, text_column):
         task = TOKEN_CLASSIFICATION
+    if task is None and (choice_columns or (train_file and looks_like_choice_file(train_file, text_column))):
+        task = MULTIPLE_CHOICE
+    if task in _FILES and not train_file:
+        raise ValueError(f"task={task!r} reads {_FILES[task]}: give a train_file")
+    _refuse_settings_of_other_tasks(task or TEXT_CLASSIFICATION, {
+        TOKEN_CLASSIFICATION: [name for name, on in (("label_all_tokens=True", label_all_tokens),
+                                                     (f"stride={stride}", stride is not None),
+                                                     (f"tag_scheme={tag_scheme!r}", tag_scheme is not None)) if on],
+        MULTIPLE_CHOICE: [f"{name}={value!r}" for name, value in (("context_column", context_column),
+                                                                  ("question_column", question_column),
+                                                                  ("choice_columns", choice_columns)) if value],
+    })
+    if task == MULTIPLE_CHOICE:
+        return load_choice_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
+                                 label_column=label_column, context_column=context_column,
+                                 question_column=question_column, choice_columns=choice_columns)
     if task == TOKEN_CLASSIFICATION:
-        if not train_file:
-            raise ValueError("task='token-classification' reads word files: give a train_file (CoNLL, CoNLL-U, or "
-                             "JSON / JSON Lines / CSV with a tokens and a tags column)")
         words = load_word_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
                                 scheme=tag_scheme)
         return token_task_data(words, label_all_tokens=label_all_tokens, stride=stride)
-    token_settings = [name for name, on in (("label_all_tokens=True", label_all_tokens),
-                                            (f"stride={stride}", stride is not None),
-                                            (f"tag_scheme={tag_scheme!r}", tag_scheme is not None)) if on]
-    if token_settings:
-        raise ValueError(f"{' and '.join(token_settings)} label token classification data, and the data reads as "
-                         "text classification: give word files (CoNLL, or JSON / CSV with a tokens column), pass "
-                         "task='token-classification', or leave them out")
     columns = dict(text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
                    problem_type=problem_type, num_labels=num_labels, chosen_column=chosen_column,
                    rejected_column=rejected_column)
@@ -77,4 +99,15 @@ def load_task(
     raise ValueError("no data: give a train_file, a dataset_name (a hub data set) or a dataset (a built-in one)")
 
 
-__all__ = ["TASKS", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION", "load_task"]
+def _refuse_settings_of_other_tasks(task: str, settings: dict[str, list[str]]) -> None:
+    """ValueError naming the settings (per task, those given) that only another task reads."""
+    for other, named in settings.items():
+        if named and other != task:
+            raise ValueError(f"{' and '.join(named)} {_LABEL[other]}, and the data reads as {task}: give "
+                             f"{_FILES[other]}, pass task={other!r}, or leave them out")
+
+
+_LABEL = {TOKEN_CLASSIFICATION: "label token classification data", MULTIPLE_CHOICE: "name multiple-choice columns"}
+
+
+__all__ = ["MULTIPLE_CHOICE", "TASKS", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION", "load_task"]

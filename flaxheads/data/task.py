@@ -16,7 +16,7 @@ from flaxheads import problem
 
 # Hugging Face's `config.problem_type` strings, defined once in `flaxheads.problem`.
 from flaxheads.problem import (  # noqa: F401 (re-exported)
-    MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION,
+    MULTI_LABEL, MULTIPLE_CHOICE, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION,
 )
 
 if TYPE_CHECKING:
@@ -28,6 +28,8 @@ LABEL = "label"
 CHOSEN = "chosen"
 REJECTED = "rejected"
 """The two texts of a preference pair (`pairwise_reward`), TRL's column names."""
+CHOICES = "choices"
+"""Multiple choice: each example's choices, the second text of each (`data.choices`)."""
 
 
 def default_id2label(num_labels: int) -> dict[int, str]:
@@ -52,6 +54,10 @@ class TaskData:
     Token classification (`token_classification`) has a `tokens` column (the sentence's words)
     and a `label` column of tag ids, one per word; `words` holds the word-level task (tag scheme,
     where each sentence came from) and how its tags go onto subwords (`word_task.token_task_data`).
+
+    Multiple choice (`multiple_choice`) has a `text` column (the context, read first with every
+    choice), a `choices` column (per example the same number of texts, `num_labels`, each read
+    second) and a `label` column holding the index of the right choice (`data.choices`).
     """
 
     splits: datasets.DatasetDict
@@ -86,6 +92,10 @@ class TaskData:
     @property
     def is_pairs(self) -> bool:
         return self.problem_type == problem.PAIRWISE_REWARD
+
+    @property
+    def is_choices(self) -> bool:
+        return self.problem_type == problem.MULTIPLE_CHOICE
 
     @property
     def has_text_pair(self) -> bool:

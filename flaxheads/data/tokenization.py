@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import datasets
 from datasets.fingerprint import Hasher
 
-from flaxheads.data.task import CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskData
+from flaxheads.data.task import CHOICES, CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskData
 
 # Bump when the tokenised layout changes, so old cache files are not reused.
 _CACHE_VERSION = "flaxheads-tokenized-v1"
@@ -45,7 +45,9 @@ def tokenize_split(
     `length` (the number of tokens, at most `max_seq_length`; pairs are truncated longest-first).
     A split of preference pairs (`chosen` and `rejected` columns) gets each text tokenised alone,
     and its `input_ids`, `attention_mask` (and `token_type_ids`) hold two sequences per example,
-    chosen then rejected; its `length` is the longer one's.
+    chosen then rejected; its `length` is the longer one's. A multiple-choice split (`choices`
+    column) gets each choice tokenised as the pair (context, choice), truncated longest-first, as
+    run_swag.py does: per example one sequence per choice, `length` the longest.
 
     The result is cached under a fingerprint of (split fingerprint, tokenizer pipeline,
     max_seq_length): in `cache_dir/tokenized-<fingerprint>.arrow` when `cache_dir` is given,
@@ -65,7 +67,7 @@ def tokenize_split(
         functools.partial(_tokenize_batch, tokenizer=tokenizer, max_seq_length=max_seq_length),
         batched=True,
         remove_columns=split.column_names,
-        features=_tokenized_features(tokenizer, split.features[LABEL], pairs=CHOSEN in split.column_names),
+        features=_tokenized_features(tokenizer, split.features[LABEL], per_example=_sequences_per_example(split)),
         new_fingerprint=fingerprint,
         cache_file_name=cache_file_name,
         desc="Tokenizing",
@@ -107,12 +109,19 @@ def tokenizer_fingerprint(tokenizer) -> str:
     )
 
 
-def _tokenized_features(tokenizer, label_feature=None, *, pairs: bool = False) -> datasets.Features:
-    """The tokenised columns; `labels` only when a `label_feature` is given; two sequences per
-    example for preference pairs."""
+def _sequences_per_example(split: datasets.Dataset) -> int:
+    """1; 2 for preference pairs; the number of choices of multiple-choice examples (every row has as many)."""
+    if CHOSEN in split.column_names:
+        return 2
+    return len(split[0][CHOICES]) if CHOICES in split.column_names and len(split) else 1
+
+
+def _tokenized_features(tokenizer, label_feature=None, *, per_example: int = 1) -> datasets.Features:
+    """The tokenised columns; `labels` only when a `label_feature` is given; a list of
+    `per_example` sequences per example when that is not 1 (pairs, choices)."""
     ids = datasets.List(datasets.Value("int32"))
-    if pairs:
-        ids = datasets.List(ids, length=2)
+    if per_example != 1:
+        ids = datasets.List(ids, length=per_example)
     names = ["input_ids", "attention_mask"]
     if "token_type_ids" in tokenizer.model_input_names:
         names.append("token_type_ids")
@@ -122,19 +131,26 @@ def _tokenized_features(tokenizer, label_feature=None, *, pairs: bool = False) -
 
 def _tokenize_batch(batch: dict[str, list], *, tokenizer, max_seq_length: int) -> dict[str, list]:
     if CHOSEN in batch:
-        columns = _encode_pairs(batch[CHOSEN], batch[REJECTED], tokenizer, max_seq_length)
+        texts = [text for pair in zip(batch[CHOSEN], batch[REJECTED]) for text in pair]
+        columns = _encode_groups(texts, None, 2, tokenizer, max_seq_length)
+    elif CHOICES in batch:
+        # run_swag.py's pairs: the context repeated before each of its choices
+        contexts = [context for context, choices in zip(batch[TEXT], batch[CHOICES]) for _ in choices]
+        choices = [choice for example in batch[CHOICES] for choice in example]
+        columns = _encode_groups(contexts, choices, len(batch[CHOICES][0]), tokenizer, max_seq_length)
     else:
         columns = _encode(batch[TEXT], batch.get(TEXT_PAIR), tokenizer, max_seq_length)
     columns[LABELS] = batch[LABEL]
     return columns
 
 
-def _encode_pairs(chosen: list[str], rejected: list[str], tokenizer, max_seq_length: int) -> dict[str, list]:
-    """`_encode` of each side, zipped: per example [chosen sequence, rejected sequence]."""
-    sides = [_encode(texts, None, tokenizer, max_seq_length) for texts in (chosen, rejected)]
-    columns = {name: [list(pair) for pair in zip(sides[0][name], sides[1][name])] for name in sides[0] if name != LENGTH}
-    columns[LENGTH] = [max(pair) for pair in zip(sides[0][LENGTH], sides[1][LENGTH])]
-    return columns
+def _encode_groups(texts: list[str], text_pairs: list[str] | None, size: int, tokenizer, max_seq_length: int
+                   ) -> dict[str, list]:
+    """`_encode` of texts that come in consecutive groups of `size`, one group per example: per
+    example the list of its group's sequences, and `length` the longest of them."""
+    flat = _encode(texts, text_pairs, tokenizer, max_seq_length)
+    return {name: [max(values[i:i + size]) if name == LENGTH else values[i:i + size]
+                   for i in range(0, len(values), size)] for name, values in flat.items()}
 
 
 def _encode(texts: list[str], text_pairs: list[str] | None, tokenizer, max_seq_length: int) -> dict[str, list]:

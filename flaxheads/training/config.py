@@ -109,9 +109,11 @@ class TrainConfig:
 
     # Token classification (docs/token_tasks.md).
     task: str | None = None
-    """What to train: "text-classification" (a label per text) or "token-classification" (a tag per
-    word: NER, POS); default: token-classification when train_file holds words and tags (CoNLL,
-    CoNLL-U, or JSON / CSV with a tokens and a ner_tags or tags column), else text-classification."""
+    """What to train: "text-classification" (a label per text), "token-classification" (a tag per
+    word: NER, POS) or "multiple-choice" (the right one of each example's choices: SWAG); default:
+    token-classification when train_file holds words and tags (CoNLL, CoNLL-U, or JSON / CSV with a
+    tokens and a ner_tags or tags column), multiple-choice when it has choice columns (ending0,
+    ending1, ... or a choices list) or choice_columns are given, else text-classification."""
     label_all_tokens: bool = False
     """Token classification: label every subword of a word with its tag (B- turned into I-), as
     run_ner.py's flag; default: only the first subword carries the word's label."""
@@ -124,6 +126,18 @@ class TrainConfig:
     eval_mode: str = DEFAULT_EVAL_MODE
     """Token classification: entity metrics as seqeval's default mode (conlleval's lenient chunks,
     run_ner.py's) or strict (only entities well formed under tag_scheme count)."""
+
+    # Multiple choice (docs/token_tasks.md).
+    context_column: str | None = None
+    """Multiple choice: the column read first with every choice (SWAG's sent1); default: the first
+    of sent1, context, question, premise, startphrase."""
+    question_column: str | None = None
+    """Multiple choice: the start every choice continues (SWAG's sent2), put before each choice with
+    a space, as run_swag.py does; default: sent2 beside sent1, else none."""
+    choice_columns: tuple[str, ...] | None = None
+    """Multiple choice: the choice columns in order (ending0 ending1 ending2 ending3), or the one
+    column holding each row's list of choices; default: numbered columns (ending0.., choice0..,
+    option0..) or a choices, endings or options list column."""
 
     # How to train.
     max_seq_length: int = 128
@@ -299,6 +313,8 @@ class TrainConfig:
             raise ValueError(f"lora_r={self.lora_r}: it must be 0 (no LoRA) or a positive rank")
         if self.lora_target_modules is not None:
             object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))  # frozen: normalised here
+        if self.choice_columns is not None:
+            object.__setattr__(self, "choice_columns", tuple(self.choice_columns))
         half = [why for why, on in (("bf16=True", self.bf16), ("param_dtype='bfloat16'", self.param_dtype == "bfloat16"))
                 if on]
         if half and self.dtype == "float32":
@@ -406,6 +422,8 @@ class TrainConfig:
             text_pair_column=self.text_pair_column, label_column=self.label_column, problem_type=self.problem_type,
             num_labels=self.num_labels, chosen_column=self.chosen_column, rejected_column=self.rejected_column,
             task=self.task, label_all_tokens=self.label_all_tokens, stride=self.stride, tag_scheme=self.tag_scheme,
+            context_column=self.context_column, question_column=self.question_column,
+            choice_columns=self.choice_columns,
         )
 
     def model_folder(self) -> Path:

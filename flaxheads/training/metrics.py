@@ -46,9 +46,11 @@ METRIC_NAMES: Mapping[str, tuple[str, ...]] = {
     PAIRWISE_REWARD: ("accuracy", "margin"),
     problem.TOKEN_CLASSIFICATION: ("f1", "precision", "recall", "accuracy", "macro_f1", "macro_precision",
                                    "macro_recall"),
+    problem.MULTIPLE_CHOICE: ("accuracy",),
 }
 """Token classification's are entity-level (micro averages, and macro ones) with word accuracy
-(`flaxheads.training.entity_metrics.entity_report`, seqeval's numbers)."""
+(`flaxheads.training.entity_metrics.entity_report`, seqeval's numbers). Multiple choice's is the
+share of examples whose highest-scored choice is the right one (run_swag.py's accuracy)."""
 
 class NonFiniteScores(FloatingPointError):
     """Logits or a loss that are NaN or infinite: no metric is computed from them (argmax of NaN
@@ -115,7 +117,7 @@ def probabilities(problem_type: str, logits: np.ndarray) -> np.ndarray:
     """
     to_probabilities = problem.by_problem_type(
         problem_type, single_label=_softmax, multi_label=_sigmoid, regression=_regression_values,
-        pairwise_reward=_regression_values,
+        pairwise_reward=_regression_values, multiple_choice=_softmax,
     )
     return to_probabilities(_as_float_array(logits))
 
@@ -133,7 +135,7 @@ def _sigmoid(logits: np.ndarray) -> np.ndarray:
 def predictions(problem_type: str, logits: np.ndarray, thresholds: Sequence[float] | None = None) -> np.ndarray:
     """Turns logits into hard predictions.
 
-    single-label: argmax class ids, (N, C) -> (N,) int64.
+    single-label: argmax class ids, (N, C) -> (N,) int64; multiple choice, the chosen index.
     multi-label: multi-hot, probability > the label's threshold (`thresholds`; None: 0.5, that is
     `logit > 0`), (N, C) -> (N, C) int64.
     regression: the predicted values, (N,) or (N, 1) -> (N,) float64.
@@ -142,12 +144,17 @@ def predictions(problem_type: str, logits: np.ndarray, thresholds: Sequence[floa
     """
     to_predictions = problem.by_problem_type(
         problem_type,
-        single_label=lambda x: np.asarray(x).argmax(axis=-1).astype(np.int64),
+        single_label=_argmax,
         multi_label=lambda x: thresholds_lib.decide(x, thresholds).astype(np.int64),
         regression=lambda x: _regression_values(_as_float_array(x)),
         pairwise_reward=_reward_values,
+        multiple_choice=_argmax,
     )
     return to_predictions(logits)
+
+
+def _argmax(logits) -> np.ndarray:
+    return np.asarray(logits).argmax(axis=-1).astype(np.int64)
 
 
 def _reward_values(logits) -> np.ndarray:
@@ -279,6 +286,12 @@ def _pairwise_metrics(rewards: np.ndarray, labels: np.ndarray) -> dict[str, floa
     return {"accuracy": float(np.mean(difference > 0)), "margin": float(np.mean(difference))}
 
 
+def _choice_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    if logits.ndim != 2:
+        raise ValueError(f"multiple-choice logits must be (N, num_choices); got shape {logits.shape}.")
+    return {"accuracy": float(np.mean(logits.argmax(axis=-1) == labels.reshape(-1)))}
+
+
 def _example_keep(example_mask: np.ndarray | None, num_rows: int) -> np.ndarray:
     if example_mask is None:
         return np.ones(num_rows, dtype=bool)
@@ -299,7 +312,8 @@ def compute_metrics(
 
     Args:
       problem_type: "single_label_classification", "multi_label_classification" or
-        "regression" (the values of a Hugging Face config's `problem_type`), or "pairwise_reward".
+        "regression" (the values of a Hugging Face config's `problem_type`), "pairwise_reward" or
+        "multiple_choice" ((N, num_choices) logits, (N,) right choices).
       logits: (N, C) for classification; (N,) or (N, 1) for regression; (N, 2) rewards
         (chosen, rejected) for pairs. Any float dtype.
       labels: (N,) integer class ids; (N, C) multi-hot (0/1, ints or floats); (N,) or (N, 1)
@@ -314,7 +328,7 @@ def compute_metrics(
       ValueError: unknown problem type, mismatched shapes, or no unmasked rows.
       NonFiniteScores: any unmasked row has a NaN or infinite logit.
     """
-    problem.require_known(problem_type)
+    _require_scored(problem_type)
     logits = _as_float_array(logits)
     labels = np.asarray(labels)
     if labels.shape[:1] != logits.shape[:1]:
@@ -335,8 +349,14 @@ def compute_metrics(
         multi_label=lambda logits, labels: _multi_label_metrics(logits, labels, thresholds),
         regression=lambda logits, labels: _regression_metrics(logits, _as_float_array(labels)),
         pairwise_reward=_pairwise_metrics,
+        multiple_choice=_choice_metrics,
     )
     return metrics(logits[keep], labels[keep])
+
+
+def _require_scored(problem_type: str) -> str:
+    """`problem_type` when these metrics score it (a sequence classifier's, or multiple choice)."""
+    return problem_type if problem_type == problem.MULTIPLE_CHOICE else problem.require_known(problem_type)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,7 +381,7 @@ class MetricAccumulator:
     """
 
     def __init__(self, problem_type: str, thresholds: Sequence[float] | None = None):
-        self.problem_type = problem.require_known(problem_type)
+        self.problem_type = _require_scored(problem_type)
         self.thresholds = thresholds
         self._logits: list[np.ndarray] = []
         self._labels: list[np.ndarray] = []

@@ -90,6 +90,10 @@ def params_fingerprint(params) -> str:
 def _data_identity(cfg: TrainConfig) -> dict[str, Any]:
     columns = {"text_column": cfg.text_column, "text_pair_column": cfg.text_pair_column,
                "label_column": cfg.label_column}
+    # Multiple-choice columns, recorded only when set (detected ones follow from the files' content).
+    columns.update({name: list(value) if isinstance(value, tuple) else value
+                    for name in ("context_column", "question_column", "choice_columns")
+                    if (value := getattr(cfg, name)) is not None})
     if cfg.train_file:
         files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
         return {"files": {split: {"sha256": _sha256(f)} for split, f in files.items() if f}, **columns}

@@ -204,3 +204,12 @@ def format_predictions(predicted: list) -> str:
             text = str(value)
         lines.append(f"{index}\t{text}")
     return "\n".join(lines) + "\n"
+
+
+def format_choice_predictions(chosen: list[int], choices: list[list[str]]) -> str:
+    """predict_results.txt of multiple choice: a header, then "index<TAB>prediction<TAB>choice" per
+    example: the chosen index and the text read as that choice (tabs and line ends as spaces)."""
+    lines = ["index\tprediction\tchoice"]
+    for index, (choice, texts) in enumerate(zip(chosen, choices)):
+        lines.append(f"{index}\t{choice}\t{' '.join(texts[choice].split())}")
+    return "\n".join(lines) + "\n"

@@ -24,7 +24,7 @@ class TrainState(NamedTuple):
     opt_state: optax.OptState
 
 
-def _logits(graphdef, params, batch, *, train: bool, rngs=None, frozen=None):
+def _logits(graphdef, params, batch, *, train: bool, problem_type: str, rngs=None, frozen=None):
     if frozen is not None:
         # New Variables at this trace level (no array is copied): a non-differentiated input keeps
         # the caller's, which nnx.remat (gradient checkpointing) may not update from inside grad.
@@ -35,7 +35,8 @@ def _logits(graphdef, params, batch, *, train: bool, rngs=None, frozen=None):
     else:
         model.eval()
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-    if inputs["input_ids"].ndim == 3:
+    # (B, 2, T) preference pairs; a multiple-choice model reads its (B, C, T) choices itself
+    if inputs["input_ids"].ndim == 3 and problem_type != problem.MULTIPLE_CHOICE:
         return _pair_rewards(model, inputs, rngs)
     if "segment_ids" in batch:  # packed rows: (B, S, C) logits, S static from the mask's shape
         return model(**inputs, segment_ids=batch["segment_ids"], num_segments=batch["example_mask"].shape[-1],
@@ -109,13 +110,17 @@ def make_train_step(
     of the real examples of all micro-batches (and devices), as PyTorch's
     `CrossEntropyLoss(ignore_index=-100)` over the whole global batch at once.
 
+    Multiple choice: inputs (accum, batch, C, T), logits (accum, batch, C), labels the right
+    choices' indices; the loss is the mean cross entropy over the choices (`choice_loss`).
+
     `class_weights` and `label_smoothing` shape the training loss (`problem.weighted_loss_terms`):
     the gradient is then that of sum(numerators) / sum(denominators) over the real examples of the
     whole global batch, as PyTorch's weighted cross-entropy over the same batch.
     """
 
     def summed_loss(params, micro_batch, key, frozen):
-        logits = _logits(graphdef, params, micro_batch, train=True, rngs=nnx.Rngs(dropout=key), frozen=frozen)
+        logits = _logits(graphdef, params, micro_batch, train=True, problem_type=problem_type,
+                         rngs=nnx.Rngs(dropout=key), frozen=frozen)
         logits, examples = per_example_logits(logits, micro_batch), per_example(micro_batch)
         mask = examples["example_mask"]
         # Token classification: numerators the examples' summed token losses, denominators their
@@ -179,7 +184,7 @@ def make_eval_step(graphdef: nnx.GraphDef, problem_type: str) -> Callable[[nnx.S
     losses and "scored_tokens" how many tokens they are (`problem.token_loss_terms`)."""
 
     def eval_step(params, batch):
-        logits = per_example_logits(_logits(graphdef, params, batch, train=False), batch)
+        logits = per_example_logits(_logits(graphdef, params, batch, train=False, problem_type=problem_type), batch)
         examples = per_example(batch)
         out = {"logits": logits}
         if "labels" in examples and problem_type == problem.TOKEN_CLASSIFICATION:

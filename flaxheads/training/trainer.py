@@ -32,9 +32,11 @@ from flaxheads.backbones import stacking
 from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
 from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
+from flaxheads.multiple_choice import MultipleChoice, MultipleChoiceConfig
 from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
 from flaxheads.tokenizer import check_room_for_text, fitting_max_length, for_model, load_tokenizer
 from flaxheads.training import calibration, run_dir, run_report, token_scoring
+from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.distributed import initialize as initialize_distributed
@@ -48,6 +50,7 @@ from flaxheads.training.scoring import (
     PredictionOutput,
     SplitScorer,
     describe_predictions,
+    format_choice_predictions,
     format_predictions,
 )
 from flaxheads.training.sharding import Layout
@@ -74,6 +77,15 @@ def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> Classif
     """The model's config with the data's problem type and class names, or ValueError naming
     what to change when the model cannot learn these labels."""
     reason = task.problem_type_reason or task.problem_type
+    if task.is_choices != isinstance(config, MultipleChoiceConfig):
+        if task.is_choices:
+            raise ValueError(f"the data reads as {reason}, which a multiple-choice model learns, and the model is a "
+                             f"{config.task} model: load it with flaxheads.MultipleChoice.from_pretrained(...)")
+        raise ValueError(f"the model is a multiple-choice model and the data reads as {reason}: give it choices "
+                         "(task=flaxheads.data.choice_task(...) or load_choice_files(...)), or load the model for "
+                         "its task (flaxheads.from_pretrained, flaxheads.TokenClassifier.from_pretrained)")
+    if task.is_choices:
+        return config  # one score per choice: no labels to fit, however many choices
     tokens = task.problem_type == data.TOKEN_CLASSIFICATION
     if tokens and not isinstance(config, TokenClassifierConfig):
         raise ValueError(f"the data reads as {reason}, which a token classifier learns, and the model is a sequence "
@@ -183,7 +195,7 @@ class Trainer:
         self.layout = Layout.create(args.mesh)
         self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
         if task.problem_type != "pairwise_reward":
-            check_room_for_text(self.tokenizer, self.max_seq_length, pairs=task.has_text_pair)
+            check_room_for_text(self.tokenizer, self.max_seq_length, pairs=task.has_text_pair or task.is_choices)
         self.batch_format = data.BatchFormat.for_task(
             task, self.tokenizer, self.max_seq_length, model_pad_token_id=model.config.backbone.pad_token_id,
             pad_to_multiple_of=args.pad_to_multiple_of,
@@ -223,17 +235,19 @@ class Trainer:
         task = data.load_task(**cfg.data_source()) if task is None else task
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
         layout = Layout.create(cfg.mesh)
+        labels = {"num_labels": task.num_labels, "id2label": [task.id2label[i] for i in range(task.num_labels)]}
         if task.problem_type == data.TOKEN_CLASSIFICATION:
             if cfg.head is not None:
                 raise ValueError(f"head={cfg.head!r} picks a sequence classifier's head, and the data is token "
                                  "classification, whose head is the family's own (a Linear on every token): leave "
                                  "head out")
-            loader, head_settings = TokenClassifier.from_pretrained, {}
+            loader, head_settings = TokenClassifier.from_pretrained, labels
+        elif task.is_choices:  # its family's one-output head; the loader refuses another
+            loader, head_settings = MultipleChoice.from_pretrained, {"head": cfg.head}
         else:
-            loader, head_settings = from_pretrained, {"head": cfg.head, "problem_type": task.problem_type}
+            loader, head_settings = from_pretrained, {**labels, "head": cfg.head, "problem_type": task.problem_type}
         model, loading_info = loader(
-            src, pad_token_id=pad_token_id, num_labels=task.num_labels, **head_settings,
-            id2label=[task.id2label[i] for i in range(task.num_labels)],
+            src, pad_token_id=pad_token_id, **head_settings,
             classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, param_dtype=cfg.param_dtype, seed=cfg.seed,
             ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
             placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
@@ -291,14 +305,15 @@ class Trainer:
         return {**{name: early[name] for name in names if name in early}, **own}
 
     def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str]) -> SplitScorer:
-        options = dict(eval_batch=self.eval_batch, class_names=self.config.label_names,
+        class_names = None if self.task.is_choices else self.config.label_names  # choices are no classes
+        options = dict(eval_batch=self.eval_batch, class_names=class_names,
                        data_shards=self.args.data_shards, unlabelled=unlabelled,
                        compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
         if self.task.words is not None:
             return token_scoring.TokenSplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
                                                   words=self.task.words, eval_mode=self.args.eval_mode)
         return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
-                           thresholds=self.config.thresholds)
+                           thresholds=getattr(self.config, "thresholds", None))
 
     def _splits_to_score(self) -> list[str]:
         given = self.data.given
@@ -543,6 +558,8 @@ class Trainer:
         classification: per sentence (its words' logits), the list of its words' tags."""
         if self.task.words is not None:
             return token_scoring.predicted_tags(logits, self.config.label_names)
+        if self.task.is_choices:
+            return [int(i) for i in metrics_lib.predictions(self.task.problem_type, logits)]
         return describe_predictions(self.task.problem_type, logits, self.config.label_names, self.config.thresholds)
 
     def _predictions(self) -> list:
@@ -552,8 +569,12 @@ class Trainer:
         return predicted
 
     def _write_predictions(self, predicted: list) -> None:
-        text = (token_scoring.format_word_predictions(predicted) if self.task.words is not None
-                else format_predictions(predicted))
+        if self.task.words is not None:
+            text = token_scoring.format_word_predictions(predicted)
+        elif self.task.is_choices:
+            text = format_choice_predictions(predicted, self.task.splits["test"][data.task.CHOICES])
+        else:
+            text = format_predictions(predicted)
         written = run_dir.write_predictions(self.output_dir, text,
                                             overwrite=self.args.overwrite_output_dir)
         print(f"predictions for the test split written to {written}")
@@ -566,6 +587,10 @@ class Trainer:
             if self._scorer is not None and split in self._scorer.splits:
                 return self._scorer
             return self._scorer_for(self._own_splits([split]), self.data.unlabelled)
+        if self.task.is_choices:
+            raise NotImplementedError("evaluate(dataset) and predict(dataset) take texts; for multiple choice give "
+                                      "the Trainer the data as task= (flaxheads.data.choice_task) and call them "
+                                      "without a dataset")
         if self.task.words is not None:
             raise NotImplementedError("evaluate(dataset) and predict(dataset) take texts; for token classification "
                                       "give the Trainer the data as task= (flaxheads.data.token_task_data) and call "
@@ -584,8 +609,6 @@ def check_best_model_settings(args: TrainConfig, task: data.TaskData, given, unl
     """ValueError naming the setting when metric_for_best_model is not a metric this task reports,
     or load_best_model_at_end / early stopping / calibrate / tune_thresholds have no validation data
     to follow, or calibrate / tune_thresholds do not fit the problem type or a run without training."""
-    from flaxheads.training import metrics as metrics_lib
-
     reported = (*metrics_lib.METRIC_NAMES[task.problem_type], "loss")
     if args.metric_for_best_model is not None and args.metric_for_best_model not in reported:
         raise ValueError(f"metric_for_best_model={args.metric_for_best_model!r} is not a metric of "
