@@ -215,7 +215,7 @@ def evaluate_words(model_dir: str | Path, task: data.TaskData, split: str, *, ma
     model.eval()
     graphdef, params = nnx.split(model)
     scorer = token_scoring.TokenSplitScorer(
-        graphdef, {split: data.OwnSplit(rows, data.example_lengths(rows))}, batch_format, Layout.create(),
+        graphdef, {split: data.OwnSplit(rows, data.example_lengths(rows), rows)}, batch_format, Layout.create(),
         eval_batch=batch_size, class_names=model.config.label_names, tokenizer=tokenizer, words=task.words,
         eval_mode=eval_mode)
     metrics = scorer.scores(split, params)
