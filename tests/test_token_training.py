@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import datasets
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,6 +101,34 @@ def test_evaluate_and_predict_answer_as_the_run_did(token_run, conll, capsys):
     predicted = (token_run / "predict_results.txt").read_text().splitlines()[1].split("\t")[1].split()
     assert row["words"] == first and row["tags"] == predicted
     assert all(set(e) == {"type", "start", "end", "text"} for e in row["entities"])
+
+
+def test_trainer_evaluate_and_predict_take_sentences_in_memory_as_the_files_give_them(token_run, conll):
+    words = flaxheads.data.load_word_files(train_file=conll["train"], validation_file=conll["validation"],
+                                           test_file=conll["test"])
+    model = flaxheads.TokenClassifier.from_pretrained(token_run)
+    trainer = flaxheads.Trainer(model, flaxheads.TrainConfig(output_dir=None, do_train=False, max_seq_length=16,
+                                                             per_device_eval_batch_size=8),
+                                task=flaxheads.data.token_task_data(words),
+                                tokenizer=transformers.AutoTokenizer.from_pretrained(token_run))
+    validation, test = words.splits["validation"], words.splits["test"]
+    from_files = trainer.predict()
+
+    assert trainer.evaluate((validation.tokens, validation.tags)) == trainer.evaluate()
+    # A datasets split whose ClassLabel numbers the tags in its own order.
+    names = sorted(words.label_names, reverse=True)
+    ids = [[names.index(tag) for tag in tags] for tags in test.tags]
+    features = datasets.Features({"tokens": datasets.List(datasets.Value("string")),
+                                  "ner_tags": datasets.List(datasets.ClassLabel(names=names))})
+    in_memory = trainer.predict(datasets.Dataset.from_dict({"tokens": test.tokens, "ner_tags": ids}, features=features))
+    assert in_memory.metrics == from_files.metrics and in_memory.metrics["f1"] >= 0
+    for ours, theirs in zip(in_memory.predictions, from_files.predictions, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    untagged = trainer.predict(test.tokens)  # words alone: tags to predict, nothing to score
+    assert untagged.label_ids is None and untagged.metrics == {}
+    assert trainer.predicted_labels(untagged.predictions) == trainer.predicted_labels(from_files.predictions)
+    with pytest.raises(ValueError, match=r"sentence 1, word 1 \('Anna'\)"):
+        trainer.evaluate(([["Anna", "sings"]], [["B-ART", "O"]]))
 
 
 def test_packing_is_refused_for_token_classification(tiny_bert, conll, tmp_path, capsys):

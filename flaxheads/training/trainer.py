@@ -290,13 +290,15 @@ class Trainer:
                                        ) if rest else {}
         return {**{name: early[name] for name in names if name in early}, **own}
 
-    def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str]) -> SplitScorer:
+    def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str], *,
+                    words: data.WordLabelling | None = None) -> SplitScorer:
+        """The scorer of `splits`; token classification: of their sentences in `words` (default: the task's)."""
         options = dict(eval_batch=self.eval_batch, class_names=self.config.label_names,
                        data_shards=self.args.data_shards, unlabelled=unlabelled,
                        compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
         if self.task.words is not None:
             return token_scoring.TokenSplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
-                                                  words=self.task.words, eval_mode=self.args.eval_mode)
+                                                  words=words or self.task.words, eval_mode=self.args.eval_mode)
         return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
                            thresholds=self.config.thresholds)
 
@@ -528,14 +530,16 @@ class Trainer:
 
     def evaluate(self, dataset=None) -> dict[str, float]:
         """Metrics (and loss, and compute_metrics' entries) of the current weights on `dataset`
-        (any form the constructor takes), or on the eval_dataset."""
+        (any form the constructor takes; token classification: sentences with their tags, as
+        `data.words_beside` reads them), or on the eval_dataset."""
         if dataset is None:
             return self._scorer_of("validation", None).scores("validation", self.params)
         return self._scorer_of("validation", dataset).scores("validation", self.params)
 
     def predict(self, dataset=None) -> PredictionOutput:
         """(predictions: logits, label_ids, metrics) of the current weights on `dataset` (texts
-        alone are fine: then label_ids is None and metrics {}), or on the test_dataset."""
+        alone are fine: then label_ids is None and metrics {}; token classification: sentences of
+        words, with or without tags), or on the test_dataset."""
         return self._scorer_of("test", dataset).predict("test", self.params)
 
     def predicted_labels(self, logits) -> list:
@@ -567,17 +571,16 @@ class Trainer:
                 return self._scorer
             return self._scorer_for(self._own_splits([split]), self.data.unlabelled)
         if self.task.words is not None:
-            raise NotImplementedError("evaluate(dataset) and predict(dataset) take texts; for token classification "
-                                      "give the Trainer the data as task= (flaxheads.data.token_task_data) and call "
-                                      "them without a dataset")
-        extra = data.load_in_memory({split: dataset}, beside=self.data.source_train,
-                                    **self._column_args(self.config))
+            extra = data.words_beside(self.task, split, dataset)
+        else:
+            extra = data.load_in_memory({split: dataset}, beside=self.data.source_train,
+                                        **self._column_args(self.config))
         if extra.task.id2label != self.task.id2label:
             raise ValueError(f"the data's classes {list(extra.task.id2label.values())} are not the trainer's "
                              f"{list(self.task.id2label.values())}")
         tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
                                              data_shards=self.args.data_shards, splits=(split,))
-        return self._scorer_for(tokenized, extra.unlabelled)
+        return self._scorer_for(tokenized, extra.unlabelled, words=extra.task.words)
 
 
 def check_best_model_settings(args: TrainConfig, task: data.TaskData, given, unlabelled=frozenset()) -> None:
