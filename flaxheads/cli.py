@@ -116,7 +116,7 @@ def _evaluate(args) -> int:
     from flaxheads.inference import evaluate
 
     config = train_config(args)
-    task = load_task(**config.data_source())
+    task = load_task(**config.scoring_source())
     print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
     result = evaluate(config.model_folder(), task, args.split, max_seq_length=args.max_seq_length,
                       batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name,

@@ -23,6 +23,8 @@ import optax
 from flax import nnx
 
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf
+from flaxheads.conversion import TABLES, checkpoint_io
+from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.table import TOKEN_CLASSIFICATION
 from flaxheads.heads import TOKEN_HEADS, HeadConfig, HeadInputs
 from flaxheads.model import FLAXHEADS_CONFIG_KEY, LabelNames, PretrainedModel, resolve_labels
@@ -173,6 +175,21 @@ class TokenClassifier(PretrainedModel, nnx.Module):
         return token_loss(logits, labels)
 
 
+def saved_tags(model_dir) -> tuple[str, ...] | None:
+    """The tags, in id order (config.json's id2label, else LABEL_0, ...), of the token classifier
+    saved in `model_dir` (config.json names a `*ForTokenClassification`); None for another model
+    or a folder that is not a readable model (loading it says what is wrong, in its own words)."""
+    try:
+        hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    except (OSError, ValueError):
+        return None
+    table = TABLES.get(hf.get("model_type"))
+    if table is None or not any(table.task_of(name) == TOKEN_CLASSIFICATION for name in hf.get("architectures") or ()):
+        return None
+    num_labels, names = resolve_labels(hf, num_labels=None, id2label=None, label2id=None)
+    return names or tuple(f"LABEL_{i}" for i in range(num_labels))
+
+
 def token_loss(logits_BTL: jax.Array, labels_BT: jax.Array, *, ignore_index: int = IGNORE_INDEX) -> jax.Array:
     """Float32 mean cross entropy over the tokens whose label is not `ignore_index`, as
     transformers' token classifiers compute it (`CrossEntropyLoss()` over the flattened tokens);
@@ -200,4 +217,4 @@ def token_loss(logits_BTL: jax.Array, labels_BT: jax.Array, *, ignore_index: int
     return jnp.sum(jnp.where(scored_BT, losses_BT, 0.0)) / jnp.maximum(count, 1).astype(jnp.float32)
 
 
-__all__ = ["IGNORE_INDEX", "TOKEN_DROPOUT", "TokenClassifier", "TokenClassifierConfig", "token_loss"]
+__all__ = ["IGNORE_INDEX", "TOKEN_DROPOUT", "TokenClassifier", "TokenClassifierConfig", "saved_tags", "token_loss"]

@@ -103,6 +103,19 @@ def test_evaluate_and_predict_answer_as_the_run_did(token_run, conll, capsys):
     assert all(set(e) == {"type", "start", "end", "text"} for e in row["entities"])
 
 
+def test_evaluate_and_scoring_without_a_train_file_read_the_tags_from_the_model(token_run, conll, tmp_path, capsys):
+    results = json.loads((token_run / "results.json").read_text())
+    capsys.readouterr()
+    assert main(["evaluate", "--model_name_or_path", str(token_run), "--test_file", str(conll["test"]), "--split",
+                 "test", "--max_seq_length", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["report"] == results["reports"]["test"]
+
+    scored = tmp_path / "scored"
+    assert main(["train", "--model_name_or_path", str(token_run), "--test_file", str(conll["test"]), "--no_do_train",
+                 "--do_predict", "--output_dir", str(scored), "--max_seq_length", "16", "--report_to", "none"]) == 0
+    assert (scored / "predict_results.txt").read_text() == (token_run / "predict_results.txt").read_text()
+
+
 def test_trainer_evaluate_and_predict_take_sentences_in_memory_as_the_files_give_them(token_run, conll):
     words = flaxheads.data.load_word_files(train_file=conll["train"], validation_file=conll["validation"],
                                            test_file=conll["test"])

@@ -4,6 +4,7 @@ the one entry point `flaxheads train | evaluate`, the study and the benchmarks u
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from flaxheads.data.builtin import load_builtin
 from flaxheads.data.files import load_local_files, load_named_dataset
@@ -35,6 +36,7 @@ def load_task(
     label_all_tokens: bool = False,
     stride: int | None = None,
     tag_scheme: str | None = None,
+    label_names: Sequence[str] | None = None,
 ) -> TaskData:
     """The data set named by the first of `train_file` (with `validation_file`, `test_file`),
     `dataset_name` (a Hugging Face data set in the local cache) or `dataset` (a built-in one, split
@@ -45,21 +47,25 @@ def load_task(
     `train_file` holds words and tags (`looks_like_word_file`: CoNLL, CoNLL-U, or JSON / CSV with
     a tokens column), else text classification. Token classification reads the files with
     `load_word_files` (`tag_scheme`: the tags' scheme, None: detected) and labels subwords with
-    `label_all_tokens` and `stride` (`word_task.WordLabelling`)."""
+    `label_all_tokens` and `stride` (`word_task.WordLabelling`). `label_names`: the tags in id
+    order (a trained model's, `TrainConfig.scoring_source`), for word files without a train_file;
+    with it and no train_file the data is token classification."""
     if task not in (None, *TASKS):
         raise ValueError(f"task={task!r}: choose one of {', '.join(TASKS)}")
-    if task is None and train_file and looks_like_word_file(train_file, text_column):
+    if task is None and (looks_like_word_file(train_file, text_column) if train_file else label_names is not None):
         task = TOKEN_CLASSIFICATION
     if task == TOKEN_CLASSIFICATION:
-        if not train_file:
+        if not train_file and (label_names is None or not (validation_file or test_file)):
             raise ValueError("task='token-classification' reads word files: give a train_file (CoNLL, CoNLL-U, or "
-                             "JSON / JSON Lines / CSV with a tokens and a tags column)")
+                             "JSON / JSON Lines / CSV with a tokens and a tags column), or, to score a trained "
+                             "model, a validation_file or test_file and the model's tags as label_names")
         words = load_word_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
-                                scheme=tag_scheme)
+                                label_names=label_names, scheme=tag_scheme)
         return token_task_data(words, label_all_tokens=label_all_tokens, stride=stride)
     token_settings = [name for name, on in (("label_all_tokens=True", label_all_tokens),
                                             (f"stride={stride}", stride is not None),
-                                            (f"tag_scheme={tag_scheme!r}", tag_scheme is not None)) if on]
+                                            (f"tag_scheme={tag_scheme!r}", tag_scheme is not None),
+                                            ("label_names=", label_names is not None)) if on]
     if token_settings:
         raise ValueError(f"{' and '.join(token_settings)} label token classification data, and the data reads as "
                          "text classification: give word files (CoNLL, or JSON / CSV with a tokens column), pass "

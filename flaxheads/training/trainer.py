@@ -220,7 +220,8 @@ class Trainer:
         """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names (or `task`,
         data loaded by the caller), the model placed on the mesh as it loads."""
         src = cfg.model_folder()
-        task = data.load_task(**cfg.data_source()) if task is None else task
+        if task is None:
+            task = data.load_task(**(cfg.data_source() if cfg.do_train else cfg.scoring_source()))
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
         layout = Layout.create(cfg.mesh)
         if task.problem_type == data.TOKEN_CLASSIFICATION:
