@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from flaxheads.backbones import BackboneConfig, backbone_config_from_hf
+from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, segments
 from flaxheads.conversion import TABLES, checkpoint_io
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.table import TOKEN_CLASSIFICATION
@@ -161,12 +161,22 @@ class TokenClassifier(PretrainedModel, nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> jax.Array:
         """(batch, seq) int inputs -> (batch, seq, num_labels) float32 logits, padding positions
         included (as transformers computes them). Padding on either side; `rngs` and the
-        ValueErrors as `SequenceClassifier.__call__`'s."""
-        out = self.backbone_states(input_ids, attention_mask, token_type_ids, position_ids, rngs=rngs)
+        ValueErrors as `SequenceClassifier.__call__`'s.
+
+        Packed rows: `segment_ids` (batch, seq), 1..S for the examples a row holds back to back
+        and 0 for the padding after them; each token's logits equal those of its example run
+        alone (attention stays within a segment; positions restart per segment when position_ids
+        is None), and attention_mask is then `segment_ids > 0` whatever is passed."""
+        if segment_ids is not None:
+            segments.check_ids(segment_ids, input_ids)
+            attention_mask = (segment_ids > 0).astype(jnp.int32)
+        out = self.backbone_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                                   rngs=rngs)
         inputs = HeadInputs(out.hidden_states, attention_mask, input_ids)
         return self.head(inputs, rngs).astype(jnp.float32)
 
