@@ -168,7 +168,7 @@ TOKEN_FAMILIES = ("bert", "modernbert", "gemma2")
 attention windows, a decoder with sliding windows and soft-capped attention."""
 
 
-@pytest.mark.parametrize("family", [pytest.param(name, marks=() if name == "bert" else pytest.mark.slow)
+@pytest.mark.parametrize("family", [pytest.param(name, marks=() if name == "gemma2" else pytest.mark.slow)
                                     for name in TOKEN_FAMILIES])
 def test_packed_token_logits_equal_each_example_alone(family):
     """A token's logits do not depend on its row-mates: each example's slice of a packed row
