@@ -65,7 +65,7 @@ def load_task(
     token_settings = [name for name, on in (("label_all_tokens=True", label_all_tokens),
                                             (f"stride={stride}", stride is not None),
                                             (f"tag_scheme={tag_scheme!r}", tag_scheme is not None),
-                                            ("label_names=", label_names is not None)) if on]
+                                            ("label_names (a token classifier's tags)", label_names is not None)) if on]
     if token_settings:
         raise ValueError(f"{' and '.join(token_settings)} label token classification data, and the data reads as "
                          "text classification: give word files (CoNLL, or JSON / CSV with a tokens column), pass "

@@ -90,17 +90,14 @@ def words_in_memory(split, *, tokens_column: str = TOKENS_COLUMN, tags_column: s
     `split`: a `(tokens, tags)` tuple (`(tokens,)` or a list of token lists alone: sentences to
     tag), or a `datasets.Dataset`, a dict of columns or a list of row dicts with `tokens_column`
     and a tags column (`tags_column`; default: the first of `TAGS_COLUMNS` present, none: no
-    tags), as `read_word_records` reads a file's records. ValueError naming what is missing."""
+    tags), as `read_word_records` reads a file's records. ValueError naming a missing column,
+    TypeError for another kind of object."""
     if isinstance(split, tuple):
         if len(split) not in (1, 2):
             raise ValueError(f"a tuple of sentences is (tokens, tags) or (tokens,); got {len(split)} items")
         return list(split[0]), list(split[1]) if len(split) == 2 else None, None
-    class_names = None
     if isinstance(split, datasets.Dataset):
-        columns = {name: split[name] for name in split.column_names}
-        feature = getattr(split.features.get(tags_column or next((c for c in TAGS_COLUMNS if c in columns), "")),
-                          "feature", None)
-        class_names = feature.names if isinstance(feature, datasets.ClassLabel) else None
+        columns = split.to_dict()
     elif isinstance(split, Mapping):
         columns = {name: list(values) for name, values in split.items()}
     else:
@@ -110,19 +107,25 @@ def words_in_memory(split, *, tokens_column: str = TOKENS_COLUMN, tags_column: s
         elif rows and all(isinstance(row, Sequence) and not isinstance(row, str) for row in rows):
             return rows, None, None
         else:
+            texts = " of texts: split each sentence into its words" if rows and isinstance(rows[0], str) else ""
             raise TypeError("sentences must be a (tokens, tags) tuple, a list of token lists, or a datasets.Dataset, "
                             f"a dict of columns or a list of row dicts with a {tokens_column!r} column; got "
-                            f"{type(split).__name__}" + (" of texts: split each sentence into its words" if rows and
-                                                          isinstance(rows[0], str) else ""))
+                            f"{type(split).__name__}{texts}")
     if tokens_column not in columns:
         raise ValueError(f"the sentences have no column {tokens_column!r} (the words); their columns are "
                          f"{sorted(columns)}")
     if tags_column is None:
         tags_column = next((c for c in TAGS_COLUMNS if c in columns), None)
+        if tags_column is None:
+            return list(columns[tokens_column]), None, None
     elif tags_column not in columns:
         raise ValueError(f"the sentences have no column {tags_column!r} (set by tags_column); their columns are "
                          f"{sorted(columns)}")
-    return list(columns[tokens_column]), None if tags_column is None else list(columns[tags_column]), class_names
+    class_names = None
+    if isinstance(split, datasets.Dataset):  # tag ids of a List(ClassLabel) column are named by it
+        feature = getattr(split.features[tags_column], "feature", None)
+        class_names = feature.names if isinstance(feature, datasets.ClassLabel) else None
+    return list(columns[tokens_column]), list(columns[tags_column]), class_names
 
 
 def read_word_file(path: str | pathlib.Path, **options) -> WordSplit:

@@ -64,9 +64,10 @@ def load_word_files(
 
 def word_task(splits: Mapping[str, WordSplit], *, label_names: Sequence[str] | None = None,
               scheme: str | None = None) -> WordTask:
-    """`splits` checked as one task. The label names are `label_names`, else the sorted distinct
-    tags of the train split (which may then be left out: the first split stands in for it); the scheme is `scheme`, else detected from the train tags and label
-    names (`flaxheads.tags.detect_scheme`). Raises ValueError for a missing train split, a tag of
+    """`splits` checked as one task. The label names are `label_names` (then the train split may
+    be left out: the first split stands in for it), else the sorted distinct tags of the train
+    split; the scheme is `scheme`, else detected from the train tags and label names
+    (`flaxheads.tags.detect_scheme`). Raises ValueError for a missing train split, a tag of
     any split outside the label names (validation and test may not hold tags train lacks), and a
     tag sequence the scheme does not allow (`flaxheads.tags.check_tags`), naming file, sentence,
     line and word."""
