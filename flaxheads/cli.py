@@ -116,7 +116,7 @@ def _evaluate(args) -> int:
     from flaxheads.inference import evaluate
 
     config = train_config(args)
-    task = load_task(**config.data_source())
+    task = load_task(**config.scoring_source())
     print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
     if task.is_choices:
         return _evaluate_choices(args, config, task)

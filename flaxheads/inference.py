@@ -24,11 +24,11 @@ from flaxheads.backbones import backbone_spec
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import LENGTH, tokenize_texts
 from flaxheads.data.word_task import default_stride
-from flaxheads.conversion import TABLES, architecture_table, checkpoint_io
+from flaxheads.conversion import architecture_table, checkpoint_io
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 from flaxheads.model import FLAXHEADS_CONFIG_KEY, ClassifierConfig, PretrainedModel, SequenceClassifier, require_trained
-from flaxheads.token_classifier import TokenClassifier
+from flaxheads.token_classifier import TokenClassifier, saved_tags
 from flaxheads.tokenizer import (
     check_room_for_text, check_tokenizer_fits, fitting_max_length, for_model, load_tokenizer, model_pad_token_id,
     pad_token_ids, read_tokenizer,
@@ -215,7 +215,7 @@ def evaluate_words(model_dir: str | Path, task: data.TaskData, split: str, *, ma
     model.eval()
     graphdef, params = nnx.split(model)
     scorer = token_scoring.TokenSplitScorer(
-        graphdef, {split: data.OwnSplit(rows, data.example_lengths(rows))}, batch_format, Layout.create(),
+        graphdef, {split: data.OwnSplit(rows, data.example_lengths(rows), rows)}, batch_format, Layout.create(),
         eval_batch=batch_size, class_names=model.config.label_names, tokenizer=tokenizer, words=task.words,
         eval_mode=eval_mode)
     metrics = scorer.scores(split, params)
@@ -224,13 +224,7 @@ def evaluate_words(model_dir: str | Path, task: data.TaskData, split: str, *, ma
 
 def is_token_classifier(model_dir: str | os.PathLike) -> bool:
     """Whether `model_dir` holds a token classifier (config.json names a `*ForTokenClassification`)."""
-    try:
-        hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
-    except (OSError, ValueError):
-        return False  # not a readable model folder: loading it says what is wrong, in its own words
-    table = TABLES.get(hf.get("model_type"))  # an unknown family is refused by the loader, in its words
-    return table is not None and any(table.task_of(name) == TOKEN_CLASSIFICATION
-                                     for name in hf.get("architectures") or ())
+    return saved_tags(model_dir) is not None
 
 
 def predict_words(model_dir: str | Path, sentences: Iterable[Sequence[str]], *, max_seq_length: int = 128,

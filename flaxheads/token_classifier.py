@@ -22,7 +22,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from flaxheads.backbones import BackboneConfig, backbone_config_from_hf
+from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, segments
+from flaxheads.conversion import TABLES, checkpoint_io
+from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.table import TOKEN_CLASSIFICATION
 from flaxheads.heads import TOKEN_HEADS, HeadConfig, HeadInputs
 from flaxheads.model import FLAXHEADS_CONFIG_KEY, LabelNames, PretrainedModel, resolve_labels
@@ -159,18 +161,43 @@ class TokenClassifier(PretrainedModel, nnx.Module):
         token_type_ids: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         *,
+        segment_ids: jax.Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> jax.Array:
         """(batch, seq) int inputs -> (batch, seq, num_labels) float32 logits, padding positions
         included (as transformers computes them). Padding on either side; `rngs` and the
-        ValueErrors as `SequenceClassifier.__call__`'s."""
-        out = self.backbone_states(input_ids, attention_mask, token_type_ids, position_ids, rngs=rngs)
+        ValueErrors as `SequenceClassifier.__call__`'s.
+
+        Packed rows: `segment_ids` (batch, seq), 1..S for the examples a row holds back to back
+        and 0 for the padding after them; each token's logits equal those of its example run
+        alone (attention stays within a segment; positions restart per segment when position_ids
+        is None), and attention_mask is then `segment_ids > 0` whatever is passed."""
+        if segment_ids is not None:
+            segments.check_ids(segment_ids, input_ids)
+            attention_mask = (segment_ids > 0).astype(jnp.int32)
+        out = self.backbone_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                                   rngs=rngs)
         inputs = HeadInputs(out.hidden_states, attention_mask, input_ids)
         return self.head(inputs, rngs).astype(jnp.float32)
 
     def loss(self, logits: jax.Array, labels: jax.Array) -> jax.Array:
         """`token_loss`: the mean cross entropy over the tokens whose label is not -100."""
         return token_loss(logits, labels)
+
+
+def saved_tags(model_dir) -> tuple[str, ...] | None:
+    """The tags, in id order (config.json's id2label, else LABEL_0, ...), of the token classifier
+    saved in `model_dir` (config.json names a `*ForTokenClassification`); None for another model
+    or a folder that is not a readable model (loading it says what is wrong, in its own words)."""
+    try:
+        hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    except (OSError, ValueError):
+        return None
+    table = TABLES.get(hf.get("model_type"))
+    if table is None or not any(table.task_of(name) == TOKEN_CLASSIFICATION for name in hf.get("architectures") or ()):
+        return None
+    num_labels, names = resolve_labels(hf, num_labels=None, id2label=None, label2id=None)
+    return names or tuple(f"LABEL_{i}" for i in range(num_labels))
 
 
 def token_loss(logits_BTL: jax.Array, labels_BT: jax.Array, *, ignore_index: int = IGNORE_INDEX) -> jax.Array:
@@ -200,4 +227,4 @@ def token_loss(logits_BTL: jax.Array, labels_BT: jax.Array, *, ignore_index: int
     return jnp.sum(jnp.where(scored_BT, losses_BT, 0.0)) / jnp.maximum(count, 1).astype(jnp.float32)
 
 
-__all__ = ["IGNORE_INDEX", "TOKEN_DROPOUT", "TokenClassifier", "TokenClassifierConfig", "token_loss"]
+__all__ = ["IGNORE_INDEX", "TOKEN_DROPOUT", "TokenClassifier", "TokenClassifierConfig", "saved_tags", "token_loss"]

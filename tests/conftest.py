@@ -156,6 +156,48 @@ def snippets_csv(tmp_path_factory) -> dict[str, pathlib.Path]:
     return files
 
 
+_PEOPLE = ["Angela Merkel", "Peter Blackburn", "Anna", "John Smith"]
+_PLACES = ["Berlin", "New York", "Paris", "Brussels"]
+_GROUPS = ["EU", "Acme Corp", "United Nations"]
+
+
+def _tagged_sentence(i: int) -> tuple[list[str], list[str]]:
+    """A small IOB2 sentence; every fifth one long enough to be read in windows of 16 tokens."""
+    words, tags = [], []
+
+    def add(text: str, kind: str | None) -> None:
+        for k, word in enumerate(text.split()):
+            words.append(word)
+            tags.append("O" if kind is None else f"{'B' if k == 0 else 'I'}-{kind}")
+
+    add(_PEOPLE[i % 4], "PER")
+    add("met the", None)
+    add(_GROUPS[i % 3], "ORG")
+    add("in", None)
+    add(_PLACES[(i + 1) % 4], "LOC")
+    if i % 5 == 0:
+        add("after a long and rather uneventful journey through", None)
+        add(_PLACES[i % 4], "LOC")
+    add(".", None)
+    return words, tags
+
+
+def _write_conll(path: pathlib.Path, sentences: list[tuple[list[str], list[str]]]) -> pathlib.Path:
+    blocks = ["\n".join(f"{w} {t}" for w, t in zip(words, tags)) for words, tags in sentences]
+    path.write_text("-DOCSTART- O\n\n" + "\n\n".join(blocks) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def conll(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """CoNLL files of small IOB2 sentences (PER, ORG, LOC): 20 train, 6 validation ("dev.conll")
+    and 6 test sentences, every fifth long enough to be read in windows of 16 tokens."""
+    folder = tmp_path_factory.mktemp("conll")
+    return {"train": _write_conll(folder / "train.conll", [_tagged_sentence(i) for i in range(20)]),
+            "validation": _write_conll(folder / "dev.conll", [_tagged_sentence(i) for i in range(20, 26)]),
+            "test": _write_conll(folder / "test.conll", [_tagged_sentence(i) for i in range(26, 32)])}
+
+
 @pytest.fixture(scope="session")
 def review_csv(tmp_path_factory) -> pathlib.Path:
     """A folder with train.csv and validation.csv: 16 short labelled reviews each."""

@@ -9,7 +9,8 @@ Every scenario the families share is one test parametrized over `FAMILIES` (ids:
                                       the loading report of each checkpoint type
     tests/test_family_sharding.py     FSDP rules on 4 fake CPU devices
     tests/test_family_cli.py          inspect, train, evaluate, predict and convert on a tiny checkpoint
-                                      with a tokenizer
+                                      with a tokenizer (token classification too, on the rows whose
+                                      `cli.tokens` is set)
     tests/test_family_tasks.py        the logits and loss of every task (problem type) equal transformers'
     tests/test_family_tokens.py       token classification and multiple choice (`token_classifier`,
                                       `multiple_choice`): logits, loss, loading reports, exports
@@ -173,6 +174,10 @@ class Cli:
     check: Callable | None = None
     """`check(result, tmp_path, capsys)`: what else the family's command line must do
     (result: family_parity.CliResult)."""
+    tokens: bool = False
+    """Whether the token-classification command line runs on it too (train on CoNLL, evaluate
+    and predict without the train file: family_parity.check_token_cli_lifecycle); on a few rows
+    only (each is a training run): a SentencePiece encoder, a left-padded decoder without a pad token."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -508,7 +513,7 @@ XLM_ROBERTA = Family(
                          "head.dense.kernel", "head.out_proj.kernel"}),
         # 99 vocabulary rows and 37 feed-forward inputs do not divide by 4: those stay whole.
         whole=frozenset({"backbone.embeddings.word_embeddings.embedding", "backbone.layers.0.output.kernel"})),
-    cli=Cli(_xlm_roberta_with_tokenizer, inspect_names=("classifier.out_proj.weight",)),
+    cli=Cli(_xlm_roberta_with_tokenizer, inspect_names=("classifier.out_proj.weight",), tokens=True),
 )
 _DISTILBERT_HEAD = ["classifier.bias", "classifier.weight", "pre_classifier.bias", "pre_classifier.weight"]
 DISTILBERT = Family(
@@ -780,7 +785,7 @@ LLAMA = _decoder("llama", "Llama", dict(num_key_value_heads=2, head_dim=12, atte
                                         rope_scaling=_LLAMA3_ROPE, rope_theta=500.0),
                  other_heads=None,
                  cli=Cli(_llama_with_tokenizer, inspect_names=("score.weight", "lm_head.weight"),
-                         check=_llama_predict_refuses_empty_texts_and_ignores_token_types))
+                         check=_llama_predict_refuses_empty_texts_and_ignores_token_types, tokens=True))
 LLAMA_LINEAR_ROPE = _decoder("llama_linear_rope", "Llama",
                              dict(num_key_value_heads=1, rope_scaling=dict(rope_type="linear", factor=2.0)),
                              family_of_classes=False)

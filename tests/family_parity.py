@@ -143,6 +143,58 @@ def check_cli_lifecycle(source, data: dict, tmp_path, capsys, *, model_type: str
     return CliResult(Path(source), run, inspected, train_err, tuple(texts))
 
 
+def check_token_cli_lifecycle(source, conll: dict, tmp_path, capsys, *, architecture: str,
+                              sentence: str = "Anna met the EU in Paris .", reference_options: dict | None = None
+                              ) -> Path:
+    """Runs `flaxheads train` (2 steps) on the `conll` files from the family checkpoint `source`,
+    then `evaluate` and `predict` on the run without its train file (the tags come from the
+    export). Asserts that the run exports `architecture`, evaluation repeats the run's own report,
+    the logits of two padded sentences equal transformers' on the export (loaded with
+    `reference_options`; a tokenizer without a pad token pads with the exported pad_token_id, on
+    the family's side), and `predict` tags `sentence` as transformers' first subwords say.
+    Returns the run's folder."""
+    import json
+
+    import transformers
+
+    from flaxheads.backbones import backbone_spec
+    from flaxheads.cli import main
+    from flaxheads.token_classifier import TokenClassifier
+
+    run = tmp_path / "token_run"
+    assert main(["train", "--model_name_or_path", str(source), "--train_file", str(conll["train"]),
+                 "--validation_file", str(conll["validation"]), "--output_dir", str(run), "--max_seq_length", "32",
+                 "--per_device_train_batch_size", "8", "--max_steps", "2", "--logging_steps", "1", "--save_steps", "2",
+                 "--report_to", "none", "--disable_tqdm"]) == 0
+    results = json.loads((run / "results.json").read_text())
+    exported = json.loads((run / "config.json").read_text())
+    assert exported["architectures"] == [architecture]
+
+    capsys.readouterr()
+    assert main(["evaluate", "--model_name_or_path", str(run), "--validation_file", str(conll["validation"]),
+                 "--split", "validation", "--max_seq_length", "32"]) == 0
+    assert json.loads(capsys.readouterr().out)["report"] == results["reports"]["validation"]
+
+    reference = transformers.AutoModelForTokenClassification.from_pretrained(run, **(reference_options or {})).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(run)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = exported["pad_token_id"]
+        tokenizer.padding_side = backbone_spec(exported["model_type"]).padding_side
+    words = sentence.split()
+    enc = tokenizer([words, words[:2]], is_split_into_words=True, padding=True, return_tensors="np")
+    batch = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    expected = torch_logits(reference, batch)
+    assert_close(flax_logits(TokenClassifier.from_pretrained(run), batch), expected, f"{architecture} export")
+
+    capsys.readouterr()
+    assert main(["predict", "--model_name_or_path", str(run), "--max_seq_length", "32", sentence]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    first_subwords = {word: i for i, word in reversed(list(enumerate(enc.word_ids(0)))) if word is not None}
+    names = [exported["id2label"][str(int(expected[0, first_subwords[w]].argmax()))] for w in range(len(words))]
+    assert row["words"] == words and row["tags"] == names
+    return run
+
+
 _FSDP_FORWARD = """
 import json, sys, traceback
 import jax, jax.numpy as jnp, numpy as np

@@ -122,7 +122,7 @@ def _new_head_rows(field: str) -> list:
 def test_token_head_is_new_on_the_bare_model_and_exports_with_its_label_names(hf_checkpoint, tmp_path, row):
     """transformers' token classifier of the row names the tensors the report must list (the
     bare model's pooler, where it has one, is unused); the pretraining checkpoints' reports are
-    the multiple-choice test's."""
+    the next test's and the multiple-choice test's."""
     trained = hf_checkpoint(row.token_classifier, family=row.name, num_labels=len(TAGS))
     source = hf_checkpoint(row.base, family=row.name)
     model, info = flaxheads.TokenClassifier.from_pretrained(source.path, id2label=list(TAGS), seed=3,
@@ -135,6 +135,24 @@ def test_token_head_is_new_on_the_bare_model_and_exports_with_its_label_names(hf
     _assert_export_loads_in_transformers(model, tmp_path, row, transformers.AutoModelForTokenClassification,
                                          row.token_classifier, _six_rows(row, row.sample_padding))
     assert transformers.AutoConfig.from_pretrained(tmp_path).id2label == dict(enumerate(TAGS))
+
+
+@pytest.mark.parametrize("row", [case(row, id=row.name, fast=False) for row in FAMILIES.values()
+                                 if row.token_classifier and row.family_of_classes
+                                 and (row.multiple_choice is None or row.name == "bert")])
+def test_token_head_is_new_on_a_pretraining_checkpoint_whose_lm_head_is_unused(hf_checkpoint, row):
+    """BERT's masked LM, GPT-2's and the decoders' causal LMs (the families without a multiple-choice
+    class, whose test covers the encoders' pretraining checkpoints): the token head is new and the
+    LM head unused, as transformers' own token classifier reports them (a tied LM head is not saved)."""
+    trained = hf_checkpoint(row.token_classifier, family=row.name, num_labels=len(TAGS))
+    source = hf_checkpoint(row.pretrained, family=row.name)
+    _, info = flaxheads.TokenClassifier.from_pretrained(source.path, id2label=list(TAGS), output_loading_info=True,
+                                                        **dict(row.load_options))
+
+    new, unused = _expected_report(source, trained, row, row.pretrained)
+    assert new and info.newly_initialized == new
+    assert info.unused == unused
+    print(f"{row.pretrained}: new {new}, unused {unused}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 The fixtures in tests/fixtures/hf_flax/ were written by transformers 4.57's Flax classes with
 random, non-trivial parameters (scripts/make_hf_flax_fixtures.py); each holds the inputs and that
 Flax model's float32 outputs in expected.npz. No transformers 4.x is needed here, and no torch
-except to check a conversion to PyTorch.
+except to check a conversion to PyTorch, and for the token-classification and multiple-choice
+layouts, written here from a PyTorch model by the module names transformers 4.x's Flax classes
+used (`transformers_flax_tree`).
 """
 
 from __future__ import annotations
@@ -111,6 +113,71 @@ def pretraining_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]
     tree = {"bert": bare, "cls": {"seq_relationship": nsp}}
     (path / hf_flax.MSGPACK_NAME).write_bytes(serialization.msgpack_serialize(tree))
     return path, nsp
+
+
+def transformers_flax_tree(torch_model) -> dict:
+    """The parameter tree transformers 4.x's Flax class of `torch_model` saved: the same module
+    names, a Linear's weight as its Dense kernel (in, out), a LayerNorm's weight as its scale, an
+    Embedding's weight as its embedding (FlaxBertForTokenClassificationModule: `bert` without its
+    pooler and `classifier`; FlaxBertForMultipleChoiceModule: `bert` and a one-output `classifier`)."""
+    import torch
+
+    tree: dict = {}
+    for name, module in torch_model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            leaves = {"kernel": module.weight.T, "bias": module.bias}
+        elif isinstance(module, torch.nn.LayerNorm):
+            leaves = {"scale": module.weight, "bias": module.bias}
+        elif isinstance(module, torch.nn.Embedding):
+            leaves = {"embedding": module.weight}
+        else:
+            continue
+        node = tree
+        for key in name.split("."):
+            node = node.setdefault(key, {})
+        node.update({leaf: value.detach().numpy().copy() for leaf, value in leaves.items() if value is not None})
+    return tree
+
+
+@pytest.mark.parametrize("architecture", ["BertForTokenClassification", "BertForMultipleChoice"])
+def test_token_classifier_and_multiple_choice_read_their_transformers_flax_layout(architecture, hf_checkpoint, tmp_path):
+    import torch
+
+    checkpoint = hf_checkpoint(architecture, num_labels=3)
+    shutil.copy(checkpoint.path / "config.json", tmp_path / "config.json")  # Flax classes wrote the same names
+    (tmp_path / hf_flax.MSGPACK_NAME).write_bytes(serialization.msgpack_serialize(transformers_flax_tree(checkpoint.model)))
+    choice = architecture.endswith("MultipleChoice")
+    ids = np.random.default_rng(0).integers(3, 99, size=(2, 3, 7) if choice else (2, 7))  # (batch, [choices,] seq)
+    inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+    model, info = flaxheads.from_pretrained(tmp_path, task="multiple-choice" if choice else "token-classification",
+                                            output_loading_info=True)
+    with torch.no_grad():
+        expected_logits = checkpoint.model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits.numpy()
+
+    assert info.fully_pretrained and info.unused == [] and "classifier/kernel" in info.loaded
+    assert_close(model(**model_inputs(inputs)), expected_logits, f"{architecture} from its Flax layout")
+
+
+@pytest.mark.parametrize("name, new, unused", [
+    ("bert_model", ["classifier/bias", "classifier/kernel"], ["pooler/dense/bias", "pooler/dense/kernel"]),
+    ("gpt2_lm_sharded", ["classifier/bias", "classifier/kernel"], []),  # its LM head is the tied embedding
+])
+def test_a_token_head_is_new_on_a_transformers_flax_base_or_lm_checkpoint(name, new, unused):
+    _, info = flaxheads.TokenClassifier.from_pretrained(FIXTURES / name, num_labels=3, pad_token_id=0,
+                                                        output_loading_info=True)
+
+    assert info.newly_initialized == new and info.unused == unused
+
+
+def test_the_pretraining_heads_are_unused_by_a_token_classifier_from_the_flax_layout(tmp_path):
+    path, _ = pretraining_checkpoint(tmp_path)
+
+    _, info = flaxheads.TokenClassifier.from_pretrained(path, num_labels=3, output_loading_info=True)
+
+    assert info.newly_initialized == ["classifier/bias", "classifier/kernel"]
+    assert info.unused == ["bert/pooler/dense/bias", "bert/pooler/dense/kernel", "cls/seq_relationship/bias",
+                           "cls/seq_relationship/kernel"]
 
 
 def test_pretraining_heads_are_reported_unused_by_their_hf_flax_names(tmp_path):

@@ -22,9 +22,11 @@ import pytest
 from flax import nnx
 
 from families import FAMILIES
-from flaxheads import ClassifierConfig, SequenceClassifier
+from flaxheads import ClassifierConfig, SequenceClassifier, TokenClassifier
 from flaxheads.backbones import backbone_config_from_hf, segments
+from flaxheads.conversion import architecture_table
 from flaxheads.heads import HeadInputs, pooling
+from flaxheads.token_classifier import TokenClassifierConfig
 
 PACKED = {name: row for name, row in FAMILIES.items() if row.packing is not None}
 """The families of tests/families.py, each with its config overrides for packing (`Family.packing`)."""
@@ -60,7 +62,11 @@ def _model(family: str, head: str, options: tuple) -> SequenceClassifier:
     row = PACKED[family]
     config = ClassifierConfig(backbone_config_from_hf(row.hf_config(**dict(row.packing))), head=head, num_labels=3,
                               head_options=options)
-    model = SequenceClassifier(config, rngs=nnx.Rngs(0))
+    return _perturbed(SequenceClassifier(config, rngs=nnx.Rngs(0)))
+
+
+def _perturbed(model):
+    """`model` in eval mode with every parameter moved by 0.1 * N(0, 1)."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(1), len(leaves))
@@ -158,6 +164,43 @@ def test_packed_logits_equal_each_example_alone(case):
             np.testing.assert_allclose(np.asarray(logits[r, s]), np.asarray(expected), atol=ATOL, rtol=0,
                                        err_msg=f"{family}/{head}: row {r} segment {s + 1}")
     print(f"{family}/{head}{options or ''}: max |packed - alone| = {worst:.2e}")
+
+
+TOKEN_FAMILIES = ("bert", "modernbert", "gemma2")
+"""Token classifiers packed: BERT's linear head on token types, ModernBERT's own head over local
+attention windows, a decoder with sliding windows and soft-capped attention."""
+
+
+@pytest.mark.parametrize("family", [pytest.param(name, marks=() if name == "gemma2" else pytest.mark.slow)
+                                    for name in TOKEN_FAMILIES])
+def test_packed_token_logits_equal_each_example_alone(family):
+    """A token's logits do not depend on its row-mates: each example's slice of a packed row
+    equals its logits run alone."""
+    row = PACKED[family]
+    backbone = backbone_config_from_hf(row.hf_config(**dict(row.packing)))
+    config = TokenClassifierConfig(backbone, head=architecture_table(backbone.model_type).default_head(
+        TokenClassifierConfig.task), num_labels=4)
+    graphdef, state = nnx.split(_perturbed(TokenClassifier(config, rngs=nnx.Rngs(0))))
+    model = jax.jit(lambda state, ids, **inputs: nnx.merge(graphdef, state)(ids, **inputs))
+    examples = _examples(backbone.pad_token_id, row.token_types)
+    rows = [[0, 1], [2]]
+    packed = {k: jnp.asarray(v) for k, v in _pack(examples, rows).items()}
+
+    logits = model(state, packed["input_ids"], token_type_ids=packed.get("token_type_ids") if row.token_types else None,
+                   segment_ids=packed["segment_ids"])
+
+    assert logits.shape == (2, ROW, 4) and np.isfinite(np.asarray(logits)).all()
+    worst = 0.0
+    for r, members in enumerate(rows):
+        start = 0
+        for index in members:
+            alone = {k: jnp.asarray(v[None]) for k, v in examples[index].items()}
+            expected = np.asarray(model(state, alone["input_ids"], token_type_ids=alone.get("token_type_ids"))[0])
+            ours = np.asarray(logits[r, start:start + len(expected)])
+            worst = max(worst, float(np.abs(ours - expected).max()))
+            np.testing.assert_allclose(ours, expected, atol=ATOL, rtol=0, err_msg=f"{family}: row {r}, example {index}")
+            start += len(expected)
+    print(f"{family} token classifier: max |packed - alone| = {worst:.2e}")
 
 
 def test_packed_logits_without_num_segments_raise_naming_it():

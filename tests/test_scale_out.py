@@ -153,6 +153,45 @@ def test_two_processes_reading_their_own_shards_match_one_process_with_four_devi
     assert len([line for line in lines if '"split": "train"' in line]) == STEPS // 2
 
 
+def _token_flags(model: Path, conll: dict[str, Path], output_dir: Path, *extra: str) -> list[str]:
+    """4 steps of token classification on `conll`, global batches of 4 sentences (windows) on 2
+    devices, the data cut into 2 shards; the test split scored and predicted."""
+    return [
+        "train", "--model_name_or_path", str(model), "--train_file", str(conll["train"]),
+        "--validation_file", str(conll["validation"]), "--test_file", str(conll["test"]), "--do_predict",
+        "--output_dir", str(output_dir), "--max_seq_length", "16", "--per_device_train_batch_size", "2",
+        "--per_device_eval_batch_size", "2", "--learning_rate", "3e-3", "--max_steps", "4", "--warmup_ratio", "0",
+        "--logging_steps", "2", "--save_steps", "100", "--seed", "3", "--report_to", "none", "--disable_tqdm",
+        "--data_shards", "2", *extra,
+    ]
+
+
+def test_two_processes_score_and_predict_token_classification_as_one_process(tiny_bert, conll, tmp_path):
+    reference = tmp_path / "one_process"
+    _run(2, _token_flags(tiny_bert, conll, reference))
+    coordinator = f"127.0.0.1:{_free_port()}"
+    ours = tmp_path / "two_processes"
+    procs = [
+        _run(1, _token_flags(tiny_bert, conll, ours, "--coordinator_address", coordinator, "--num_processes", "2",
+                             "--process_id", str(i)), check=False)
+        for i in range(2)
+    ]
+    for proc in procs:
+        _finish(proc)
+
+    difference = _max_difference(_weights(reference), _weights(ours))
+    print("token classification, 2 processes x 1 device vs 1 process x 2 devices:", difference)
+    assert difference < TOLERANCE
+    # Every sentence's words are scored once, with both processes' rows merged back into words.
+    assert (ours / "predict_results.txt").read_text() == (reference / "predict_results.txt").read_text()
+    results, expected = (json.loads((d / "results.json").read_text()) for d in (ours, reference))
+    assert results["reports"] == expected["reports"]
+    for split in ("validation", "test"):
+        assert results[split]["loss"] == pytest.approx(expected[split]["loss"], abs=1e-5)
+        assert {k: v for k, v in results[split].items() if k != "loss"} == \
+            {k: v for k, v in expected[split].items() if k != "loss"}
+
+
 def test_two_processes_reading_one_shard_are_refused_naming_data_shards(tiny_bert, snippets_csv, tmp_path):
     coordinator = f"127.0.0.1:{_free_port()}"
     procs = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import datasets
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,46 +20,6 @@ from flaxheads import problem
 from flaxheads.cli import main
 from flaxheads.token_classifier import token_loss
 from flaxheads.training.entity_metrics import entity_report
-
-_PEOPLE = ["Angela Merkel", "Peter Blackburn", "Anna", "John Smith"]
-_PLACES = ["Berlin", "New York", "Paris", "Brussels"]
-_GROUPS = ["EU", "Acme Corp", "United Nations"]
-
-
-def _sentence(i: int) -> tuple[list[str], list[str]]:
-    """A small IOB2 sentence; every fifth one long enough to be read in windows of 16 tokens."""
-    words, tags = [], []
-
-    def add(text: str, kind: str | None) -> None:
-        for k, word in enumerate(text.split()):
-            words.append(word)
-            tags.append("O" if kind is None else f"{'B' if k == 0 else 'I'}-{kind}")
-
-    add(_PEOPLE[i % 4], "PER")
-    add("met the", None)
-    add(_GROUPS[i % 3], "ORG")
-    add("in", None)
-    add(_PLACES[(i + 1) % 4], "LOC")
-    if i % 5 == 0:
-        add("after a long and rather uneventful journey through", None)
-        add(_PLACES[i % 4], "LOC")
-    add(".", None)
-    return words, tags
-
-
-def _write_conll(path: Path, sentences: list[tuple[list[str], list[str]]]) -> Path:
-    blocks = ["\n".join(f"{w} {t}" for w, t in zip(words, tags)) for words, tags in sentences]
-    path.write_text("-DOCSTART- O\n\n" + "\n\n".join(blocks) + "\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def conll(tmp_path_factory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("conll")
-    return {"train": _write_conll(folder / "train.conll", [_sentence(i) for i in range(20)]),
-            "validation": _write_conll(folder / "dev.conll", [_sentence(i) for i in range(20, 26)]),
-            "test": _write_conll(folder / "test.conll", [_sentence(i) for i in range(26, 32)])}
-
 
 def _data_flags(conll) -> list[str]:
     return ["--train_file", str(conll["train"]), "--validation_file", str(conll["validation"]),
@@ -140,6 +101,47 @@ def test_evaluate_and_predict_answer_as_the_run_did(token_run, conll, capsys):
     predicted = (token_run / "predict_results.txt").read_text().splitlines()[1].split("\t")[1].split()
     assert row["words"] == first and row["tags"] == predicted
     assert all(set(e) == {"type", "start", "end", "text"} for e in row["entities"])
+
+
+def test_evaluate_and_scoring_without_a_train_file_read_the_tags_from_the_model(token_run, conll, tmp_path, capsys):
+    results = json.loads((token_run / "results.json").read_text())
+    capsys.readouterr()
+    assert main(["evaluate", "--model_name_or_path", str(token_run), "--test_file", str(conll["test"]), "--split",
+                 "test", "--max_seq_length", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["report"] == results["reports"]["test"]
+
+    scored = tmp_path / "scored"
+    assert main(["train", "--model_name_or_path", str(token_run), "--test_file", str(conll["test"]), "--no_do_train",
+                 "--do_predict", "--output_dir", str(scored), "--max_seq_length", "16", "--report_to", "none"]) == 0
+    assert (scored / "predict_results.txt").read_text() == (token_run / "predict_results.txt").read_text()
+
+
+def test_trainer_evaluate_and_predict_take_sentences_in_memory_as_the_files_give_them(token_run, conll):
+    words = flaxheads.data.load_word_files(train_file=conll["train"], validation_file=conll["validation"],
+                                           test_file=conll["test"])
+    model = flaxheads.TokenClassifier.from_pretrained(token_run)
+    trainer = flaxheads.Trainer(model, flaxheads.TrainConfig(output_dir=None, do_train=False, max_seq_length=16,
+                                                             per_device_eval_batch_size=8),
+                                task=flaxheads.data.token_task_data(words),
+                                tokenizer=transformers.AutoTokenizer.from_pretrained(token_run))
+    validation, test = words.splits["validation"], words.splits["test"]
+    from_files = trainer.predict()
+
+    assert trainer.evaluate((validation.tokens, validation.tags)) == trainer.evaluate()
+    # A datasets split whose ClassLabel numbers the tags in its own order.
+    names = sorted(words.label_names, reverse=True)
+    ids = [[names.index(tag) for tag in tags] for tags in test.tags]
+    features = datasets.Features({"tokens": datasets.List(datasets.Value("string")),
+                                  "ner_tags": datasets.List(datasets.ClassLabel(names=names))})
+    in_memory = trainer.predict(datasets.Dataset.from_dict({"tokens": test.tokens, "ner_tags": ids}, features=features))
+    assert in_memory.metrics == from_files.metrics and in_memory.metrics["f1"] >= 0
+    for ours, theirs in zip(in_memory.predictions, from_files.predictions, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    untagged = trainer.predict(test.tokens)  # words alone: tags to predict, nothing to score
+    assert untagged.label_ids is None and untagged.metrics == {}
+    assert trainer.predicted_labels(untagged.predictions) == trainer.predicted_labels(from_files.predictions)
+    with pytest.raises(ValueError, match=r"sentence 1, word 1 \('Anna'\)"):
+        trainer.evaluate(([["Anna", "sings"]], [["B-ART", "O"]]))
 
 
 def test_packing_is_refused_for_token_classification(tiny_bert, conll, tmp_path, capsys):

@@ -32,6 +32,11 @@ def check(segment_ids_BT: jax.Array, num_segments: int | None, input_ids_BT: jax
         )
     if isinstance(num_segments, bool) or not isinstance(num_segments, (int, np.integer)) or num_segments < 1:
         raise ValueError(f"num_segments={num_segments!r}: it must be a Python int >= 1 (static under jit)")
+    check_ids(segment_ids_BT, input_ids_BT)
+
+
+def check_ids(segment_ids_BT: jax.Array, input_ids_BT: jax.Array) -> None:
+    """ValueError unless `segment_ids` is (batch, T) ints shaped like `input_ids`."""
     if tuple(segment_ids_BT.shape) != tuple(input_ids_BT.shape):
         raise ValueError(
             f"segment_ids has shape {tuple(segment_ids_BT.shape)} but input_ids has {tuple(input_ids_BT.shape)}; "

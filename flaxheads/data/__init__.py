@@ -64,7 +64,7 @@ from flaxheads.data.tokenization import tokenize_split, tokenize_task
 from flaxheads.data.windows import merge_windows, plan_windows, word_predictions
 from flaxheads.data.word_files import WordSplit, read_conll, read_conllu, read_word_file, read_word_records, word_split
 from flaxheads.data.word_task import (
-    WordLabelling, WordTask, load_word_files, looks_like_word_file, token_task_data, word_task,
+    WordLabelling, WordTask, load_word_files, looks_like_word_file, token_task_data, word_task, words_beside,
 )
 
 __all__ = [
@@ -134,4 +134,5 @@ __all__ = [
     "word_predictions",
     "word_split",
     "word_task",
+    "words_beside",
 ]

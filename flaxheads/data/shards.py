@@ -26,6 +26,10 @@ class OwnSplit(NamedTuple):
     """This process's rows of the split (those of its data shards), tokenised."""
     lengths: np.ndarray
     """Token count of every example of the whole split, the same on every process."""
+    word_rows: datasets.Dataset | None = None
+    """Token classification: the `word_ids` and `sentence` of every row of the whole split (every
+    process tokenises all of it), by which each row's logits merge back into its sentence's words;
+    None for other tasks."""
 
 
 def check_data_shards(data_shards: int, task: TaskData, train_batch: int, eval_batch: int) -> None:
@@ -80,7 +84,8 @@ def _own_word_rows(task: TaskData, split: str, tokenizer, max_seq_length: int, d
     tokenized = tokenize_word_split(task, split, tokenizer, max_seq_length)
     lengths = example_lengths(tokenized)
     rows = process_rows(len(tokenized), data_shards, jax.process_index(), jax.process_count())
-    return OwnSplit(tokenized if len(rows) == len(tokenized) else tokenized.select(rows), lengths)
+    return OwnSplit(tokenized if len(rows) == len(tokenized) else tokenized.select(rows), lengths,
+                    tokenized.select_columns(["word_ids", "sentence"]))
 
 
 def gather_lengths(own_lengths: np.ndarray, num_examples: int, num_shards: int) -> np.ndarray:

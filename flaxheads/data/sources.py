@@ -4,6 +4,7 @@ the one entry point `flaxheads train | evaluate`, the study and the benchmarks u
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from flaxheads.data.builtin import load_builtin
 from flaxheads.data.choices import load_choice_files, looks_like_choice_file
@@ -44,6 +45,7 @@ def load_task(
     label_all_tokens: bool = False,
     stride: int | None = None,
     tag_scheme: str | None = None,
+    label_names: Sequence[str] | None = None,
     context_column: str | None = None,
     question_column: str | None = None,
     choice_columns: tuple[str, ...] | None = None,
@@ -57,14 +59,16 @@ def load_task(
     `train_file` holds words and tags (`looks_like_word_file`: CoNLL, CoNLL-U, or JSON / CSV with
     a tokens column), else text classification. Token classification reads the files with
     `load_word_files` (`tag_scheme`: the tags' scheme, None: detected) and labels subwords with
-    `label_all_tokens` and `stride` (`word_task.WordLabelling`).
+    `label_all_tokens` and `stride` (`word_task.WordLabelling`). `label_names`: the tags in id
+    order (a trained model's, `TrainConfig.scoring_source`), for word files without a train_file;
+    with it and no train_file the data is token classification.
 
     `task` "multiple-choice" (None: when `choice_columns` are given, or `train_file` has choice
     columns, `choices.looks_like_choice_file`) reads the files with `choices.load_choice_files`:
     `context_column`, `question_column`, `choice_columns` and `label_column`, detected where None."""
     if task not in (None, *TASKS):
         raise ValueError(f"task={task!r}: choose one of {', '.join(TASKS)}")
-    if task is None and train_file and looks_like_word_file(train_file, text_column):
+    if task is None and (looks_like_word_file(train_file, text_column) if train_file else label_names is not None):
         task = TOKEN_CLASSIFICATION
     if task is None and (choice_columns or (train_file and looks_like_choice_file(train_file, text_column))):
         task = MULTIPLE_CHOICE
@@ -73,7 +77,9 @@ def load_task(
     _refuse_settings_of_other_tasks(task or TEXT_CLASSIFICATION, {
         TOKEN_CLASSIFICATION: [name for name, on in (("label_all_tokens=True", label_all_tokens),
                                                      (f"stride={stride}", stride is not None),
-                                                     (f"tag_scheme={tag_scheme!r}", tag_scheme is not None)) if on],
+                                                     (f"tag_scheme={tag_scheme!r}", tag_scheme is not None),
+                                                     ("label_names (a token classifier's tags)",
+                                                      label_names is not None)) if on],
         MULTIPLE_CHOICE: [f"{name}={value!r}" for name, value in (("context_column", context_column),
                                                                   ("question_column", question_column),
                                                                   ("choice_columns", choice_columns)) if value],
@@ -83,8 +89,12 @@ def load_task(
                                  label_column=label_column, context_column=context_column,
                                  question_column=question_column, choice_columns=choice_columns)
     if task == TOKEN_CLASSIFICATION:
+        if not train_file and (label_names is None or not (validation_file or test_file)):
+            raise ValueError("task='token-classification' reads word files: give a train_file (CoNLL, CoNLL-U, or "
+                             "JSON / JSON Lines / CSV with a tokens and a tags column), or, to score a trained "
+                             "model, a validation_file or test_file and the model's tags as label_names")
         words = load_word_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
-                                scheme=tag_scheme)
+                                label_names=label_names, scheme=tag_scheme)
         return token_task_data(words, label_all_tokens=label_all_tokens, stride=stride)
     columns = dict(text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
                    problem_type=problem_type, num_labels=num_labels, chosen_column=chosen_column,

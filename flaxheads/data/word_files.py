@@ -28,7 +28,9 @@ import dataclasses
 import io
 import json
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import datasets
 
 from flaxheads.data.files import not_utf8_message
 
@@ -78,6 +80,52 @@ def word_split(tokens: Sequence[Sequence[str]], tags: Sequence[Sequence], *, lab
         raise ValueError(f"{source}: {len(split.tokens)} token lists and {len(split.tags)} tag lists; give one of each "
                          "per sentence")
     return _checked(split, label_names)
+
+
+def words_in_memory(split, *, tokens_column: str = TOKENS_COLUMN, tags_column: str | None = None
+                    ) -> tuple[list, list | None, Sequence[str] | None]:
+    """The sentences of `split` held in Python, as (token lists, tag lists or None when it gives
+    no tags, the tag name of each integer id when a `datasets` ClassLabel says so, else None).
+
+    `split`: a `(tokens, tags)` tuple (`(tokens,)` or a list of token lists alone: sentences to
+    tag), or a `datasets.Dataset`, a dict of columns or a list of row dicts with `tokens_column`
+    and a tags column (`tags_column`; default: the first of `TAGS_COLUMNS` present, none: no
+    tags), as `read_word_records` reads a file's records. ValueError naming a missing column,
+    TypeError for another kind of object."""
+    if isinstance(split, tuple):
+        if len(split) not in (1, 2):
+            raise ValueError(f"a tuple of sentences is (tokens, tags) or (tokens,); got {len(split)} items")
+        return list(split[0]), list(split[1]) if len(split) == 2 else None, None
+    if isinstance(split, datasets.Dataset):
+        columns = split.to_dict()
+    elif isinstance(split, Mapping):
+        columns = {name: list(values) for name, values in split.items()}
+    else:
+        rows = list(split)
+        if rows and all(isinstance(row, Mapping) for row in rows):
+            columns = {name: [row.get(name) for row in rows] for name in rows[0]}
+        elif rows and all(isinstance(row, Sequence) and not isinstance(row, str) for row in rows):
+            return rows, None, None
+        else:
+            texts = " of texts: split each sentence into its words" if rows and isinstance(rows[0], str) else ""
+            raise TypeError("sentences must be a (tokens, tags) tuple, a list of token lists, or a datasets.Dataset, "
+                            f"a dict of columns or a list of row dicts with a {tokens_column!r} column; got "
+                            f"{type(split).__name__}{texts}")
+    if tokens_column not in columns:
+        raise ValueError(f"the sentences have no column {tokens_column!r} (the words); their columns are "
+                         f"{sorted(columns)}")
+    if tags_column is None:
+        tags_column = next((c for c in TAGS_COLUMNS if c in columns), None)
+        if tags_column is None:
+            return list(columns[tokens_column]), None, None
+    elif tags_column not in columns:
+        raise ValueError(f"the sentences have no column {tags_column!r} (set by tags_column); their columns are "
+                         f"{sorted(columns)}")
+    class_names = None
+    if isinstance(split, datasets.Dataset):  # tag ids of a List(ClassLabel) column are named by it
+        feature = getattr(split.features[tags_column], "feature", None)
+        class_names = feature.names if isinstance(feature, datasets.ClassLabel) else None
+    return list(columns[tokens_column]), list(columns[tags_column]), class_names
 
 
 def read_word_file(path: str | pathlib.Path, **options) -> WordSplit:
@@ -373,4 +421,5 @@ __all__ = [
     "read_word_file",
     "read_word_records",
     "word_split",
+    "words_in_memory",
 ]

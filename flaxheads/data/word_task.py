@@ -17,8 +17,11 @@ import datasets
 
 from flaxheads import problem
 from flaxheads import tags as tags_lib
+from flaxheads.data.in_memory import InMemoryTask
 from flaxheads.data.task import LABEL, TaskData
-from flaxheads.data.word_files import CONLL_SUFFIXES, RECORD_SUFFIXES, TOKENS_COLUMN, WordSplit, read_word_file
+from flaxheads.data.word_files import (
+    CONLL_SUFFIXES, RECORD_SUFFIXES, TOKENS_COLUMN, WordSplit, read_word_file, word_split, words_in_memory,
+)
 
 TOKENS = "tokens"
 """The words column of a token-classification `TaskData` split."""
@@ -46,12 +49,13 @@ class WordTask:
 
 
 def load_word_files(
-    *, train_file: str | pathlib.Path, validation_file: str | pathlib.Path | None = None,
+    *, train_file: str | pathlib.Path | None = None, validation_file: str | pathlib.Path | None = None,
     test_file: str | pathlib.Path | None = None, label_names: Sequence[str] | None = None, scheme: str | None = None,
     **read_options,
 ) -> WordTask:
     """Each given file read as one split (`flaxheads.data.word_files.read_word_file`, which
-    takes `read_options` such as `tag_column` or `tags_column`), then `word_task`."""
+    takes `read_options` such as `tag_column` or `tags_column`), then `word_task` (without a
+    train_file, `label_names` are needed: a trained model's tags)."""
     files = {"train": train_file, "validation": validation_file, "test": test_file}
     splits = {name: read_word_file(path, label_names=label_names, **read_options)
               for name, path in files.items() if path is not None}
@@ -60,14 +64,19 @@ def load_word_files(
 
 def word_task(splits: Mapping[str, WordSplit], *, label_names: Sequence[str] | None = None,
               scheme: str | None = None) -> WordTask:
-    """`splits` checked as one task. The label names are `label_names`, else the sorted distinct
-    tags of the train split; the scheme is `scheme`, else detected from the train tags and label
-    names (`flaxheads.tags.detect_scheme`). Raises ValueError for a missing train split, a tag of
+    """`splits` checked as one task. The label names are `label_names` (then the train split may
+    be left out: the first split stands in for it), else the sorted distinct tags of the train
+    split; the scheme is `scheme`, else detected from the train tags and label names
+    (`flaxheads.tags.detect_scheme`). Raises ValueError for a missing train split, a tag of
     any split outside the label names (validation and test may not hold tags train lacks), and a
     tag sequence the scheme does not allow (`flaxheads.tags.check_tags`), naming file, sentence,
     line and word."""
     if "train" not in splits:
-        raise ValueError(f"a word task needs a 'train' split; got {sorted(splits)}")
+        if label_names is None or not splits:
+            raise ValueError(f"a word task needs a 'train' split, whose tags are the label names; got {sorted(splits)}: "
+                             "give one, or pass label_names (a trained model's id2label) to read the others alone")
+        # The first split stands in for the train split every TaskData has (label names given).
+        splits = {"train": next(iter(splits.values())), **splits}
     train = splits["train"]
     if label_names is None:
         names = tuple(sorted({tag for sentence in train.tags for tag in sentence}))
@@ -121,6 +130,26 @@ def token_task_data(task: WordTask, *, label_all_tokens: bool = False, stride: i
                     words=WordLabelling(task, label_all_tokens, stride))
 
 
+def words_beside(task: TaskData, split: str, sentences) -> InMemoryTask:
+    """`sentences` held in Python (`word_files.words_in_memory`: (tokens, tags), a Dataset with a
+    tokens and a tags column, ...) as the split `split` of a token-classification task with
+    `task`'s tags, scheme and subword labelling. Without tags the split is unlabelled: to predict,
+    not score. ValueError as `word_split` and `word_task` check (a tag outside `task`'s, naming the
+    sentence and word)."""
+    labelling = task.words
+    names, scheme = labelling.task.label_names, labelling.task.scheme
+    tokens, tags, class_names = words_in_memory(sentences)
+    if tags is None:
+        # Every word's tag is a placeholder (the first name), never scored, so nothing checks it.
+        placeholder = word_split(tokens, [[names[0]] * len(words) for words in tokens])
+        words = WordTask({"train": placeholder, split: placeholder}, names, scheme, labelling.task.scheme_reason)
+    else:
+        words = word_task({split: word_split(tokens, tags, label_names=class_names or names)}, label_names=names,
+                          scheme=scheme)
+    return InMemoryTask(token_task_data(words, label_all_tokens=labelling.label_all_tokens, stride=labelling.stride),
+                        frozenset() if tags is not None else frozenset({split}), (split,))
+
+
 def looks_like_word_file(path: str | pathlib.Path, text_column: str = "text") -> bool:
     """Whether `path` holds words and tags (token classification) rather than texts and labels:
     a CoNLL or CoNLL-U suffix (.tsv only without a `text_column` header), or JSON / JSON Lines /
@@ -144,4 +173,4 @@ def looks_like_word_file(path: str | pathlib.Path, text_column: str = "text") ->
 
 
 __all__ = ["TOKENS", "WordLabelling", "WordTask", "default_stride", "load_word_files", "looks_like_word_file",
-           "token_task_data", "word_task"]
+           "token_task_data", "word_task", "words_beside"]

@@ -23,6 +23,7 @@ from flaxheads.lora import LoRAConfig
 from flaxheads.problem import PROBLEM_TYPES
 from flaxheads.shipped_model import minilm_path
 from flaxheads.tags import SCHEMES
+from flaxheads.token_classifier import saved_tags
 from flaxheads.training.entity_metrics import DEFAULT as DEFAULT_EVAL_MODE
 from flaxheads.training.entity_metrics import MODES as EVAL_MODES
 from flaxheads.training.optim import SCHEDULES
@@ -425,6 +426,15 @@ class TrainConfig:
             context_column=self.context_column, question_column=self.question_column,
             choice_columns=self.choice_columns,
         )
+
+    def scoring_source(self) -> dict:
+        """`data_source()` for scoring a trained model without training it (`flaxheads evaluate`,
+        do_train off): without a train_file, a token classifier's tags come from its config.json
+        (`token_classifier.saved_tags`), so its validation or test word files are read alone."""
+        source = self.data_source()
+        if not self.train_file:
+            source["label_names"] = saved_tags(self.model_folder())
+        return source
 
     def model_folder(self) -> Path:
         """The model folder: `model_name_or_path` (a folder, or a hub id found in the

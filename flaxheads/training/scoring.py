@@ -114,7 +114,8 @@ class SplitScorer:
         """Metrics and loss of `split` (the first `max_batches` batches: built-in metrics only).
         A whole split also gets its per-class report in `reports` (from the same logits)."""
         if max_batches is not None or (self.compute_metrics is None and self.class_names is None):
-            return self.evaluator(params, *self.splits[split], max_batches=max_batches)
+            own = self.splits[split]
+            return self.evaluator(params, own.rows, own.lengths, max_batches=max_batches)
         prediction = self.predict(split, params)
         if self.class_names is not None:
             self.reports[split] = class_metrics.report(self.problem_type, prediction.predictions,
@@ -136,7 +137,7 @@ class SplitScorer:
         return PredictionOutput(logits, labels, metrics)
 
     def _outputs(self, split: str, params) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rows, lengths = self.splits[split]
+        rows, lengths = self.splits[split].rows, self.splits[split].lengths
         evaluator = self.evaluator
         batches = data.eval_batches(
             rows, evaluator.batch_format, global_batch_size=evaluator.batch_size,

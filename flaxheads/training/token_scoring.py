@@ -45,7 +45,7 @@ class TokenSplitScorer(SplitScorer):
 
     def predict(self, split: str, params) -> PredictionOutput:
         row_logits, loss = self._row_outputs(split, params)
-        rows = self.splits[split].rows
+        rows = self.splits[split].word_rows
         sentences = self.words.task.splits[split]
         word_logits = data.word_predictions(row_logits, list(rows["word_ids"]), list(rows["sentence"]),
                                             [len(words) for words in sentences.tokens])
@@ -70,7 +70,8 @@ class TokenSplitScorer(SplitScorer):
         return entity_metrics.entity_report(true_tags, tags, mode=self.eval_mode, scheme=scheme)
 
     def _row_outputs(self, split: str, params, *, max_batches: int | None = None) -> tuple[list, float]:
-        return row_outputs(self.evaluator, self.layout, params, *self.splits[split], max_batches=max_batches)
+        own = self.splits[split]
+        return row_outputs(self.evaluator, self.layout, params, own.rows, own.lengths, max_batches=max_batches)
 
 
 def check_eval_mode(eval_mode: str, words: data.WordLabelling) -> None:
@@ -83,12 +84,12 @@ def check_eval_mode(eval_mode: str, words: data.WordLabelling) -> None:
 
 def row_outputs(evaluator: Evaluator, layout: Layout, params, rows, lengths, *, max_batches: int | None = None
                 ) -> tuple[list, float]:
-    """(per row of a tokenised split (`rows`, `lengths`), its logits (tokens, C) without padding
-    (None past `max_batches`); the mean loss over the scored tokens, 0.0 without labels)."""
-    if jax.process_count() > 1:
-        raise NotImplementedError("scoring token classification on several processes is not supported yet: "
-                                  "evaluate on one process")
+    """(per row of a tokenised split, its logits (tokens, C) without padding (None past
+    `max_batches`); the mean loss over the scored tokens, 0.0 without labels). `rows`: this
+    process's rows of the split, `lengths` those of the whole split; every process takes part
+    and gets every row's logits (the eval step's outputs are replicated)."""
     batches = data.eval_batches(rows, evaluator.batch_format, global_batch_size=evaluator.batch_size,
+                                process_index=jax.process_index(), process_count=jax.process_count(),
                                 num_shards=evaluator.num_shards, lengths=lengths)
     order = iter(data.eval_example_order(len(lengths), evaluator.num_shards, evaluator.batch_size))
     right = evaluator.batch_format.padding_side == "right"

@@ -232,7 +232,8 @@ class Trainer:
         """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names (or `task`,
         data loaded by the caller), the model placed on the mesh as it loads."""
         src = cfg.model_folder()
-        task = data.load_task(**cfg.data_source()) if task is None else task
+        if task is None:
+            task = data.load_task(**(cfg.data_source() if cfg.do_train else cfg.scoring_source()))
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
         layout = Layout.create(cfg.mesh)
         labels = {"num_labels": task.num_labels, "id2label": [task.id2label[i] for i in range(task.num_labels)]}
@@ -304,14 +305,16 @@ class Trainer:
                                        ) if rest else {}
         return {**{name: early[name] for name in names if name in early}, **own}
 
-    def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str]) -> SplitScorer:
+    def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str], *,
+                    words: data.WordLabelling | None = None) -> SplitScorer:
+        """The scorer of `splits`; token classification: of their sentences in `words` (default: the task's)."""
         class_names = None if self.task.is_choices else self.config.label_names  # choices are no classes
         options = dict(eval_batch=self.eval_batch, class_names=class_names,
                        data_shards=self.args.data_shards, unlabelled=unlabelled,
                        compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
         if self.task.words is not None:
             return token_scoring.TokenSplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
-                                                  words=self.task.words, eval_mode=self.args.eval_mode)
+                                                  words=words or self.task.words, eval_mode=self.args.eval_mode)
         return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
                            thresholds=getattr(self.config, "thresholds", None))
 
@@ -543,14 +546,16 @@ class Trainer:
 
     def evaluate(self, dataset=None) -> dict[str, float]:
         """Metrics (and loss, and compute_metrics' entries) of the current weights on `dataset`
-        (any form the constructor takes), or on the eval_dataset."""
+        (any form the constructor takes; token classification: sentences with their tags, as
+        `data.words_beside` reads them), or on the eval_dataset."""
         if dataset is None:
             return self._scorer_of("validation", None).scores("validation", self.params)
         return self._scorer_of("validation", dataset).scores("validation", self.params)
 
     def predict(self, dataset=None) -> PredictionOutput:
         """(predictions: logits, label_ids, metrics) of the current weights on `dataset` (texts
-        alone are fine: then label_ids is None and metrics {}), or on the test_dataset."""
+        alone are fine: then label_ids is None and metrics {}; token classification: sentences of
+        words, with or without tags), or on the test_dataset."""
         return self._scorer_of("test", dataset).predict("test", self.params)
 
     def predicted_labels(self, logits) -> list:
@@ -592,17 +597,16 @@ class Trainer:
                                       "the Trainer the data as task= (flaxheads.data.choice_task) and call them "
                                       "without a dataset")
         if self.task.words is not None:
-            raise NotImplementedError("evaluate(dataset) and predict(dataset) take texts; for token classification "
-                                      "give the Trainer the data as task= (flaxheads.data.token_task_data) and call "
-                                      "them without a dataset")
-        extra = data.load_in_memory({split: dataset}, beside=self.data.source_train,
-                                    **self._column_args(self.config))
+            extra = data.words_beside(self.task, split, dataset)
+        else:
+            extra = data.load_in_memory({split: dataset}, beside=self.data.source_train,
+                                        **self._column_args(self.config))
         if extra.task.id2label != self.task.id2label:
             raise ValueError(f"the data's classes {list(extra.task.id2label.values())} are not the trainer's "
                              f"{list(self.task.id2label.values())}")
         tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
                                              data_shards=self.args.data_shards, splits=(split,))
-        return self._scorer_for(tokenized, extra.unlabelled)
+        return self._scorer_for(tokenized, extra.unlabelled, words=extra.task.words)
 
 
 def check_best_model_settings(args: TrainConfig, task: data.TaskData, given, unlabelled=frozenset()) -> None:
