@@ -16,7 +16,7 @@ import flaxheads
 from families import FAMILIES, case
 from family_parity import flax_inputs
 from flaxheads import lora
-from flaxheads.backbones import dropout
+from flaxheads.backbones import dropout, stacking
 from flaxheads.heads import HEAD_NAMES, HeadInputs
 
 ATOL = 2e-6
@@ -26,7 +26,7 @@ SUPPORTED = [name for name, row in FAMILIES.items() if name in ("bert", "roberta
 
 
 def _model(hf_checkpoint, row, head):
-    checkpoint = hf_checkpoint(row.base, family=row.name)
+    checkpoint = hf_checkpoint(row.base, family=row.name, **{row.layers_key: 4})  # concat_last4 needs 4 layers
     model = flaxheads.from_pretrained(checkpoint.path, head=head, num_labels=3, seed=1, **dict(row.load_options))
     model.train()
     return model
@@ -115,11 +115,23 @@ def test_the_short_path_does_less_work(hf_checkpoint):
     assert flops(True) < 0.95 * flops(False)
 
 
-@pytest.mark.parametrize("switch", ["scan_layers", "gradient_checkpointing"])
-def test_with_scanned_or_rematerialised_layers(hf_checkpoint, switch):
+def test_with_rematerialised_layers(hf_checkpoint):
     model = _model(hf_checkpoint, FAMILIES["bert"], "pooler")
-    getattr(flaxheads.backbones.stacking, f"set_{switch}")(model.backbone)
-    _assert_paths_agree(model, flax_inputs(FAMILIES["bert"].batch("right")), f"pooler on bert, {switch}")
+    stacking.set_gradient_checkpointing(model.backbone)
+    _assert_paths_agree(model, flax_inputs(FAMILIES["bert"].batch("right")), "pooler on bert, gradient checkpointing")
+
+
+def test_scanned_layers_stay_one_scan_and_give_the_whole_last_layer(hf_checkpoint):
+    model = _model(hf_checkpoint, FAMILIES["bert"], "pooler")
+    model.eval()
+    inputs = flax_inputs(FAMILIES["bert"].batch("right"))
+    positions = jnp.zeros((inputs["input_ids"].shape[0], 1), jnp.int32)
+    short = model.backbone(**inputs, last_layer_positions=positions).last_hidden_state
+    stacking.set_scan_layers(model.backbone)
+    scanned = model.backbone(**inputs, last_layer_positions=positions).last_hidden_state
+    assert np.abs(np.asarray(short[:, 1:])).max() == 0.0  # the loop's short layer: the other rows are zeros
+    np.testing.assert_allclose(scanned, model.backbone(**inputs).last_hidden_state, atol=1e-6)
+    np.testing.assert_allclose(scanned[:, :1], short[:, :1], atol=ATOL)
 
 
 @pytest.mark.parametrize("head", [h for h in HEAD_NAMES if h not in FIRST_TOKEN_HEADS])
@@ -139,8 +151,9 @@ def test_other_backbones_keep_the_full_layer(hf_checkpoint, name):
 def test_lora_dropout_keeps_the_full_layer(hf_checkpoint):
     model = _model(hf_checkpoint, FAMILIES["bert"], "pooler")
     inputs = _head_inputs(flax_inputs(FAMILIES["bert"].batch("right")))
-    assert model.with_lora(lora.LoRAConfig(r=2, dropout=0.0)).runs_last_layer_at(inputs) is not None
-    assert model.with_lora(lora.LoRAConfig(r=2, dropout=0.1)).runs_last_layer_at(inputs) is None
+    targets = ("query", "value")
+    assert model.with_lora(lora.LoRAConfig(r=2, target_modules=targets)).runs_last_layer_at(inputs) is not None
+    assert model.with_lora(lora.LoRAConfig(r=2, dropout=0.1, target_modules=targets)).runs_last_layer_at(inputs) is None
 
 
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])

@@ -330,7 +330,8 @@ class Encoder(nnx.Module):
         `last_layer_positions` (batch, P) ints: the last layer runs at those positions only
         (`EncoderLayer`), and the last hidden state holds its output there and zeros elsewhere;
         for a caller that reads nothing else of it (a first-token head). Every other layer's
-        states are whole.
+        states are whole. Ignored with scanned layers (`stacking.set_scan_layers`): the last
+        hidden state is then whole.
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
         eval mode ignores it. ValueError in train mode without it (non-zero dropout rates)."""
         x_BTD = self.embeddings(input_ids, token_type_ids, position_ids, rngs, segment_ids)
@@ -338,7 +339,8 @@ class Encoder(nnx.Module):
             x_BTD = self.embeddings_project(x_BTD)  # (B, T, embedding_size) -> (B, T, hidden)
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
-        if last_layer_positions is None or not len(self.layers):
+        # Scanned layers stay one scan over the whole stack: the short last layer is for the loop.
+        if last_layer_positions is None or not len(self.layers) or getattr(self, stacking.SCAN_LAYERS, False):
             hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
         else:
             hidden_states = stacking.run_layers(self, list(self.layers)[:-1], x_BTD, attention_mask, rngs=rngs)

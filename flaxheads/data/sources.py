@@ -72,7 +72,7 @@ def load_task(
         task = TOKEN_CLASSIFICATION
     if task is None and (choice_columns or (train_file and looks_like_choice_file(train_file, text_column))):
         task = MULTIPLE_CHOICE
-    if task in _FILES and not train_file:
+    if task in _FILES and not train_file and not (task == TOKEN_CLASSIFICATION and label_names is not None):
         raise ValueError(f"task={task!r} reads {_FILES[task]}: give a train_file")
     _refuse_settings_of_other_tasks(task or TEXT_CLASSIFICATION, {
         TOKEN_CLASSIFICATION: [name for name, on in (("label_all_tokens=True", label_all_tokens),
