@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxheads.backbones import dropout, layers, rope, segments, stacking
+from flaxheads.backbones import attention, dropout, layers, rope, segments, stacking
 from flaxheads.backbones.decoder_config import DecoderConfig
 from flaxheads.backbones.interface import BackboneOutput
 
@@ -71,6 +71,10 @@ class LayerInputs(NamedTuple):
     """"full" or "sliding" -> (batch, query, key) bool mask."""
     rotary: dict[str, tuple[jax.Array, jax.Array]]
     """"global" or "local" (Gemma3's sliding layers) -> (cos, sin) tables."""
+    padding_BS: jax.Array | None = None
+    """The (batch, key) attention_mask (None with segment ids): what a fused kernel reads."""
+    segment_ids_BT: jax.Array | None = None
+    """Packed rows' segment ids, for a fused kernel."""
 
 
 def _linear(cfg: DecoderConfig, d_in: int, d_out: int, use_bias: bool, *, dtype, param_dtype, rngs) -> nnx.Linear:
@@ -113,6 +117,9 @@ class Attention(nnx.Module):
             q_BTNH, k_BTKH = self.query_norm(q_BTNH), self.key_norm(k_BTKH)
         cos, sin = inputs.rotary[self.rope_kind]
         q_BTNH, k_BTKH = rope.rotate(q_BTNH, cos, sin), rope.rotate(k_BTKH, cos, sin)
+        fused = self._fused(q_BTNH, k_BTKH, v_BTKH, inputs, rngs)
+        if fused is not None:
+            return self.output(fused.reshape(b, t, cfg.num_attention_heads * cfg.head_dim))
         # Query head n uses key/value head n // groups (transformers' repeat_kv): split N as (K, G).
         q_BTKGH = q_BTNH.reshape(b, t, kv_heads, groups, cfg.head_dim)
         logits_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BTKH) * jnp.asarray(cfg.attention_scale, self.dtype)
@@ -125,6 +132,20 @@ class Attention(nnx.Module):
         probs_BKGTS = dropout.apply(probs_BKGTS, cfg.attention_dropout, rngs, deterministic=self.deterministic)
         context_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BTKH)
         return self.output(context_BTKGH.reshape(b, t, cfg.num_attention_heads * cfg.head_dim))
+
+
+    def _fused(self, q_BTNH, k_BTKH, v_BTKH, inputs: LayerInputs, rngs) -> jax.Array | None:
+        """The attention on the backend's fused kernel (`attention.kernel`), or None where the
+        eager path below runs: XLA's kernel, soft-capped logits (Gemma2), attention dropout. The
+        window: keys fewer than `sliding_window` positions back, t - (w - 1) <= s <= t."""
+        cfg = self.cfg
+        window = cfg.effective_sliding_window - 1 if self.mask_kind == "sliding" else None
+        options = dict(segment_ids_BT=inputs.segment_ids_BT, is_causal=True, local_window_size=window)
+        dropout_active = dropout.active(cfg.attention_dropout, deterministic=self.deterministic, rngs=rngs)
+        if (cfg.attention_logit_cap is not None or attention.kernel(
+                q_BTNH, k_BTKH, inputs.padding_BS, dropout_active=dropout_active, **options) == attention.XLA):
+            return None
+        return attention.attend(q_BTNH, k_BTKH, v_BTKH, inputs.padding_BS, scale=cfg.attention_scale, **options)
 
 
 class MLP(nnx.Module):
@@ -237,7 +258,7 @@ class Decoder(nnx.Module):
         ropes = {"global": cfg.rope, "local": cfg.local_rope}
         rotary = {kind: rope.cos_sin(position_ids, ropes[kind], cfg.head_dim, self.dtype)
                   for kind in {a.rope_kind for a in attentions}}
-        return LayerInputs(masks, rotary)
+        return LayerInputs(masks, rotary, attention_mask, segment_ids)
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids) -> None:
         if input_ids.ndim != 2:

@@ -193,9 +193,10 @@ class SelfAttention(nnx.Module):
         self.deterministic = False
 
     def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs,
-                 query_rows: dropout.Rows | None = None) -> jax.Array:
+                 query_rows: dropout.Rows | None = None, segment_ids_BT: jax.Array | None = None) -> jax.Array:
         """Attention output at every position, or with `query_rows` (`EncoderLayer`) at those
-        positions only: (batch, P, hidden) from queries there over every key."""
+        positions only: (batch, P, hidden) from queries there over every key. `segment_ids_BT`:
+        packed rows' ids, for a fused kernel (`mask_BT` is then their block-diagonal mask)."""
         b, t, _ = x_BTD.shape
         x_BPD = x_BTD if query_rows is None else segments.gather(x_BTD, query_rows.index)
         p = x_BPD.shape[1]
@@ -209,6 +210,7 @@ class SelfAttention(nnx.Module):
             deterministic=self.deterministic,
             rngs=rngs,
             query_rows=query_rows,
+            segment_ids_BT=segment_ids_BT,
         )
         return self.output(context_BPNH.reshape(b, p, -1))
 
@@ -337,15 +339,18 @@ class Encoder(nnx.Module):
         x_BTD = self.embeddings(input_ids, token_type_ids, position_ids, rngs, segment_ids)
         if self.embeddings_project is not None:
             x_BTD = self.embeddings_project(x_BTD)  # (B, T, embedding_size) -> (B, T, hidden)
+        packed = {}
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
+            packed = {"segment_ids_BT": segment_ids}  # for a fused attention kernel
         # Scanned layers stay one scan over the whole stack: the short last layer is for the loop.
         if last_layer_positions is None or not len(self.layers) or getattr(self, stacking.SCAN_LAYERS, False):
-            hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
+            hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs, **packed)
         else:
-            hidden_states = stacking.run_layers(self, list(self.layers)[:-1], x_BTD, attention_mask, rngs=rngs)
+            hidden_states = stacking.run_layers(self, list(self.layers)[:-1], x_BTD, attention_mask, rngs=rngs,
+                                                **packed)
             rows_BPD = stacking.run_layer(self, self.layers[-1], hidden_states[-1], attention_mask, rngs,
-                                          positions_BP=last_layer_positions)
+                                          positions_BP=last_layer_positions, **packed)
             hidden_states.append(segments.scatter(rows_BPD, last_layer_positions, x_BTD.shape[1]))
         x_BTD = hidden_states[-1]
         pooled = None if self.pooler is None else self.pooler(x_BTD)

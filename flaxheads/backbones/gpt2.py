@@ -130,7 +130,8 @@ class SelfAttention(nnx.Module):
         self.deterministic = False
         """Eval mode: no dropout. `model.train()` / `model.eval()` set it (see `layers`)."""
 
-    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs,
+                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
         b, t, d = x_BTD.shape
         # c_attn's output is [query | key | value], each split as (heads, head_dim).
         qkv_BT3NH = self.qkv(x_BTD).reshape(b, t, 3, self.cfg.n_head, self.cfg.head_dim)
@@ -144,6 +145,7 @@ class SelfAttention(nnx.Module):
             dropout_rate=self.cfg.attn_pdrop,
             deterministic=self.deterministic,
             rngs=rngs,
+            segment_ids_BT=segment_ids_BT,
         )
         if mask_BT is not None and mask_BT.ndim == 2:  # a packed row's (B, 1, T, T) mask lets every query see itself
             # A query that sees no key (left padding before a row's first real token) gets a zero
@@ -170,11 +172,11 @@ class Block(nnx.Module):
         self.act = layers.activation(cfg.activation_function)
         self.deterministic = False
 
-    def __call__(self, x_BTD, mask_BT, rngs) -> jax.Array:
+    def __call__(self, x_BTD, mask_BT, rngs, segment_ids_BT=None) -> jax.Array:
         def drop(y):
             return dropout.apply(y, self.cfg.resid_pdrop, rngs, deterministic=self.deterministic)
 
-        x_BTD = x_BTD + drop(self.attention(self.attention_norm(x_BTD), mask_BT, rngs))
+        x_BTD = x_BTD + drop(self.attention(self.attention_norm(x_BTD), mask_BT, rngs, segment_ids_BT))
         return x_BTD + drop(self.output(self.act(self.intermediate(self.mlp_norm(x_BTD)))))
 
 
@@ -237,7 +239,8 @@ class GPT2(nnx.Module):
         if token_type_ids is not None:
             x_BTD = x_BTD + self.token_embeddings(token_type_ids)
         x_BTD = dropout.apply(x_BTD, self.cfg.embd_pdrop, rngs, deterministic=self.deterministic)
-        hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs)
+        hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, rngs=rngs,
+                                            segment_ids_BT=segment_ids)
         x_BTD = hidden_states[-1]
         # As transformers: the last entry of hidden_states is the output after ln_f.
         x_BTD = self.final_norm(x_BTD)

@@ -187,7 +187,8 @@ class Attention(nnx.Module):
                                dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.deterministic = False
 
-    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array, positions_BT: jax.Array, rngs) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array, positions_BT: jax.Array, rngs,
+                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
         b, t, _ = x_BTD.shape
         # transformers views the fused projection as (3, heads, head_dim): q, k, v blocks in turn.
         qkv_BT3NH = self.Wqkv(x_BTD).reshape(b, t, 3, self.cfg.num_attention_heads, self.cfg.head_dim)
@@ -202,6 +203,7 @@ class Attention(nnx.Module):
             dropout_rate=self.cfg.attention_dropout,
             deterministic=self.deterministic,
             rngs=rngs,
+            segment_ids_BT=segment_ids_BT,
         )
         out_BTD = self.Wo(context_BTNH.reshape(b, t, -1))
         return dropout.apply(out_BTD, self.cfg.attention_dropout, rngs, deterministic=self.deterministic)
@@ -234,9 +236,9 @@ class EncoderLayer(nnx.Module):
         self.mlp_norm = _norm(cfg, **kw)
         self.mlp = GegluMlp(cfg, **kw)
 
-    def __call__(self, x_BTD, mask_BT, positions_BT, rngs) -> jax.Array:
+    def __call__(self, x_BTD, mask_BT, positions_BT, rngs, segment_ids_BT=None) -> jax.Array:
         normed = x_BTD if self.attn_norm is None else self.attn_norm(x_BTD)
-        x_BTD = x_BTD + self.attn(normed, mask_BT, positions_BT, rngs)
+        x_BTD = x_BTD + self.attn(normed, mask_BT, positions_BT, rngs, segment_ids_BT)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD), rngs)
 
 
@@ -318,7 +320,8 @@ class ModernBert(nnx.Module):
         if position_ids is None:
             position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
         x_BTD = self.embeddings(input_ids, rngs)
-        hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, position_ids, rngs=rngs)
+        hidden_states = stacking.run_layers(self, self.layers, x_BTD, attention_mask, position_ids, rngs=rngs,
+                                            segment_ids_BT=segment_ids)
         x_BTD = self.final_norm(hidden_states[-1])
         hidden_states[-1] = x_BTD  # as transformers: the last hidden state is after the final norm
         return BackboneOutput(x_BTD, tuple(hidden_states))
