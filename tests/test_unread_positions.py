@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import flaxheads
-from families import FAMILIES, case
+from families import FAMILIES
 from family_parity import flax_inputs
 from flaxheads import lora
 from flaxheads.backbones import dropout, stacking
@@ -25,8 +25,8 @@ FIRST_TOKEN_HEADS = ("pooler", "cls", "roberta", "electra", "distilbert", "deber
 SUPPORTED = [name for name, row in FAMILIES.items() if name in ("bert", "roberta", "xlm-roberta", "electra", "distilbert")]
 
 
-def _model(hf_checkpoint, row, head):
-    checkpoint = hf_checkpoint(row.base, family=row.name, **{row.layers_key: 4})  # concat_last4 needs 4 layers
+def _model(hf_checkpoint, row, head, layers: int = 2):
+    checkpoint = hf_checkpoint(row.base, family=row.name, **{row.layers_key: layers})
     model = flaxheads.from_pretrained(checkpoint.path, head=head, num_labels=3, seed=1, **dict(row.load_options))
     model.train()
     return model
@@ -56,7 +56,7 @@ def _value_and_grads(model, inputs: dict, *, skip: bool, num_segments: int | Non
         logits = merged(**inputs, **extra, rngs=nnx.Rngs(dropout=3))
         return jnp.sum(jnp.sin(3.0 * logits)), logits
 
-    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     return value, logits, grads
 
 
@@ -66,7 +66,9 @@ def _assert_paths_agree(model, inputs: dict, what: str, num_segments: int | None
     np.testing.assert_allclose(skipped[1], full[1], atol=ATOL, rtol=1e-5, err_msg=f"{what}: logits")
     for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(skipped[2]),
                                  jax.tree_util.tree_leaves_with_path(full[2])):
-        np.testing.assert_allclose(a, b, atol=ATOL, rtol=1e-4, err_msg=f"{what}: gradient of {jax.tree_util.keystr(path)}")
+        # float32 rounding of sums over P rows or T: relative to the gradient's scale
+        np.testing.assert_allclose(a, b, atol=ATOL + 2e-6 * float(np.abs(b).max()), rtol=1e-4,
+                                   err_msg=f"{what}: gradient of {jax.tree_util.keystr(path)}")
 
 
 def _head_inputs(inputs: dict, num_segments: int | None = None) -> HeadInputs:
@@ -74,24 +76,27 @@ def _head_inputs(inputs: dict, num_segments: int | None = None) -> HeadInputs:
                       num_segments)
 
 
-@pytest.mark.parametrize(("row", "head"), [case(FAMILIES[name], head, id=f"{name}-{head}", fast=head == "cls")
-                                           for name in SUPPORTED for head in (FAMILIES[name].head, "cls")])
-@pytest.mark.parametrize("layout", ["right", "left", "packed"])
-def test_the_last_layer_at_the_read_positions_trains_as_the_full_layer(hf_checkpoint, row, head, layout):
-    model = _model(hf_checkpoint, row, head)
+# Every family whose backbone runs the short layer, with its own head; BERT on each layout, the
+# others on one each (the layouts differ only in where the read positions are).
+LAYOUTS = [("bert", "right"), ("bert", "left"), ("bert", "packed"), ("roberta", "left"), ("xlm-roberta", "packed"),
+           ("electra", "right"), ("distilbert", "packed")]
+
+
+@pytest.mark.parametrize(("name", "layout"), LAYOUTS, ids=[f"{name}-{layout}" for name, layout in LAYOUTS])
+def test_the_last_layer_at_the_read_positions_trains_as_the_full_layer(hf_checkpoint, name, layout):
+    row = FAMILIES[name]
+    model = _model(hf_checkpoint, row, row.head)
     batch = row.batch("right" if layout == "packed" else layout)
     if layout == "packed":
         inputs, segments = flax_inputs(_packed(batch)), 3
     else:
         inputs, segments = flax_inputs(batch), None
     assert model.runs_last_layer_at(_head_inputs(inputs, segments)) is not None, "the short path is not taken"
-    _assert_paths_agree(model, inputs, f"{head} on {row.name}, {layout}", segments)
-    model.eval()
-    np.testing.assert_allclose(_value_and_grads(model, inputs, skip=True, num_segments=segments)[1],
-                               _value_and_grads(model, inputs, skip=False, num_segments=segments)[1], atol=ATOL)
+    _assert_paths_agree(model, inputs, f"{row.head} on {name}, {layout}", segments)
 
 
-@pytest.mark.parametrize("head", FIRST_TOKEN_HEADS)
+# The heads not above (electra is roberta's class with GELU), on BERT.
+@pytest.mark.parametrize("head", [h for h in FIRST_TOKEN_HEADS if h not in ("pooler", "electra")])
 def test_every_first_token_head_reads_only_its_positions(hf_checkpoint, head):
     model = _model(hf_checkpoint, FAMILIES["bert"], head)
     inputs = flax_inputs(FAMILIES["bert"].batch("left"))
@@ -136,7 +141,7 @@ def test_scanned_layers_stay_one_scan_and_give_the_whole_last_layer(hf_checkpoin
 
 @pytest.mark.parametrize("head", [h for h in HEAD_NAMES if h not in FIRST_TOKEN_HEADS])
 def test_heads_that_read_more_keep_the_full_layer(hf_checkpoint, head):
-    model = _model(hf_checkpoint, FAMILIES["bert"], head)
+    model = _model(hf_checkpoint, FAMILIES["bert"], head, layers=4)  # concat_last4 needs 4 layers
     inputs = flax_inputs(FAMILIES["bert"].batch("right"))
     assert model.runs_last_layer_at(_head_inputs(inputs)) is None
 
