@@ -15,6 +15,13 @@ from flaxheads.heads import HEAD_NAMES
 from flaxheads.training.config import CHOICES, COMMAND_LINE_DEFAULTS, TrainConfig, field_docs
 
 
+def _print_rows(rows) -> int:
+    """One JSON line a prediction row (what `flaxheads predict` prints); exit status 0."""
+    for row in rows:
+        print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
 def _convert(args) -> int:
     from flaxheads.conversion.formats import canonical_name
     from flaxheads.convert import convert, default_direction
@@ -168,9 +175,7 @@ def _predict(args) -> int:
             "tuned on validation data (config.json): " + ", ".join(f"{n} {t:.3f}" for n, t in by_label.items())
             if tuned else "0.5 for every label (none were tuned: train with --tune_thresholds to tune them)"),
             file=sys.stderr)
-    for row in rows:
-        print(json.dumps(row, ensure_ascii=False))
-    return 0
+    return _print_rows(rows)
 
 
 def _predict_words(args) -> int:
@@ -190,9 +195,7 @@ def _predict_words(args) -> int:
                          "words separated by spaces)")
     rows = predict_words(args.model_name_or_path, [line.split() for line in lines], max_seq_length=args.max_seq_length,
                          tokenizer_name=args.tokenizer_name, stride=args.stride)
-    for row in rows:
-        print(json.dumps(row, ensure_ascii=False))
-    return 0
+    return _print_rows(rows)
 
 
 def _predict_choices(args) -> int:
@@ -209,9 +212,7 @@ def _predict_choices(args) -> int:
     rows = predict_choices(args.model_name_or_path, args.input_file, max_seq_length=args.max_seq_length,
                            tokenizer_name=args.tokenizer_name, context_column=args.context_column,
                            question_column=args.question_column, choice_columns=args.choice_columns)
-    for row in rows:
-        print(json.dumps(row, ensure_ascii=False))
-    return 0
+    return _print_rows(rows)
 
 
 def _report(args) -> int:
