@@ -33,9 +33,10 @@ torch.set_num_threads(1)
 # persistent compilation cache, so a program compiled by one test is loaded by the next instead of
 # compiled again. Measured on test_bert.py + test_best_model.py (one core): 228 s -> 121 s.
 # XLA:CPU's older element-wise emitters (`--xla_cpu_use_fusion_emitters=false`) compile the
-# suite's programs a third faster again (6 tests of test_unread_positions.py: 81 s -> 54 s; the
-# whole suite on 2 cores: 29 min -> 17 min), every tolerance unchanged. They run the full-size
-# train step 14% slower, so the library keeps XLA's defaults (docs/benchmarks.md). Subprocesses that set their own device count append to XLA_FLAGS
+# suite's programs a third faster again (6 tests of test_unread_positions.py: 81 s -> 54 s; with
+# two trimmed test files, the whole suite on 2 cores went from 29 to 17 min), every tolerance
+# unchanged. They run the full-size train step 14% slower, so the library keeps XLA's defaults
+# (docs/benchmarks.md). Subprocesses that set their own device count append to XLA_FLAGS
 # (runs.cpu_devices_env).
 _TEST_XLA_FLAGS = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false"}
 for _flag, _value in _TEST_XLA_FLAGS.items():
