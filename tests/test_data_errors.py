@@ -333,3 +333,12 @@ def test_problem_type_reason_says_what_the_label_column_holds(tmp_path, records,
 )
 def test_builtin_data_sets_give_their_reason(name, reason):
     assert load_builtin(name).problem_type_reason == reason
+
+
+@pytest.mark.parametrize("flag", ["validation_file", "test_file"])
+def test_an_evaluation_file_without_a_train_file_is_refused_not_replaced_by_the_builtin_data(tmp_path, flag):
+    from flaxheads.data import load_task
+
+    scored = _write_csv(tmp_path / "mine.csv", ["good,1", "bad,0"])
+    with pytest.raises(ValueError, match=rf"{flag}=.*mine.csv without a train_file.*--train_file"):
+        load_task(**{flag: scored}, dataset="movie_snippets")

@@ -102,6 +102,13 @@ def load_task(
     if train_file:
         return load_local_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
                                 **columns)
+    if validation_file or test_file:
+        # Without this, the built-in or hub data set below would be scored instead of the user's file.
+        named = " and ".join(f"{flag}={path}" for flag, path in (("validation_file", validation_file),
+                                                                  ("test_file", test_file)) if path)
+        raise ValueError(f"{named} without a train_file: text classification reads its labels and columns from "
+                         "the train file (evaluate and --no_do_train train on nothing). Give the train_file "
+                         "(--train_file) as well")
     if dataset_name:
         return load_named_dataset(dataset_name, **columns)
     if dataset:
