@@ -269,7 +269,7 @@ CONVERGED_DATASETS = ("movie_snippets", "sms_spam", "trec6")
 CONVERGED_SEEDS = tuple(range(12))
 CONVERGED_SETTINGS = StudySettings(
     max_seq_length=32, batch_size=16, eval_steps=20, train_examples=640, validation_examples=200,
-    test_examples=500, max_epochs=3, early_stopping_patience=3, learning_rates=(1e-4, 3e-4), lr_search_seeds=(1000,),
+    test_examples=500, max_epochs=6, early_stopping_patience=3, learning_rates=(1e-4, 3e-4), lr_search_seeds=(1000,),
 )
 
 
@@ -292,17 +292,18 @@ def converged_grid(seeds: Sequence[int] = CONVERGED_SEEDS, settings: StudySettin
     - Length: max_seq_length 32 holds most snippets and all trec6 questions (the first study's
       choice); cells pay per step, so shorter sequences would save little (trec6, padded to 16,
       took 42 s against ~51 s for the others at 32).
-    - Budget (timing of the committed results.jsonl, 2-core CPU, 15 other processes beside it):
-      a fine-tuned cell of 60 steps of 16 took 51 s wall (44.8-56.8 s per data set), all in
-      (compilation, 3 evaluations of 200, the test scoring): 0.85 s per step. Here a cell trains at
-      most 3 epochs of 640 examples = 120 steps, evaluating 200 validation examples every 20 steps
-      (6 evaluations instead of 3) and stopping after 3 evaluations without a better one; the
-      step-0 and per-example test scoring add ~3 s. At most 120 x 0.85 + 3 = 105 s per cell;
-      a cell that stops at step 80 (best at 20) costs ~71 s. The 294 trained cells take at most
-      294 x 105 s = 8.6 h, about 6.5 h if early stopping halves the last epoch on average; the
-      probes ~63 x 8 s = 8 min (one forward pass over 1340 examples each). On a quiet CPU the
-      first study ran ~12% faster than its note's 60 s guess. Run it in parts if needed: the
-      runner resumes, and --max_cells bounds a session.
+    - Budget: a cell trains at most 6 epochs of 640 examples = 240 steps of 16, evaluating 200
+      validation examples every 20 steps and stopping after 3 evaluations (60 steps) without a
+      better one. Why 6 epochs: the first 4 learning-rate search cells run with 3 epochs (120
+      steps; 2026-11-25, quiet 2-core CPU) all had their best evaluation at the last step, still
+      rising: `pooler` at 1e-4 on movie_snippets went 0.700, 0.750, 0.815, 0.825 at steps 60-120,
+      `pooler_reinit` 0.715, 0.725, 0.795, 0.800; the first study's one 240-step trec6 seed brought
+      `pooler` level with `mean` (0.940 vs 0.942). Those cells took 57-77 s for 120 steps
+      (~0.45 s a step with the evaluations, ~4 s of compilation and scoring): at most
+      240 x 0.45 + 4 = 112 s a cell; a head that plateaus by step 100 stops at 160 (~76 s). The 294
+      trained cells take at most 294 x 112 s = 9.1 h, about 7.5 h if half of them stop early; the
+      L-BFGS probes ~63 x 8 s = 8 min (one forward pass over 1340 examples each). Run it in parts:
+      the runner resumes, and --max_cells bounds a session.
     - Converged: a cell's validation curve is read as flat when the best evaluation lies before
       the last quarter of its steps or early stopping ended it; the report counts the cells that
       end on a still-rising curve (`table.unconverged`), so the claim is checked, not assumed.
