@@ -49,9 +49,12 @@ def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
-def _f1(true_positives: np.ndarray, predicted: np.ndarray, positives: int) -> np.ndarray:
-    denominator = predicted + positives
-    return np.where(denominator > 0, 2.0 * true_positives / np.where(denominator > 0, denominator, 1), 0.0)
+def f1_from_counts(true_positives, predicted_count, true_count) -> np.ndarray:
+    """F1 = 2 TP / (true + predicted), 0.0 where that is 0/0 (sklearn's default zero_division);
+    element-wise over arrays of counts (also `training.metrics`' per-class F1)."""
+    numerator = 2.0 * np.asarray(true_positives, dtype=np.float64)
+    denominator = np.asarray(true_count, dtype=np.float64) + np.asarray(predicted_count, dtype=np.float64)
+    return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), 0.0)
 
 
 def _best_cutoff(scores: np.ndarray, truth: np.ndarray) -> float | None:
@@ -69,7 +72,7 @@ def _best_cutoff(scores: np.ndarray, truth: np.ndarray) -> float | None:
     starts = np.searchsorted(scores[order], values, side="left")
     above_tp = sorted_truth[::-1].cumsum()[::-1]
     predicted = len(scores) - starts
-    f1 = _f1(above_tp[starts], predicted, positives)
+    f1 = f1_from_counts(above_tp[starts], predicted, positives)
     candidates = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2.0])
     best = f1.max()
     tied = candidates[np.isclose(f1, best, rtol=0.0, atol=1e-12)]
@@ -93,8 +96,8 @@ def tune(logits: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> 
         cutoff = _best_cutoff(scores, positive)
         threshold = DEFAULT if cutoff is None else min(max(_sigmoid(cutoff), 1e-12), 1.0 - 1e-12)
         chosen.append(threshold)
-        f1_at = lambda cut: float(_f1(np.sum((scores > cut) & positive), np.sum(scores > cut),  # noqa: E731
-                                      int(positive.sum())))
+        f1_at = lambda cut: float(f1_from_counts(np.sum((scores > cut) & positive),  # noqa: E731
+                                                 np.sum(scores > cut), int(positive.sum())))
         per_label[name] = {"threshold": threshold, "f1_at_default": f1_at(0.0),
                            "f1": f1_at(cutoffs([threshold], 1)[0]), "tuned": cutoff is not None}
     return {"thresholds": tuple(chosen), "per_label": per_label}

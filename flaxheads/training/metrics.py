@@ -168,16 +168,6 @@ def _reward_values(logits) -> np.ndarray:
 # Metric formulas, on unmasked rows only
 
 
-def _f1_from_counts(true_positives, predicted_count, true_count) -> np.ndarray:
-    """F1 = 2 TP / (true + predicted), 0.0 where that is 0/0 (sklearn's default zero_division)."""
-    numerator = 2.0 * np.asarray(true_positives, dtype=np.float64)
-    denominator = np.asarray(true_count, dtype=np.float64) + np.asarray(
-        predicted_count, dtype=np.float64
-    )
-    safe_denominator = np.where(denominator > 0, denominator, 1.0)
-    return np.where(denominator > 0, numerator / safe_denominator, 0.0)
-
-
 def _confusion_matrix(labels: np.ndarray, predicted: np.ndarray) -> np.ndarray:
     """Confusion matrix over the classes seen in labels or predictions (rows: true)."""
     classes, encoded = np.unique(np.concatenate([labels, predicted]), return_inverse=True)
@@ -207,7 +197,7 @@ def _single_label_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, f
     labels = labels.reshape(-1).astype(np.int64)
     predicted = logits.argmax(axis=-1)
     confusion = _confusion_matrix(labels, predicted)
-    per_class_f1 = _f1_from_counts(
+    per_class_f1 = thresholds_lib.f1_from_counts(
         np.diag(confusion), confusion.sum(axis=0), confusion.sum(axis=1)
     )
     return {
@@ -229,11 +219,11 @@ def _multi_label_metrics(logits: np.ndarray, labels: np.ndarray, thresholds=None
     true_positives = np.sum(predicted & truth, axis=0)
     predicted_count = predicted.sum(axis=0)
     true_count = truth.sum(axis=0)
-    micro_f1 = _f1_from_counts(true_positives.sum(), predicted_count.sum(), true_count.sum())
+    micro_f1 = thresholds_lib.f1_from_counts(true_positives.sum(), predicted_count.sum(), true_count.sum())
     return {
         "accuracy": float(np.mean(np.all(predicted == truth, axis=1))),
         "micro_f1": float(micro_f1),
-        "macro_f1": float(_f1_from_counts(true_positives, predicted_count, true_count).mean()),
+        "macro_f1": float(thresholds_lib.f1_from_counts(true_positives, predicted_count, true_count).mean()),
     }
 
 
