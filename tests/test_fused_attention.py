@@ -18,6 +18,7 @@ import pytest
 from flax import nnx
 
 from flaxheads.backbones import attention, fused_attention, segments
+from flaxheads.backbones.albert import Albert, AlbertConfig
 from flaxheads.backbones.decoder import Decoder
 from flaxheads.backbones.decoder_config import DecoderConfig
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
@@ -265,10 +266,14 @@ def test_mistral_sliding_window_layers_on_splash_equal_the_eager_path(backend, s
     np.testing.assert_allclose(np.asarray(got)[real_BT], np.asarray(expected)[real_BT], atol=1e-4, rtol=1e-4)
 
 
-def test_packed_encoder_on_splash_equals_xla(backend, splash_calls):
-    cfg = EncoderConfig(vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=37,
-                        num_hidden_layers=2, max_position_embeddings=64)
-    model = Encoder(cfg, add_pooling_layer=False, rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_packed_encoder_on_splash_equals_xla(backend, splash_calls, family):
+    common = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=37, num_hidden_layers=2,
+                  max_position_embeddings=64)
+    if family == "albert":  # one shared layer applied twice: two kernel calls
+        model = Albert(AlbertConfig(**common, embedding_size=16), rngs=nnx.Rngs(0))
+    else:
+        model = Encoder(EncoderConfig(**common), add_pooling_layer=False, rngs=nnx.Rngs(0))
     model.eval()
     ids = jnp.asarray(np.random.default_rng(0).integers(3, 99, (BATCH, SEQ)))
     expected = model(ids, segment_ids=jnp.asarray(PACKED)).last_hidden_state

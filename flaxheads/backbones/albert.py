@@ -128,9 +128,10 @@ class LayerGroup(nnx.Module):
             for _ in range(cfg.inner_group_num)
         ])
 
-    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None, rngs, **attention_inputs) -> jax.Array:
+        """`attention_inputs`: what `EncoderLayer` passes to its attention (packed rows' segment ids)."""
         for layer in self.layers:
-            x_BTD = layer(x_BTD, mask_BT, rngs)
+            x_BTD = layer(x_BTD, mask_BT, rngs, **attention_inputs)
         return x_BTD
 
 
@@ -180,10 +181,12 @@ class Albert(nnx.Module):
         `rngs` (an `nnx.Rngs` with a `dropout` stream) draws the dropout masks in train mode;
         eval mode ignores it. ValueError in train mode without it (non-zero dropout rates)."""
         x_BTD = self.embedding_projection(self.embeddings(input_ids, token_type_ids, position_ids, rngs, segment_ids))
+        packed = {}
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
+            packed = {"segment_ids_BT": segment_ids}  # for a fused attention kernel
         stack = [self.groups[self.cfg.group_of_layer(layer)] for layer in range(self.cfg.num_hidden_layers)]
-        hidden_states = stacking.run_layers(self, stack, x_BTD, attention_mask, rngs=rngs)
+        hidden_states = stacking.run_layers(self, stack, x_BTD, attention_mask, rngs=rngs, **packed)
         x_BTD = hidden_states[-1]
         pooled = None if self.pooler is None else self.pooler(x_BTD)
         return BackboneOutput(x_BTD, tuple(hidden_states), pooled)
