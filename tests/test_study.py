@@ -354,3 +354,39 @@ def test_study_run_of_a_tiny_converged_grid_and_its_report_render_the_new_sectio
     assert "Fine-tuned vs converged linear probe (L-BFGS on frozen features) and the majority class" in text
     assert "seeds x examples [" in text and "--lbfgs_heads pooler attention" in text
     assert (tmp_path / "report" / "paired_differences.png").is_file()
+
+
+def test_a_candidate_rate_added_to_a_study_keeps_the_keys_of_the_cells_already_run():
+    from flaxheads.study.grid import CONVERGED_SETTINGS, cell_key, cell_key_fields, converged_grid
+    from flaxheads.study.runner import lr_search_cells
+
+    def search_keys(settings: StudySettings) -> dict:
+        return {(c.head, c.data.name, c.learning_rate): cell_key(cell_key_fields(c, settings, {"rows": 1}))
+                for c in lr_search_cells(converged_grid(seeds=(0,), settings=settings))}
+
+    before = search_keys(dataclasses.replace(CONVERGED_SETTINGS, learning_rates=(1e-4, 3e-4)))
+    after = search_keys(CONVERGED_SETTINGS)
+    assert len(before) == 42 and len(after) == 63
+    assert {cell: after[cell] for cell in before} == before
+    # A setting every cell trains with is part of every key.
+    assert not set(search_keys(dataclasses.replace(CONVERGED_SETTINGS, max_epochs=5)).values()) & set(after.values())
+
+
+def test_the_committed_studies_resume_under_the_keys_their_grids_give_today():
+    """The first study's 155 cells, and the converged study's learning-rate search cells run so
+    far, are cells of today's grids: a rerun skips them instead of training them again."""
+    from pathlib import Path
+
+    from flaxheads.study.grid import cell_key, cell_key_fields, committed_grid, converged_grid
+    from flaxheads.study.runner import lr_search_cells
+
+    def keys(grid, cells) -> set[str]:
+        return {cell_key(cell_key_fields(c, grid.settings, c.data.identity())) for c in cells}
+
+    root = Path(__file__).parent.parent
+    first = committed_grid()
+    assert {r["key"] for r in read_results(root / "docs/head_study/results.jsonl").records} == keys(first, first.cells())
+    converged = converged_grid()
+    searched = {r["key"] for r in read_results(root / "studies/minilm-converged/results.jsonl").records
+                if r.get("lr_search")}
+    assert len(searched) >= 36 and searched <= keys(converged, lr_search_cells(converged))

@@ -2,8 +2,9 @@
 share one set of training settings, so that the cells differ only in what the grid varies.
 
 A cell's identity (`cell_key`) is everything that decides its result: the cell's own choices, the
-data's identity (file hashes for a user's files) and the shared settings. The runner skips a cell
-whose key the results file already holds, and the report merges lines by it.
+data's identity (file hashes for a user's files) and the shared settings, less those that only
+decide which cells a grid holds (`GRID_ONLY_FIELDS`). The runner skips a cell whose key the
+results file already holds, and the report merges lines by it.
 """
 
 from __future__ import annotations
@@ -269,7 +270,8 @@ CONVERGED_DATASETS = ("movie_snippets", "sms_spam", "trec6")
 CONVERGED_SEEDS = tuple(range(12))
 CONVERGED_SETTINGS = StudySettings(
     max_seq_length=32, batch_size=16, eval_steps=20, train_examples=640, validation_examples=200,
-    test_examples=500, max_epochs=6, early_stopping_patience=3, learning_rates=(1e-4, 3e-4), lr_search_seeds=(1000,),
+    test_examples=500, max_epochs=6, early_stopping_patience=3, learning_rates=(3e-5, 1e-4, 3e-4),
+    lr_search_seeds=(1000,),
 )
 
 
@@ -280,9 +282,12 @@ def converged_grid(seeds: Sequence[int] = CONVERGED_SEEDS, settings: StudySettin
 
     - Cells: 7 arms (the first study's pooler/cls/mean/concat_last4, the new mean_max and
       attention, and pooler_reinit, the control for the untrained MiniLM pooler) x 3 data sets x
-      12 seeds, fine-tuned: 252 cells; a learning-rate search of 2 rates x 1 seed per arm and
-      data set: 42 cells; L-BFGS probes of every arm's frozen features on 3 seeds: 63 fits; one
+      12 seeds, fine-tuned: 252 cells; a learning-rate search of 3 rates x 1 seed per arm and
+      data set: 63 cells; L-BFGS probes of every arm's frozen features on 3 seeds: 63 fits; one
       majority baseline per data set.
+    - Why 3 candidate rates: with 1e-4 and 3e-4 alone, 1e-4 won 17 of the first 18 arms (3e-4
+      only `cls` on sms_spam, 0.985 vs 0.980): the best rate sat at the edge of the candidates,
+      so 3e-5 joined them (2026-11-25; the cells already run kept their keys, GRID_ONLY_FIELDS).
     - Why 12 seeds: the exact sign-flip test's smallest two-sided p is 2 / 2**n; Holm's first
       step over the 18 comparisons with the default needs p < 0.05 / 18 = 0.0028: 10 seeds
       (0.0020) pass only when every seed agrees, 12 (0.0005) leave room for one or two that do
@@ -300,9 +305,9 @@ def converged_grid(seeds: Sequence[int] = CONVERGED_SEEDS, settings: StudySettin
       `pooler_reinit` 0.715, 0.725, 0.795, 0.800; the first study's one 240-step trec6 seed brought
       `pooler` level with `mean` (0.940 vs 0.942). Those cells took 57-77 s for 120 steps
       (~0.45 s a step with the evaluations, ~4 s of compilation and scoring): at most
-      240 x 0.45 + 4 = 112 s a cell; a head that plateaus by step 100 stops at 160 (~76 s). The 294
-      trained cells take at most 294 x 112 s = 9.1 h, about 7.5 h if half of them stop early; the
-      L-BFGS probes ~63 x 8 s = 8 min (one forward pass over 1340 examples each). Run it in parts:
+      240 x 0.45 + 4 = 112 s a cell; a head that plateaus by step 100 stops at 160 (~76 s). The
+      first 36 search cells took 102 s on average (61-163 s, 174 steps; 30 of 36 stopped early):
+      the 315 trained cells take about 315 x 102 s = 8.9 h; the L-BFGS probes ~63 x 8 s = 8 min (one forward pass over 1340 examples each). Run it in parts:
       the runner resumes, and --max_cells bounds a session.
     - Converged: a cell's validation curve is read as flat when the best evaluation lies before
       the last quarter of its steps or early stopping ended it; the report counts the cells that
@@ -333,9 +338,18 @@ def cell_key_fields(cell: Cell, settings: StudySettings, data_identity: Mapping[
     return fields
 
 
+GRID_ONLY_FIELDS = ("learning_rates", "lr_search_seeds")
+"""StudySettings fields that decide which cells a grid holds, never what a cell computes: a cell
+trains at its own learning_rate and seed, both in its key. `cell_key` leaves them out, so a
+candidate rate added to a running study keeps the cells already run."""
+
+
 def cell_key(fields: Mapping[str, Any]) -> str:
-    """A stable hash of `cell_key_fields`: equal settings give the same key on every machine."""
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A stable hash of `cell_key_fields` without GRID_ONLY_FIELDS: equal settings give the same
+    key on every machine."""
+    settings = {name: value for name, value in fields["settings"].items() if name not in GRID_ONLY_FIELDS}
+    keyed = {**fields, "settings": settings}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def cell_dir_name(fields: Mapping[str, Any], key: str) -> str:
