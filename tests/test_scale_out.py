@@ -9,10 +9,13 @@ cut it into two (`--data_shards 2`) so that each process reads only its half.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,16 +57,51 @@ _RUNNER = textwrap.dedent(
 
 
 def _run(devices: int, argv: list[str], *, mode: str = "plain", env: dict | None = None, check: bool = True):
-    full_env = cpu_devices_env(devices, **(env or {}))
-    proc = subprocess.Popen([sys.executable, "-c", _RUNNER, mode, *argv], env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return proc if not check else _finish(proc)
+    """`flaxheads <argv>` in a fresh process on `devices` CPU devices: its stdout (check=True), or
+    the running process (check=False; `_finish` it, with the others of its job)."""
+    # Output goes to unnamed files, never to a pipe: in a job of several processes, one blocked on
+    # a full pipe that nobody reads stalls every other process in its next collective. On SIGABRT,
+    # faulthandler prints every thread's Python stack (see `_finish`).
+    full_env = cpu_devices_env(devices, PYTHONFAULTHANDLER="1", **(env or {}))
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-c", _RUNNER, mode, *argv], env=full_env, stdout=out, stderr=err,
+                            text=True)
+    proc.output_files = (out, err)
+    return proc if not check else _finish(proc)[0]
 
 
-def _finish(proc, expected: int = 0):
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == expected, f"exit {proc.returncode}\n{out[-2000:]}\n{err[-4000:]}"
-    return out
+def _finish(*procs, expected: int = 0, timeout: float = 420) -> list[str]:
+    """Waits for the processes of one job; returns their stdouts (their stderrs are left in
+    `proc.stderr_text`). A job still running after `timeout` seconds is stopped with SIGABRT,
+    and the failure shows every process's stacks."""
+    deadline = time.monotonic() + timeout
+    hung = []
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            hung.append(proc)
+    for proc in hung:
+        proc.send_signal(signal.SIGABRT)
+    for proc in hung:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    outputs = []
+    for proc in procs:
+        for file in proc.output_files:
+            file.seek(0)
+        outputs.append(tuple(file.read() for file in proc.output_files))
+        for file in proc.output_files:
+            file.close()
+        proc.stderr_text = outputs[-1][1]
+    shown = "\n".join(f"--- process {i}: exit {proc.returncode}\n{out[-2000:]}\n{err[-6000:]}"
+                      for i, (proc, (out, err)) in enumerate(zip(procs, outputs)))
+    assert not hung, f"{len(hung)} of {len(procs)} process(es) still running after {timeout:.0f} s\n{shown}"
+    assert all(proc.returncode == expected for proc in procs), shown
+    return [out for out, _ in outputs]
 
 
 def _weights(directory: Path) -> dict[str, np.ndarray]:
@@ -138,7 +176,7 @@ def test_two_processes_reading_their_own_shards_match_one_process_with_four_devi
              check=False)
         for i in range(2)
     ]
-    outputs = [_finish(p) for p in procs]
+    outputs = _finish(*procs)
     assert "resuming" not in outputs[0]
     for i, out in enumerate(outputs):  # 128 train and 32 validation examples, half each
         assert f"process {i}/2 tokenized 64 of 128 train, 16 of 32 validation examples (shards {i}-{i} of 2)" in out
@@ -177,8 +215,7 @@ def test_two_processes_score_and_predict_token_classification_as_one_process(tin
                              "--process_id", str(i)), check=False)
         for i in range(2)
     ]
-    for proc in procs:
-        _finish(proc)
+    _finish(*procs)
 
     difference = _max_difference(_weights(reference), _weights(ours))
     print("token classification, 2 processes x 1 device vs 1 process x 2 devices:", difference)
@@ -200,10 +237,9 @@ def test_two_processes_reading_one_shard_are_refused_naming_data_shards(tiny_ber
                        "--num_processes", "2", "--process_id", str(i)), check=False)
         for i in range(2)
     ]
+    _finish(*procs, expected=2)
     for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 2, f"exit {proc.returncode}\n{out[-2000:]}\n{err[-4000:]}"
-        assert "--data_shards 1 must be a multiple of the process count 2" in err
+        assert "--data_shards 1 must be a multiple of the process count 2" in proc.stderr_text
 
 
 def test_bfloat16_parameters_for_inference_stay_close_to_float32(tiny_bert):
