@@ -78,6 +78,36 @@ def resolve_labels(
 
 
 @dataclasses.dataclass(frozen=True)
+class SavedClasses:
+    """What a saved sequence classifier's config.json says of its classes."""
+
+    names: tuple[str, ...]
+    """In id order: id2label's names, else LABEL_0, LABEL_1, ..."""
+    problem_type: str | None
+    """config.json's (or its flaxheads section's); None: not recorded."""
+
+
+def saved_classes(model_dir) -> SavedClasses | None:
+    """The classes of the sequence classifier saved in `model_dir` (config.json names a
+    `*ForSequenceClassification`, or a flaxheads head for the bare backbone class); None for
+    another model, or a folder that is not a readable model (loading it says what is wrong)."""
+    from flaxheads.conversion import TABLES, checkpoint_io
+    from flaxheads.conversion.hub import resolve_checkpoint
+
+    try:
+        hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    except (OSError, ValueError):
+        return None
+    table, saved = TABLES.get(hf.get("model_type")), hf.get(FLAXHEADS_CONFIG_KEY) or {}
+    names = hf.get("architectures") or ()
+    if table is None or not ("head" in saved or any(table.task_of(n) == SEQUENCE_CLASSIFICATION for n in names)):
+        return None
+    num_labels, labels = resolve_labels(hf, num_labels=None, id2label=None, label2id=None)
+    return SavedClasses(labels or tuple(f"LABEL_{i}" for i in range(num_labels)),
+                        hf.get("problem_type") or saved.get("problem_type"))
+
+
+@dataclasses.dataclass(frozen=True)
 class ClassifierConfig(LabelNames):
     task: ClassVar[str] = SEQUENCE_CLASSIFICATION
     """What `from_pretrained` loads this config's models for (the loader picks transformers' class by it)."""

@@ -342,3 +342,25 @@ def test_an_evaluation_file_without_a_train_file_is_refused_not_replaced_by_the_
     scored = _write_csv(tmp_path / "mine.csv", ["good,1", "bad,0"])
     with pytest.raises(ValueError, match=rf"{flag}=.*mine.csv without a train_file.*--train_file"):
         load_task(**{flag: scored}, dataset="movie_snippets")
+
+
+def test_evaluation_files_alone_read_their_labels_against_a_trained_models_classes(tmp_path):
+    from flaxheads.data import load_task
+
+    # The files lack "neutral": their names, or class ids, still index the model's classes.
+    validation = _write_csv(tmp_path / "validation.csv", ["good,positive", "bad,negative", "fine,positive"])
+    test = _write_csv(tmp_path / "test.csv", ["good,2", "bad,0"])
+    task = load_task(validation_file=validation, test_file=validation, class_names=("negative", "neutral", "positive"))
+    # The first file stands in for the train split every task has (as for word files read alone).
+    assert sorted(task.splits) == ["test", "train", "validation"] and task.num_labels == 3
+    assert task.id2label == {0: "negative", 1: "neutral", 2: "positive"}
+    assert task.splits["validation"]["label"] == [2, 0, 2]
+    task = load_task(test_file=test, class_names=("negative", "neutral", "positive"))
+    assert task.splits["test"]["label"] == [2, 0] and task.num_labels == 3
+
+    other = _write_csv(tmp_path / "other.csv", ["good,great"])
+    with pytest.raises(ValueError, match=r"label 'great' in row 0 of the validation split is not one of the "
+                                         r"model's classes \['negative', 'neutral', 'positive'\]"):
+        load_task(validation_file=other, class_names=("negative", "neutral", "positive"))
+    with pytest.raises(ValueError, match=r"label 2 in row 0 of the test split is outside \[0, 2\)"):
+        load_task(test_file=test, class_names=("negative", "positive"))

@@ -176,10 +176,14 @@ def test_missing_label_column_names_the_column_and_the_flag(tiny_bert, snippets_
         train(two_epoch_config(tiny_bert, snippets_csv, tmp_path, label_column="stars"))
 
 
-def test_evaluate_command_reproduces_the_runs_validation_metrics(uninterrupted, snippets_csv, capsys):
+# Alone: the validation file's labels are read against the classes in the model's config.json.
+@pytest.mark.parametrize("with_train_file", [True, False], ids=["with_train_file", "alone"])
+def test_evaluate_command_reproduces_the_runs_validation_metrics(uninterrupted, snippets_csv, capsys,
+                                                                 with_train_file):
     from flaxheads.cli import main
 
-    code = main(["evaluate", "--model_name_or_path", str(uninterrupted), "--train_file", str(snippets_csv["train"]),
+    train_file = ["--train_file", str(snippets_csv["train"])] if with_train_file else []
+    code = main(["evaluate", "--model_name_or_path", str(uninterrupted), *train_file,
                  "--validation_file", str(snippets_csv["validation"]), "--text_column", "sentence",
                  "--max_seq_length", "32", "--split", "validation"])
     assert code == 0

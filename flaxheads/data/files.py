@@ -12,7 +12,7 @@ import gzip
 import json
 import lzma
 import pathlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import datasets
 
@@ -42,7 +42,7 @@ _SPLIT_FLAGS = {"train": "--train_file", "validation": "--validation_file", "tes
 
 def load_local_files(
     *,
-    train_file: str | pathlib.Path,
+    train_file: str | pathlib.Path | None,
     validation_file: str | pathlib.Path | None = None,
     test_file: str | pathlib.Path | None = None,
     text_column: str = "text",
@@ -53,6 +53,7 @@ def load_local_files(
     cache_dir: str | pathlib.Path | None = None,
     chosen_column: str = "chosen",
     rejected_column: str = "rejected",
+    class_names: Sequence[str] | None = None,
 ) -> TaskData:
     """Reads each given file as one split; the format follows the suffix (.csv .tsv .json .jsonl
     .parquet, optionally compressed, e.g. .csv.gz).
@@ -67,6 +68,10 @@ def load_local_files(
     Preference pairs (`chosen_column`, `rejected_column`; see `flaxheads.data.pairs`) are read
     when `problem_type` is "pairwise_reward", or, without a problem type, when the train file has
     both pair columns and no `text_column`.
+
+    Without a train_file (scoring a trained model), `class_names` are the model's classes in id
+    order, which the labels are read against (`encode_labels`), and the first file given stands in
+    for the train split (as `word_task` does).
     """
     files = {"train": train_file, "validation": validation_file, "test": test_file}
     splits = {
@@ -74,6 +79,15 @@ def load_local_files(
         for name, path in files.items()
         if path
     }
+    if not splits:
+        raise ValueError("no data files: give a train_file, a validation_file or a test_file")
+    if "train" not in splits:
+        if class_names is None:
+            raise ValueError(f"no train_file: the classes come from the train file; give one, or class_names (a "
+                             f"trained model's) to read {' and '.join(f'{n}_file' for n in splits)} alone")
+        # The first file stands in for the train split every TaskData has (never trained on: scoring only).
+        # Last, so that a bad label is reported in its own file's split first.
+        files["train"], splits = files[next(iter(splits))], {**splits, "train": next(iter(splits.values()))}
     pairs = reads_as_pairs(splits["train"].column_names, problem_type=problem_type, text_column=text_column,
                            chosen_column=chosen_column, rejected_column=rejected_column)
     canonical = datasets.DatasetDict({
@@ -83,7 +97,7 @@ def load_local_files(
     })
     if pairs:
         return pair_task(canonical, num_labels=num_labels, given=problem_type is not None)
-    return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels)
+    return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels, class_names=class_names)
 
 
 def load_named_dataset(

@@ -52,22 +52,29 @@ _Where = tuple[str, int, float]
 
 
 def encode_labels(
-    splits: datasets.DatasetDict, *, problem_type: str | None = None, num_labels: int | None = None
+    splits: datasets.DatasetDict, *, problem_type: str | None = None, num_labels: int | None = None,
+    class_names: Sequence[str] | None = None,
 ) -> TaskData:
     """Replaces every split's `label` column by its encoding (see the module table).
 
     Names and the inferred `num_labels` come from the `train` split only: the classes a model
-    learns are the ones it trains on. The result's `problem_type_reason` says why the problem
-    type is what it is. Raises ValueError for missing labels, labels unknown to the train split,
+    learns are the ones it trains on. `class_names` (a trained model's classes in id order, to
+    score splits without a train split) replaces them: names must be among them, class ids index
+    them. The result's `problem_type_reason` says why the problem type is what it is. Raises
+    ValueError for missing labels, labels unknown to the train split (or not in `class_names`),
     class ids outside `[0, num_labels)`, non-numeric regression labels, float labels mixing
     whole numbers with other values when `problem_type` is None, and problem types the labels
     cannot express.
     """
     problem.check_problem_type(problem_type)
+    if "train" not in splits and class_names is None:
+        raise ValueError(f"the labels' classes come from the train split, and there is none (splits: {sorted(splits)})"
+                         ": give a train split, or the trained model's class names")
     values = {name: list(split[LABEL]) for name, split in splits.items()}
     for name, split_values in values.items():
         _check_no_missing(split_values, name)
-    feature = splits["train"].features[LABEL]
+    known = None if class_names is None else _Known(dict(enumerate(class_names)), num_labels)
+    feature = splits["train" if "train" in splits else next(iter(splits))].features[LABEL]
     kind = _label_kind(feature)
     whole, fractional, whole_share = _first_whole_and_fractional(values) if kind == "float" else (None, None, 0.0)
     given = problem_type is not None
@@ -83,10 +90,10 @@ def encode_labels(
         if fractional and whole:
             why += f"; {whole_share:.0%} are whole numbers, read as scores too"
     elif problem_type == SINGLE_LABEL:
-        encoded, id2label = _single_label(values, kind, feature, num_labels)
+        encoded, id2label = _single_label(values, kind, feature, num_labels, known)
         why = _single_label_why(kind, feature, id2label, whole)
     else:
-        encoded, id2label, why = _multi_label(values, feature.feature.dtype, num_labels)
+        encoded, id2label, why = _multi_label(values, feature.feature.dtype, num_labels, known)
     reason = f"{problem_type}: {'set by problem_type' if given else why}"
     encoded_feature = _encoded_feature(problem_type, len(id2label))
     new_splits = datasets.DatasetDict(
@@ -206,19 +213,27 @@ def _score(value, split_name: str, row: int) -> float:
     return score
 
 
-def _single_label(values, kind, feature, num_labels):
+class _Known:
+    """A trained model's classes, standing in for the train split's (`encode_labels(class_names=)`)."""
+
+    def __init__(self, id2label: dict[int, str], num_labels: int | None):
+        _agreeing_num_labels(num_labels, len(id2label), f"class names {list(id2label.values())}")
+        self.id2label = id2label
+
+
+def _single_label(values, kind, feature, num_labels, known: _Known | None = None):
     if kind == "string":
-        id2label = _names_from_train(values["train"], num_labels)
+        id2label = known.id2label if known else _names_from_train(values["train"], num_labels)
         label2id = {name: i for i, name in id2label.items()}
         for name, vs in values.items():
-            _check_names_known(enumerate(vs), label2id, name)
+            _check_names_known(enumerate(vs), label2id, name, known)
         return {name: [label2id[v] for v in vs] for name, vs in values.items()}, id2label
     class_ids = {name: [_class_id(v, name, row) for row, v in enumerate(vs)] for name, vs in values.items()}
     if kind == "class":
         id2label = dict(enumerate(feature.names))
         _agreeing_num_labels(num_labels, len(id2label), "ClassLabel names")
     else:
-        id2label = default_id2label(num_labels or max(class_ids["train"]) + 1)
+        id2label = known.id2label if known else default_id2label(num_labels or max(class_ids["train"]) + 1)
     for name, ids in class_ids.items():
         _check_ids_in_range(enumerate(ids), len(id2label), name)
     return class_ids, id2label
@@ -245,8 +260,12 @@ def _agreeing_num_labels(requested: int | None, found: int, what: str) -> int:
     return found
 
 
-def _check_names_known(rows_and_names: Iterable[tuple[int, str]], label2id, split_name: str) -> None:
+def _check_names_known(rows_and_names: Iterable[tuple[int, str]], label2id, split_name: str,
+                       known: _Known | None = None) -> None:
     for row, name in rows_and_names:
+        if name not in label2id and known is not None:
+            raise ValueError(f"label {name!r} in row {row} of the {split_name} split is not one of the model's "
+                             f"classes {list(label2id)}: score the model on data labelled with its own classes")
         if name not in label2id:
             raise ValueError(
                 f"label {name!r} in row {row} of the {split_name} split does not occur in the "
@@ -267,29 +286,32 @@ def _entries_with_rows(rows: Sequence[Sequence]) -> list[tuple[int, object]]:
     return [(row_index, entry) for row_index, row in enumerate(rows) for entry in row]
 
 
-def _multi_label(values, element_type: str, num_labels):
+def _multi_label(values, element_type: str, num_labels, known: _Known | None = None):
     """(encoded labels, id2label, how the lists were read)."""
+    if known is not None:
+        num_labels = len(known.id2label)
     if element_type in ("string", "large_string"):
-        id2label = _names_from_train([n for names in values["train"] for n in names], num_labels)
+        id2label = known.id2label if known else _names_from_train([n for names in values["train"] for n in names],
+                                                                  num_labels)
         label2id = {name: i for i, name in id2label.items()}
         for name, rows in values.items():
-            _check_names_known(_entries_with_rows(rows), label2id, name)
+            _check_names_known(_entries_with_rows(rows), label2id, name, known)
         ids = {name: [[label2id[n] for n in row] for row in rows] for name, rows in values.items()}
         why = f"the label column holds lists of strings ({_names(id2label)})"
         return _multi_hot_from_ids(ids, len(id2label)), id2label, why
     if element_type.startswith("float") or _int_lists_are_multi_hot(values, num_labels):
-        width = len(values["train"][0])
+        width = num_labels if known else len(values["train"][0])
         _agreeing_num_labels(num_labels, width, "entries of the multi-hot label lists")
         for name, rows in values.items():
-            _check_multi_hot_width(rows, width, name)
+            _check_multi_hot_width(rows, width, name, "the model's classes number" if known else "the train split's have")
         entries = "floats" if element_type.startswith("float") else "0/1 integers"
         why = f"the label column holds lists of {width} {entries}, read as multi-hot rows"
-        return values, default_id2label(width), why
+        return values, known.id2label if known else default_id2label(width), why
     num_labels = num_labels or 1 + max((max(row) for row in values["train"] if row), default=0)
     for name, rows in values.items():
         _check_ids_in_range(_entries_with_rows(rows), num_labels, name)
     why = f"the label column holds lists of integers, read as class ids in [0, {num_labels})"
-    return _multi_hot_from_ids(values, num_labels), default_id2label(num_labels), why
+    return _multi_hot_from_ids(values, num_labels), known.id2label if known else default_id2label(num_labels), why
 
 
 def _int_lists_are_multi_hot(values: dict[str, list], num_labels: int | None) -> bool:
@@ -303,12 +325,13 @@ def _int_lists_are_multi_hot(values: dict[str, list], num_labels: int | None) ->
     return all(v in (0, 1) for row in rows for v in row)
 
 
-def _check_multi_hot_width(rows: Sequence[Sequence[float]], width: int, split_name: str) -> None:
+def _check_multi_hot_width(rows: Sequence[Sequence[float]], width: int, split_name: str,
+                           reference: str = "the train split's have") -> None:
     for row_index, row in enumerate(rows):
         if len(row) != width:
             raise ValueError(
                 f"the multi-hot label in row {row_index} of the {split_name} split has "
-                f"{len(row)} entries, but the train split's have {width}"
+                f"{len(row)} entries, but {reference} {width}"
             )
 
 

@@ -49,6 +49,7 @@ def load_task(
     context_column: str | None = None,
     question_column: str | None = None,
     choice_columns: tuple[str, ...] | None = None,
+    class_names: Sequence[str] | None = None,
 ) -> TaskData:
     """The data set named by the first of `train_file` (with `validation_file`, `test_file`),
     `dataset_name` (a Hugging Face data set in the local cache) or `dataset` (a built-in one, split
@@ -61,7 +62,9 @@ def load_task(
     `load_word_files` (`tag_scheme`: the tags' scheme, None: detected) and labels subwords with
     `label_all_tokens` and `stride` (`word_task.WordLabelling`). `label_names`: the tags in id
     order (a trained model's, `TrainConfig.scoring_source`), for word files without a train_file;
-    with it and no train_file the data is token classification.
+    with it and no train_file the data is token classification. `class_names`: a trained sequence
+    classifier's classes in id order (`TrainConfig.scoring_source`), for validation and test
+    files without a train_file, whose labels are read against them (`encode_labels`).
 
     `task` "multiple-choice" (None: when `choice_columns` are given, or `train_file` has choice
     columns, `choices.looks_like_choice_file`) reads the files with `choices.load_choice_files`:
@@ -99,16 +102,16 @@ def load_task(
     columns = dict(text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
                    problem_type=problem_type, num_labels=num_labels, chosen_column=chosen_column,
                    rejected_column=rejected_column)
-    if train_file:
+    if train_file or (class_names is not None and (validation_file or test_file)):
         return load_local_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
-                                **columns)
+                                class_names=None if train_file else class_names, **columns)
     if validation_file or test_file:
         # Without this, the built-in or hub data set below would be scored instead of the user's file.
         named = " and ".join(f"{flag}={path}" for flag, path in (("validation_file", validation_file),
                                                                   ("test_file", test_file)) if path)
-        raise ValueError(f"{named} without a train_file: text classification reads its labels and columns from "
-                         "the train file (evaluate and --no_do_train train on nothing). Give the train_file "
-                         "(--train_file) as well")
+        raise ValueError(f"{named} without a train_file: text classification reads its classes from the train "
+                         "file, or from a trained classifier's config.json (and this model is none). Give the "
+                         "train_file (--train_file) as well, or a trained sequence classifier")
     if dataset_name:
         return load_named_dataset(dataset_name, **columns)
     if dataset:

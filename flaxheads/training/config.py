@@ -20,6 +20,7 @@ from flaxheads.data.builtin import BUILTIN_DATASETS
 from flaxheads.data.packing import segments_per_row
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.lora import LoRAConfig
+from flaxheads.model import saved_classes
 from flaxheads.problem import PROBLEM_TYPES
 from flaxheads.shipped_model import minilm_path
 from flaxheads.tags import SCHEMES
@@ -430,10 +431,16 @@ class TrainConfig:
     def scoring_source(self) -> dict:
         """`data_source()` for scoring a trained model without training it (`flaxheads evaluate`,
         do_train off): without a train_file, a token classifier's tags come from its config.json
-        (`token_classifier.saved_tags`), so its validation or test word files are read alone."""
+        (`token_classifier.saved_tags`), and a sequence classifier's classes and problem type
+        (`model.saved_classes`; a problem_type given wins), so validation or test files are read
+        alone."""
         source = self.data_source()
         if not self.train_file:
             source["label_names"] = saved_tags(self.model_folder())
+            classes = saved_classes(self.model_folder()) if source["label_names"] is None else None
+            if classes is not None and (self.validation_file or self.test_file):
+                source["class_names"] = classes.names
+                source["problem_type"] = source.get("problem_type") or classes.problem_type
         return source
 
     def model_folder(self) -> Path:
