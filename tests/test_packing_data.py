@@ -9,6 +9,8 @@ that example alone."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import datasets
 import jax
 import jax.numpy as jnp
@@ -266,9 +268,30 @@ def test_trainer_counts_steps_per_epoch_in_packed_rows(tiny_bert, tmp_path):
     trainer = flaxheads.Trainer(flaxheads.from_pretrained(tiny_bert, num_labels=3), args,
                                 train_dataset=(texts, [str(i % 3) for i in range(64)]), tokenizer=tokenizer)
     lengths = trainer._tokenized_train.lengths
-    rows = RowPlan.build(lengths, T, default_max_segments(T)).num_rows
-    assert trainer.batch_format.max_segments == default_max_segments(T)
+    # Train rows fit the longest example (rounded up to 16); evaluation rows stay T long.
+    row_length = int(-(-lengths.max() // 16) * 16)
+    assert row_length < T and (trainer.train_format.max_seq_length, trainer.batch_format.max_seq_length) == (
+        row_length, T)
+    rows = RowPlan.build(lengths, row_length, default_max_segments(row_length)).num_rows
+    assert (trainer.train_format.max_segments, trainer.batch_format.max_segments) == (
+        default_max_segments(row_length), default_max_segments(T))
     assert trainer.total_steps == 2 * -(-rows // (2 * jax.device_count())) < 2 * 64 // (2 * jax.device_count())
+
+    fixed = flaxheads.Trainer(flaxheads.from_pretrained(tiny_bert, num_labels=3),
+                              dataclasses.replace(args, packed_row_length=T),
+                              train_dataset=(texts, [str(i % 3) for i in range(64)]), tokenizer=tokenizer)
+    assert fixed.train_format == fixed.batch_format
+    rows = RowPlan.build(lengths, T, default_max_segments(T)).num_rows
+    assert fixed.total_steps == 2 * -(-rows // (2 * jax.device_count()))
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"packed_row_length": 16}, r"packed_row_length=16 applies to packed rows only: pass packing=True"),
+    ({"packing": True, "packed_row_length": 64}, r"packed_row_length=64 must be in \[1, max_seq_length=32\]"),
+])
+def test_a_packed_row_length_that_cannot_apply_is_refused_naming_the_fix(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(output_dir=None, max_seq_length=32, **settings)
 
 
 @pytest.mark.slow  # a minute or two on a 2-core CPU: the stand-in runs BERT once per slot

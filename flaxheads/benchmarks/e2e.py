@@ -56,7 +56,7 @@ class E2EJob:
 
     def packed(self, rows_per_batch: int) -> E2EJob:
         """This job with sequence packing (`flaxheads train --packing`): batches of
-        `rows_per_batch` rows of max_seq_length, several examples a row."""
+        `rows_per_batch` rows (of the packed row length fitted to the data), several examples a row."""
         return dataclasses.replace(self, config={**self.config, "packing": True,
                                                  "per_device_train_batch_size": rows_per_batch})
 

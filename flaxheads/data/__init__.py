@@ -46,7 +46,7 @@ from flaxheads.data.builtin import (
 from flaxheads.data.files import load_local_files, load_named_dataset
 from flaxheads.data.in_memory import InMemoryTask, SplitData, as_dataset, load_in_memory
 from flaxheads.data.labels import encode_labels
-from flaxheads.data.packing import RowPlan, default_max_segments
+from flaxheads.data.packing import RowPlan, default_max_segments, fitted_row_length
 from flaxheads.data.shards import (
     OwnSplit,
     accumulation_view,
@@ -101,6 +101,7 @@ __all__ = [
     "eval_batches",
     "eval_example_order",
     "example_lengths",
+    "fitted_row_length",
     "gather_lengths",
     "load_builtin",
     "load_in_memory",

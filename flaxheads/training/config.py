@@ -17,7 +17,7 @@ from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.data import sources
 from flaxheads.data.batching import PAD_TO_MULTIPLE_OF
 from flaxheads.data.builtin import BUILTIN_DATASETS
-from flaxheads.data.packing import segments_per_row
+from flaxheads.data.packing import check_packed_row_length, segments_per_row
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.lora import LoRAConfig
 from flaxheads.model import saved_classes
@@ -191,7 +191,12 @@ class TrainConfig:
     examples per step vary (about 4.7 per row of 128 on the default job; the loss is their mean);
     evaluation is packed too, with the same metrics. Ignores group_by_length and pad_to_multiple_of."""
     max_segments_per_row: int | None = None
-    """Most examples in one packed row (with packing); default: max_seq_length // 8."""
+    """Most examples in one packed row (with packing); default: the row's length // 8."""
+    packed_row_length: int | None = None
+    """Tokens in a packed training row (with packing; at most max_seq_length). Default: from the
+    data, the train split's longest example rounded up to a multiple of 16, so that attention spans
+    no more keys than it needs: rows of 80 on the default job, whose step is ~10% faster per token
+    than in rows of 128. Evaluation rows stay max_seq_length long."""
     dtype: str | None = None
     """Compute dtype; "bfloat16" keeps float32 master weights and optimizer state unless param_dtype
     is bfloat16. Default: bfloat16 with bf16 or param_dtype bfloat16, else float32."""
@@ -311,6 +316,7 @@ class TrainConfig:
                 f"warmup_steps={self.warmup_steps}: it must be a whole number of steps, or a ratio below 1"
             )
         segments_per_row(self.packing, self.max_segments_per_row, self.max_seq_length)  # its errors name the fix
+        check_packed_row_length(self.packed_row_length, self.packing, self.max_seq_length)
         if self.lora_r < 0:
             raise ValueError(f"lora_r={self.lora_r}: it must be 0 (no LoRA) or a positive rank")
         if self.lora_target_modules is not None:

@@ -212,6 +212,8 @@ class Trainer:
         self.output_dir = Path(args.output_dir) if args.output_dir else None
         self._tokenized_train: data.OwnSplit | None = None
         """The train split, tokenised early when its token counts decide the steps (packing)."""
+        self.train_format = self.batch_format
+        """The train batches' format: packed, in rows of packed_row_length (`_batches_per_epoch`)."""
         self.total_steps = 0 if not args.do_train else (
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self._batches_per_epoch()))
         self.model_name = args.model_name_or_path or "in-memory model"
@@ -293,8 +295,20 @@ class Trainer:
             return data.num_batches(len(self.task.splits["train"]), self.global_batch)
         # A token-classification sentence longer than max_seq_length gives several rows (windows).
         self._tokenized_train = self._own_splits(["train"], cache=False)["train"]
-        return data.batches_per_epoch(self._tokenized_train.lengths, self.batch_format,
+        if self.batch_format.packed:
+            self.train_format = self._packed_train_format(self._tokenized_train.lengths)
+        return data.batches_per_epoch(self._tokenized_train.lengths, self.train_format,
                                       global_batch_size=self.global_batch, num_shards=self.args.data_shards)
+
+    def _packed_train_format(self, lengths) -> data.BatchFormat:
+        """Packed train rows of packed_row_length tokens (default: fitted to the train split's
+        longest example, the same on every process), max_segments_per_row examples (default: one
+        per 8 tokens of the row)."""
+        args = self.args
+        row_length = args.packed_row_length or data.fitted_row_length(lengths, self.max_seq_length)
+        row_length = min(row_length, self.max_seq_length)  # the model may hold fewer positions
+        return dataclasses.replace(self.batch_format, max_seq_length=row_length,
+                                   max_segments=segments_per_row(True, args.max_segments_per_row, row_length))
 
     def _own_splits(self, names, *, cache: bool = True) -> dict[str, data.OwnSplit]:
         early = {"train": self._tokenized_train} if self._tokenized_train is not None else {}
@@ -475,7 +489,7 @@ class Trainer:
                                          identity=self.identity["trained"], differences=run_dir.trained_differences)
         eval_splits = tuple(name for name in ("validation", "test")
                             if name in splits and name not in self.data.unlabelled)
-        return TrainLoop(args, runner, state, splits["train"], self.batch_format, scorer, total_steps=total,
+        return TrainLoop(args, runner, state, splits["train"], self.train_format, scorer, total_steps=total,
                          global_batch=self.global_batch, eval_splits=eval_splits, checkpoints=checkpoints,
                          output_dir=self.output_dir, loading_info=self.loading_info)
 
