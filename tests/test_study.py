@@ -390,3 +390,23 @@ def test_the_committed_studies_resume_under_the_keys_their_grids_give_today():
     searched = {r["key"] for r in read_results(root / "studies/minilm-converged/results.jsonl").records
                 if r.get("lr_search")}
     assert len(searched) >= 36 and searched <= keys(converged, lr_search_cells(converged))
+
+
+def test_the_report_shows_every_candidate_rate_and_how_far_one_evaluation_moves_by_chance():
+    from flaxheads.study.report import convergence
+    from flaxheads.study.table import StudyTable
+
+    def search(head, rate, value):
+        return _record(head, "snips", 1000) | {"key": f"{head}-{rate}", "lr_search": True, "learning_rate": rate,
+                                                "best": {"metric": "accuracy", "value": value, "step": 5}}
+
+    records = [search("pooler", 1e-4, 0.80), search("pooler", 3e-5, 0.80), search("mean", 1e-4, 0.90),
+               search("mean", 3e-5, 0.85)]
+    records += [_record("pooler", "snips", 0) | {"learning_rate": 3e-5}, _record("mean", "snips", 0)
+                | {"learning_rate": 1e-4}]
+    text = convergence(StudyTable(records), "tiny")
+    assert "| data set | head | lr 3e-05 | lr 0.0001 |" in text
+    # A tie goes to the smaller rate, as the runner chooses.
+    assert "| snips | pooler | **0.800** | 0.800 |" in text and "| snips | mean | 0.850 | **0.900** |" in text
+    # 10 validation examples at the searches' mean best accuracy, 0.8375: sqrt(p (1 - p) / 10) = 0.117.
+    assert "one evaluation on 10 validation examples has a binomial standard error of 0.117" in text

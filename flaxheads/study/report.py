@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from flaxheads import atomic
 from flaxheads.study import plots, stats
 from flaxheads.study.results import merge_records
@@ -303,11 +305,54 @@ def convergence(table: StudyTable, checkpoint: str) -> str:
     if rates:
         lines.append(f"Learning rates chosen on validation ({len(table.searches)} search cells): " + "; ".join(rates)
                      + ".")
+    searched = search_table(table, checkpoint)
+    if searched:
+        lines.append(("\n" if rates else "") + searched)
     late = table.unconverged()
     lines.append(f"{len(late)} fine-tuned cell(s) reached their best validation metric in the last quarter of their "
                  "steps (still rising when they ended)" + (": " + ", ".join(
                      f"{r['head']} on {r['dataset']} seed {r['seed']}" for r in late[:20]) if late else "") + ".")
+    noise = validation_noise(table.records)
+    if noise:
+        lines.append(noise)
     return "\n".join(lines)
+
+
+def search_table(table: StudyTable, checkpoint: str) -> str | None:
+    """The learning-rate search: each arm's best validation metric at each candidate rate (the
+    mean over its search seeds), the chosen rate in bold; None without search cells."""
+    values: dict[tuple[str, str], dict[float, list[float]]] = {}
+    for record in table.searches:
+        best = (record.get("best") or {}).get("value")
+        if record["checkpoint"] == checkpoint and best is not None and "error" not in record:
+            values.setdefault((record["dataset"], record["head"]), {}).setdefault(
+                record["learning_rate"], []).append(float(best))
+    if not values:
+        return None
+    rates = sorted({rate for by_rate in values.values() for rate in by_rate})
+    rows = ["| data set | head | " + " | ".join(f"lr {rate:g}" for rate in rates) + " |",
+            "|---|---|" + "---|" * len(rates)]
+    for (dataset, head), by_rate in values.items():
+        means = {rate: float(np.mean(v)) for rate, v in by_rate.items()}
+        chosen = max(sorted(means), key=lambda rate: means[rate])
+        cells = [("" if rate not in means else f"**{means[rate]:.3f}**" if rate == chosen else f"{means[rate]:.3f}")
+                 for rate in rates]
+        rows.append(f"| {dataset} | {head} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def validation_noise(records: list[dict[str, Any]]) -> str | None:
+    """How far one evaluation on the study's validation subset moves by chance: the binomial
+    standard error of an accuracy at the cells' mean best value; None without accuracies."""
+    sizes = [r["split_sizes"]["validation"] for r in records if (r.get("split_sizes") or {}).get("validation")]
+    best = [float(r["best"]["value"]) for r in records if (r.get("best") or {}).get("metric") == "accuracy"
+            and r["best"].get("value") is not None]
+    if not sizes or not best:
+        return None
+    n, p = min(sizes), float(np.mean(best))
+    return (f"How much to read into both: one evaluation on {n} validation examples has a binomial standard error "
+            f"of {np.sqrt(p * (1 - p) / n):.3f} at accuracy {p:.2f}, so a search rate that wins by less than about "
+            "twice that, or a best evaluation late in a flat but noisy curve, may be chance.")
 
 
 def checkpoint_note(checkpoint: str) -> str | None:
