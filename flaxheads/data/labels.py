@@ -302,8 +302,9 @@ def _multi_label(values, element_type: str, num_labels, known: _Known | None = N
     if element_type.startswith("float") or _int_lists_are_multi_hot(values, num_labels):
         width = num_labels if known else len(values["train"][0])
         _agreeing_num_labels(num_labels, width, "entries of the multi-hot label lists")
+        reference = "the model's classes number" if known else "the train split's have"
         for name, rows in values.items():
-            _check_multi_hot_width(rows, width, name, "the model's classes number" if known else "the train split's have")
+            _check_multi_hot_width(rows, width, name, reference)
         entries = "floats" if element_type.startswith("float") else "0/1 integers"
         why = f"the label column holds lists of {width} {entries}, read as multi-hot rows"
         return values, known.id2label if known else default_id2label(width), why

@@ -307,8 +307,9 @@ def converged_grid(seeds: Sequence[int] = CONVERGED_SEEDS, settings: StudySettin
       (~0.45 s a step with the evaluations, ~4 s of compilation and scoring): at most
       240 x 0.45 + 4 = 112 s a cell; a head that plateaus by step 100 stops at 160 (~76 s). The
       first 36 search cells took 102 s on average (61-163 s, 174 steps; 30 of 36 stopped early):
-      the 315 trained cells take about 315 x 102 s = 8.9 h; the L-BFGS probes ~63 x 8 s = 8 min (one forward pass over 1340 examples each). Run it in parts:
-      the runner resumes, and --max_cells bounds a session.
+      the 315 trained cells take about 315 x 102 s = 8.9 h; the L-BFGS probes ~63 x 8 s = 8 min
+      (one forward pass over 1340 examples each). Run it in parts: the runner resumes, and
+      --max_cells bounds a session.
     - Converged: a cell's validation curve is read as flat when the best evaluation lies before
       the last quarter of its steps or early stopping ended it; the report counts the cells that
       end on a still-rising curve (`table.unconverged`), so the claim is checked, not assumed.
