@@ -2,8 +2,10 @@
 
 Every run trains the same tiny BERT on the same global batches (8 examples) in a fresh process
 whose device count is set by XLA_FLAGS before jax starts. Layouts must agree up to float32
-reduction order. The data is one shard, except for the two-process run and its reference, which
-cut it into two (`--data_shards 2`) so that each process reads only its half.
+reduction order. Every run cuts the data into two shards (`--data_shards 2`, which decides the
+global batches' order), so that the two-process run, whose processes each read only their own
+half, shares the one-process references (the default single shard is what the rest of the
+suite trains on).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _flags(model: Path, data: dict[str, Path], output_dir: Path, per_device: int
         "--validation_file", str(data["validation"]), "--text_column", "sentence", "--output_dir", str(output_dir),
         "--max_seq_length", "32", "--per_device_train_batch_size", str(per_device),
         "--per_device_eval_batch_size", "4", "--learning_rate", "1e-3", "--max_steps", str(STEPS),
-        "--logging_steps", "2", "--save_steps", "3", "--seed", "3", "--disable_tqdm", *extra,
+        "--logging_steps", "2", "--save_steps", "3", "--seed", "3", "--disable_tqdm", "--data_shards", "2", *extra,
     ]
 
 
@@ -127,13 +129,6 @@ def four_devices(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def four_devices_two_shards(tiny_bert, snippets_csv, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("four_devices_two_shards")
-    _run(4, _flags(tiny_bert, snippets_csv, out, 2, "--mesh", "data=4", "--data_shards", "2"))
-    return out
-
-
 def test_four_way_data_parallel_matches_one_device(one_device, four_devices):
     difference = _max_difference(_weights(one_device), _weights(four_devices))
     print("1 device vs data=4:", difference)
@@ -166,12 +161,12 @@ def _free_port() -> int:
 
 
 def test_two_processes_reading_their_own_shards_match_one_process_with_four_devices(
-    tiny_bert, snippets_csv, four_devices_two_shards, tmp_path
+    tiny_bert, snippets_csv, four_devices, tmp_path
 ):
     coordinator = f"127.0.0.1:{_free_port()}"
     procs = [
-        _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--mesh", "data=4", "--data_shards", "2",
-                       "--coordinator_address", coordinator, "--num_processes", "2", "--process_id", str(i)),
+        _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--mesh", "data=4", "--coordinator_address",
+                       coordinator, "--num_processes", "2", "--process_id", str(i)),
              check=False)
         for i in range(2)
     ]
@@ -179,12 +174,12 @@ def test_two_processes_reading_their_own_shards_match_one_process_with_four_devi
     assert "resuming" not in outputs[0]
     for i, out in enumerate(outputs):  # 128 train and 32 validation examples, half each
         assert f"process {i}/2 tokenized 64 of 128 train, 16 of 32 validation examples (shards {i}-{i} of 2)" in out
-    difference = _max_difference(_weights(four_devices_two_shards), _weights(tmp_path))
+    difference = _max_difference(_weights(four_devices), _weights(tmp_path))
     print("2 processes x 2 devices vs 1 process x 4 devices:", difference)
     assert difference < TOLERANCE
     # Evaluation counts both processes' examples, as the single process does.
     ours, reference = (json.loads((d / "results.json").read_text())["validation"]
-                       for d in (tmp_path, four_devices_two_shards))
+                       for d in (tmp_path, four_devices))
     assert ours["accuracy"] == reference["accuracy"] and ours["loss"] == pytest.approx(reference["loss"], abs=1e-5)
     # Logs are written once, by process 0.
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -232,8 +227,8 @@ def test_two_processes_score_and_predict_token_classification_as_one_process(tin
 def test_two_processes_reading_one_shard_are_refused_naming_data_shards(tiny_bert, snippets_csv, tmp_path):
     coordinator = f"127.0.0.1:{_free_port()}"
     procs = [
-        _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--coordinator_address", coordinator,
-                       "--num_processes", "2", "--process_id", str(i)), check=False)
+        _run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--data_shards", "1", "--coordinator_address",
+                       coordinator, "--num_processes", "2", "--process_id", str(i)), check=False)
         for i in range(2)
     ]
     _finish(*procs, expected=2)
