@@ -442,8 +442,9 @@ class TrainConfig:
         alone."""
         source = self.data_source()
         if not self.train_file:
-            source["label_names"] = saved_tags(self.model_folder())
-            classes = saved_classes(self.model_folder()) if source["label_names"] is None else None
+            folder = self.model_folder()
+            source["label_names"] = saved_tags(folder)
+            classes = saved_classes(folder) if source["label_names"] is None else None
             if classes is not None and (self.validation_file or self.test_file):
                 source["class_names"] = classes.names
                 source["problem_type"] = source.get("problem_type") or classes.problem_type
