@@ -32,16 +32,16 @@ def test_the_trainer_peer_trains_with_the_hyperparameters_of_flaxheads_train(tmp
                                                     str(tmp_path)).bf16
 
 
-def test_packing_runs_the_same_job_packed_into_rows(monkeypatch):
+def test_the_default_job_packs_and_unpacked_runs_the_same_job_padded(monkeypatch):
     from flaxheads.benchmarks import cli as bench_cli
 
     asked = {}
     monkeypatch.setattr(e2e, "measure", lambda job, **options: asked.update(job=job, **options) or [])
-    bench_cli.e2e(build_parser().parse_args(["bench", "e2e", "--packing", "--packed_batch_size", "4", "--no-torch"]))
-    job, packed = asked["job"], asked["packed_job"]
-    assert packed.train_config().packing and not job.train_config().packing
-    assert packed.config == {**job.config, "packing": True, "per_device_train_batch_size": 4}
-    assert (packed.max_train_samples, packed.max_eval_samples) == (job.max_train_samples, job.max_eval_samples)
+    bench_cli.e2e(build_parser().parse_args(["bench", "e2e", "--unpacked", "--no-torch"]))
+    job, unpacked = asked["job"], asked["unpacked_job"]
+    assert job.config["packing"] is None and job.train_config().packing_applies("single_label_classification")
+    assert unpacked.config == {**job.config, "packing": False}
+    assert (unpacked.max_train_samples, unpacked.max_eval_samples) == (job.max_train_samples, job.max_eval_samples)
 
 
 def test_the_job_cuts_every_split_to_the_sample_limits():
@@ -51,8 +51,8 @@ def test_the_job_cuts_every_split_to_the_sample_limits():
 
 @pytest.mark.slow  # two training runs and a transformers Trainer run
 def test_bench_e2e_runs_both_sides_and_the_second_flaxheads_run_compiles_nothing(tiny_bert, tmp_path, capsys):
-    # Without --packing (two more flaxheads runs, +35 s of CI): the packed runs are the same
-    # code with TrainConfig(packing=True), which test_packing_* trains.
+    # Without --unpacked (two more flaxheads runs, +35 s of CI): those are the same code with
+    # TrainConfig(packing=False), which most training tests run.
     out = tmp_path / "e2e.json"
     assert bench_main(["e2e", "--model", str(tiny_bert), "--max_steps", "2", "--max_train_samples", "64",
                        "--max_eval_samples", "16", "--max_seq_length", "32", "--json", str(out)]) == 0

@@ -10,6 +10,7 @@ that example alone."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import datasets
 import jax
@@ -187,7 +188,7 @@ def test_packing_preference_pairs_is_refused_naming_the_flag():
 
 def test_max_segments_per_row_without_packing_is_refused_naming_both_flags():
     with pytest.raises(ValueError, match="packing=True"):
-        TrainConfig(max_segments_per_row=8)
+        TrainConfig(packing=False, max_segments_per_row=8)
     with pytest.raises(ValueError, match="at least 1"):
         TrainConfig(packing=True, max_segments_per_row=0)
     assert segments_per_row(True, None, 128) == 16 and segments_per_row(False, None, 128) == 0
@@ -260,33 +261,58 @@ def test_packed_text_scorer_returns_the_unpacked_logits_in_the_texts_order(contr
     np.testing.assert_allclose(packed, TextScorer(contract_model, tokenizer, max_seq_length=T).logits(texts), atol=1e-5)
 
 
-def test_trainer_counts_steps_per_epoch_in_packed_rows(tiny_bert, tmp_path):
+def test_packing_is_on_by_default_where_it_applies():
+    cfg = TrainConfig(output_dir=None, dataset=None)
+    assert cfg.packing is None
+    assert [cfg.packing_applies(kind) for kind in (data.SINGLE_LABEL, data.MULTI_LABEL, problem.REGRESSION)] == [
+        True] * 3
+    assert not any(cfg.packing_applies(kind) for kind in (problem.PAIRWISE_REWARD, problem.TOKEN_CLASSIFICATION,
+                                                          problem.MULTIPLE_CHOICE))
+    assert not TrainConfig(output_dir=None, train_sampling_strategy="sequential").packing_applies(data.SINGLE_LABEL)
+    assert not TrainConfig(output_dir=None, packing=False).packing_applies(data.SINGLE_LABEL)
+    assert TrainConfig(output_dir=None, packing=True, train_sampling_strategy="sequential").packing_applies(
+        data.SINGLE_LABEL)
+
+
+def test_trainer_packs_by_default_with_rows_that_hold_the_batch_size_in_examples(tiny_bert):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
     texts = [f"text number {i} " + "word " * (i % 9) for i in range(64)]
-    args = TrainConfig(output_dir=None, dataset=None, max_seq_length=T, per_device_train_batch_size=2,
-                       num_train_epochs=2, packing=True, disable_tqdm=True)
-    trainer = flaxheads.Trainer(flaxheads.from_pretrained(tiny_bert, num_labels=3), args,
-                                train_dataset=(texts, [str(i % 3) for i in range(64)]), tokenizer=tokenizer)
-    lengths = trainer._tokenized_train.lengths
+    args = TrainConfig(output_dir=None, dataset=None, max_seq_length=T, per_device_train_batch_size=8,
+                       num_train_epochs=2, disable_tqdm=True)
+
+    def trainer(**changes):
+        return flaxheads.Trainer(flaxheads.from_pretrained(tiny_bert, num_labels=3),
+                                 dataclasses.replace(args, **changes),
+                                 train_dataset=(texts, [str(i % 3) for i in range(64)]), tokenizer=tokenizer)
+
+    fitted = trainer()
+    assert fitted.args.packing  # packing=None (the default) became True for these labels
+    lengths = fitted._tokenized_train.lengths
     # Train rows fit the longest example (rounded up to 16); evaluation rows stay T long.
     row_length = int(-(-lengths.max() // 16) * 16)
-    assert row_length < T and (trainer.train_format.max_seq_length, trainer.batch_format.max_seq_length) == (
+    assert row_length < T and (fitted.train_format.max_seq_length, fitted.batch_format.max_seq_length) == (
         row_length, T)
     rows = RowPlan.build(lengths, row_length, default_max_segments(row_length)).num_rows
-    assert (trainer.train_format.max_segments, trainer.batch_format.max_segments) == (
+    assert (fitted.train_format.max_segments, fitted.batch_format.max_segments) == (
         default_max_segments(row_length), default_max_segments(T))
-    assert trainer.total_steps == 2 * -(-rows // (2 * jax.device_count())) < 2 * 64 // (2 * jax.device_count())
+    # A batch is the rows that hold 8 examples on average: 64 examples in `rows` rows.
+    per_device = max(1, math.floor(8 * rows / 64 + 0.5))
+    assert 1 < per_device < 8 and fitted.global_batch == per_device * jax.device_count()
+    assert fitted.total_steps == 2 * -(-rows // fitted.global_batch)
+    assert abs(fitted.total_steps - 2 * 64 // (8 * jax.device_count())) <= 2  # about the unpacked count
 
-    fixed = flaxheads.Trainer(flaxheads.from_pretrained(tiny_bert, num_labels=3),
-                              dataclasses.replace(args, packed_row_length=T),
-                              train_dataset=(texts, [str(i % 3) for i in range(64)]), tokenizer=tokenizer)
-    assert fixed.train_format == fixed.batch_format
+    fixed = trainer(packed_row_length=T, packed_batch_rows=2)
+    assert fixed.train_format == fixed.batch_format and fixed.global_batch == 2 * jax.device_count()
     rows = RowPlan.build(lengths, T, default_max_segments(T)).num_rows
     assert fixed.total_steps == 2 * -(-rows // (2 * jax.device_count()))
+    padded = trainer(packing=False)
+    assert not padded.batch_format.packed and padded.total_steps == 2 * 64 // (8 * jax.device_count())
 
 
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"packed_row_length": 16}, r"packed_row_length=16 applies to packed rows only: pass packing=True"),
+    ({"packing": False, "packed_row_length": 16}, r"packed_row_length=16 applies to packed rows only: pass pa"),
+    ({"packing": False, "packed_batch_rows": 4}, r"packed_batch_rows=4 applies to packed rows only"),
+    ({"packed_batch_rows": 0}, r"packed_batch_rows=0: it must be at least 1"),
     ({"packing": True, "packed_row_length": 64}, r"packed_row_length=64 must be in \[1, max_seq_length=32\]"),
 ])
 def test_a_packed_row_length_that_cannot_apply_is_refused_naming_the_fix(settings, message):
@@ -303,7 +329,7 @@ def test_packed_trainer_run_trains_on_several_examples_per_row_and_predicts_in_d
     texts = [f"text {i} " + "word " * (i % 7) for i in range(24)]
     labels = [str(i % 3) for i in range(24)]
     args = TrainConfig(output_dir=None, dataset=None, max_seq_length=T, per_device_train_batch_size=2,
-                       per_device_eval_batch_size=2, max_steps=2, packing=True, max_segments_per_row=2,
+                       per_device_eval_batch_size=2, max_steps=2, packing=True, max_segments_per_row=2, packed_batch_rows=2,
                        learning_rate=1e-2, disable_tqdm=True, do_eval=False)
     trainer = flaxheads.Trainer(contract_model, args, train_dataset=(texts, labels), tokenizer=tokenizer)
     _, metrics, _ = trainer.train()

@@ -107,7 +107,10 @@ def _cli_flags(config: TrainConfig) -> list[str]:
     return flags + ["--disable_tqdm"]
 
 
-@pytest.mark.parametrize("mode", ["after_save", "during_save"])
+# Killed during a save: the torn checkpoint is left out and the killed run's lock is free. A kill
+# right after a finished save ("after_save", 47 s of CI) is the clean stop that
+# test_resume_after_stop_is_bit_identical resumes, and a killed run's lock test_checkpoint_faults.
+@pytest.mark.parametrize("mode", ["during_save"])
 def test_sigkill_then_rerun_resumes_bit_identical(mode, tiny_bert, snippets_csv, uninterrupted, tmp_path):
     flags = _cli_flags(two_epoch_config(tiny_bert, snippets_csv, tmp_path))
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -124,9 +127,11 @@ def test_sigkill_then_rerun_resumes_bit_identical(mode, tiny_bert, snippets_csv,
 
 
 def test_gradient_accumulation_matches_one_big_batch(tiny_bert, snippets_csv, tmp_path):
-    big = train(two_epoch_config(tiny_bert, snippets_csv, tmp_path / "big", max_steps=6, per_device_train_batch_size=8))
+    # Packed (the default), the rows are set so that both take the same 4 rows a step.
+    big = train(two_epoch_config(tiny_bert, snippets_csv, tmp_path / "big", max_steps=6, per_device_train_batch_size=8,
+                                 packed_batch_rows=4))
     accumulated = train(two_epoch_config(tiny_bert, snippets_csv, tmp_path / "acc", max_steps=6,
-                                per_device_train_batch_size=4, gradient_accumulation_steps=2))
+                                per_device_train_batch_size=4, gradient_accumulation_steps=2, packed_batch_rows=2))
     a, b = exported_weights(tmp_path / "big"), exported_weights(tmp_path / "acc")
     worst = max(np.abs(a[k] - b[k]).max() for k in a)
     print("max parameter difference, accumulation vs one batch:", worst)

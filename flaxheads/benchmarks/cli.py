@@ -8,7 +8,7 @@
     flaxheads bench scaling                  # 1 vs 4 (fake CPU) devices, compile time per bucket
     flaxheads bench load                     # a random 1.3B bf16 sharded checkpoint: load s, peak RSS
     flaxheads bench e2e --json e2e.json      # the default train job: Trainer vs flaxheads (cold, warm cache)
-    flaxheads bench e2e --packing            # ... and flaxheads with sequence packing
+    flaxheads bench e2e --unpacked           # ... and flaxheads without sequence packing
     flaxheads bench checkpoint               # seconds a save blocks training: synchronous vs asynchronous
 
 `python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
@@ -64,8 +64,8 @@ def e2e(args) -> list[dict]:
     job = bench.E2EJob.default(max_steps=args.max_steps, max_train_samples=args.max_train_samples,
                                max_eval_samples=args.max_eval_samples, dtype=args.dtype, model=args.model,
                                max_seq_length=args.max_seq_length)
-    packed = job.packed(args.packed_batch_size) if args.packing else None
-    return bench.measure(job, torch_peer=args.torch, flaxheads_runs=args.flaxheads_runs, packed_job=packed)
+    unpacked = job.unpacked() if args.unpacked else None
+    return bench.measure(job, torch_peer=args.torch, flaxheads_runs=args.flaxheads_runs, unpacked_job=unpacked)
 
 
 def scaling(args) -> list[dict]:
@@ -147,11 +147,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e2e.add_argument("--max_eval_samples", type=int, help="score the first N validation and test examples only")
     e2e.add_argument("--max_seq_length", type=int, help="default: flaxheads train's (128)")
     e2e.add_argument("--model", help="model folder for e2e and checkpoint (default: the shipped MiniLM)")
-    e2e.add_argument("--packing", action="store_true",
-                     help="also run flaxheads with sequence packing (`flaxheads train --packing`)")
-    e2e.add_argument("--packed_batch_size", type=int, default=11,
-                     help="packed rows a batch (default 11: the default job's rows fit its longest example, 80 "
-                          "tokens, and hold ~2.9 examples each, so ~32 examples, the Trainer's batch)")
+    e2e.add_argument("--unpacked", action="store_true",
+                     help="also run flaxheads without sequence packing (`flaxheads train --no_packing`: padded "
+                          "batches grouped by length)")
     e2e.add_argument("--flaxheads_runs", type=int, default=2,
                      help="flaxheads runs sharing a compilation cache that starts empty (1: cold only)")
     e2e.add_argument("--json", help="also write the rows to this new JSON file (an existing one is refused)")

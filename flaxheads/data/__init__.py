@@ -32,6 +32,7 @@ from flaxheads.data.batching import (
     eval_batches,
     example_lengths,
     num_batches,
+    packed_num_rows,
     process_rows,
     process_shards,
 )
@@ -46,7 +47,7 @@ from flaxheads.data.builtin import (
 from flaxheads.data.files import load_local_files, load_named_dataset
 from flaxheads.data.in_memory import InMemoryTask, SplitData, as_dataset, load_in_memory
 from flaxheads.data.labels import encode_labels
-from flaxheads.data.packing import RowPlan, default_max_segments, fitted_row_length
+from flaxheads.data.packing import RowPlan, default_max_segments, fitted_row_length, rows_for_examples
 from flaxheads.data.shards import (
     OwnSplit,
     accumulation_view,
@@ -115,6 +116,7 @@ __all__ = [
     "movie_snippets",
     "movie_snippets_regression",
     "num_batches",
+    "packed_num_rows",
     "plan_windows",
     "process_rows",
     "process_shards",
@@ -123,6 +125,7 @@ __all__ = [
     "read_conllu",
     "read_word_file",
     "read_word_records",
+    "rows_for_examples",
     "sms_spam",
     "split_dataset",
     "tokenize_own_shards",

@@ -80,7 +80,7 @@ def bucket_for(longest: int, buckets: Sequence[int]) -> int:
     )
 
 
-_NOT_PACKED = {
+NOT_PACKED = {
     problem.PAIRWISE_REWARD: "preference pairs (problem_type pairwise_reward): each pair is scored as two rows",
     problem.TOKEN_CLASSIFICATION: "token classification: each sentence (or window of one) is a row of its own",
     problem.MULTIPLE_CHOICE: "multiple choice: each choice is a row of its own, scored beside its example's others",
@@ -113,9 +113,9 @@ class BatchFormat:
         problem.require_known_data(self.problem_type)
         if self.max_segments < 0:
             raise ValueError(f"max_segments must be 0 (no packing) or positive, got {self.max_segments}")
-        if self.max_segments and self.problem_type in _NOT_PACKED:
+        if self.max_segments and self.problem_type in NOT_PACKED:
             raise ValueError(f"sequence packing (TrainConfig(packing=True), --packing) does not apply to "
-                             f"{_NOT_PACKED[self.problem_type]}. Train without packing")
+                             f"{NOT_PACKED[self.problem_type]}. Train without packing")
         bucket_lengths(self.max_seq_length, self.pad_to_multiple_of)  # its error names a bad value
 
     @classmethod
@@ -368,6 +368,12 @@ def batches_per_epoch(lengths: np.ndarray, batch_format: BatchFormat, *, global_
         return num_batches(len(lengths), global_batch_size)
     plans = _shard_plans(np.asarray(lengths), batch_format, shard_bounds(len(lengths), num_shards))
     return _packed_num_batches(plans, global_batch_size // num_shards)
+
+
+def packed_num_rows(lengths: np.ndarray, batch_format: BatchFormat, *, num_shards: int = 1) -> int:
+    """Packed rows that a split whose examples have `lengths` tokens fills, over all its shards."""
+    plans = _shard_plans(np.asarray(lengths), batch_format, shard_bounds(len(lengths), num_shards))
+    return sum(plan.num_rows for plan in plans)
 
 
 def _shard_plans(lengths: np.ndarray, batch_format: BatchFormat, bounds: np.ndarray) -> list[RowPlan]:

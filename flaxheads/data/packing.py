@@ -19,6 +19,7 @@ batch to a multiple of 8 costs 268k tokens.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -75,6 +76,24 @@ def check_packed_row_length(row_length: int | None, packing: bool, max_length: i
     if not 1 <= row_length <= max_length:
         raise ValueError(f"packed_row_length={row_length} must be in [1, max_seq_length={max_length}]: examples are "
                          "tokenised to max_seq_length, so rows that long hold any of them")
+
+
+def check_packed_batch_rows(rows: int | None, packing: bool) -> None:
+    """ValueError naming the fix for packed_batch_rows without packing, or below 1."""
+    if rows is None:
+        return
+    if not packing:
+        raise ValueError(f"packed_batch_rows={rows} applies to packed rows only: pass packing=True (--packing) as "
+                         "well, or leave packed_batch_rows out")
+    if rows < 1:
+        raise ValueError(f"packed_batch_rows={rows}: it must be at least 1")
+
+
+def rows_for_examples(examples: int, num_rows: int, num_examples: int, *, per: int = 1) -> int:
+    """Groups of `per` packed rows that hold about `examples` examples when `num_examples` fill
+    `num_rows` rows: the nearest whole number (halves round up), at least 1."""
+    groups = examples * num_rows / (max(num_examples, 1) * per)
+    return max(1, math.floor(groups + 0.5))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,8 +32,10 @@ class OwnSplit(NamedTuple):
     None for other tasks."""
 
 
-def check_data_shards(data_shards: int, task: TaskData, train_batch: int, eval_batch: int) -> None:
-    """ValueError naming data_shards unless each process can read only its own shards."""
+def check_data_shards(data_shards: int, task: TaskData, train_batch: int, eval_batch: int, *,
+                      unit: str = "examples") -> None:
+    """ValueError naming data_shards unless each process can read only its own shards; the
+    batches count `unit` (packed rows, when packed)."""
     processes = jax.process_count()
     if data_shards % processes:
         raise ValueError(
@@ -43,7 +45,7 @@ def check_data_shards(data_shards: int, task: TaskData, train_batch: int, eval_b
     for name, size in (("train", train_batch), ("eval", eval_batch)):
         if size % data_shards:
             raise ValueError(
-                f"--data_shards {data_shards} must divide the global {name} batch of {size} examples: each shard "
+                f"--data_shards {data_shards} must divide the global {name} batch of {size} {unit}: each shard "
                 "fills an equal part of every batch"
             )
     for name, split in task.splits.items():

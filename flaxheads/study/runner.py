@@ -233,7 +233,9 @@ def cell_train_config(cell: Cell, settings: StudySettings, output_dir: Path):
     if settings.batch_size % devices:
         raise StudyError(f"batch_size {settings.batch_size} does not split over {devices} devices: choose a multiple "
                          f"of {devices}")
-    fields = dict(settings.train_options)
+    # Padded batches unless the study's train_options say otherwise: its committed cells were run
+    # so, before packing became TrainConfig's default.
+    fields = {"packing": False, **dict(settings.train_options)}
     length = (dict(num_train_epochs=settings.max_epochs, max_steps=-1, save_steps=10 ** 9)
               if settings.max_epochs is not None else dict(max_steps=settings.max_steps, save_steps=settings.max_steps))
     stopping = (dict(early_stopping_patience=settings.early_stopping_patience, load_best_model_at_end=True)

@@ -286,6 +286,10 @@ def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, exp
     if trained or settings:
         resume = ("; to continue that run's checkpoints with these training settings pass "
                   "resume_from_checkpoint=STEP" if not trained else "")
+        if "packing" in identity["trained"] and any(line.startswith("global_batch_size:") for line in trained):
+            resume += ("\n(Packed, a batch's rows are the nearest multiple of the device count to the rows that "
+                       "hold the examples of a batch: on another device count, set packed_batch_rows so that "
+                       "it times the device count and gradient_accumulation_steps gives the folder's batch)")
         raise CheckpointMismatch(
             f"output_dir {output_dir} holds a different run:\n  " + "\n  ".join(trained + settings) + "\nPass "
             "overwrite_output_dir=True to start over there, or choose another output_dir" + resume

@@ -172,6 +172,8 @@ class Trainer:
         self.tokenizer, self.compute_metrics = for_model(tokenizer, model.config.backbone), compute_metrics
         self.data = self._load_data(model.config, task, train_dataset, eval_dataset, test_dataset)
         self.task = task = self.data.task
+        if args.packing is None:  # decided by the data: on wherever it applies
+            self.args = args = dataclasses.replace(args, packing=args.packing_applies(task.problem_type))
         self.model_class = type(model)
         """What the run trains and exports: `SequenceClassifier`, or `TokenClassifier` for word tags."""
         print0(f"problem type {task.problem_type_reason or task.problem_type}")
@@ -214,8 +216,11 @@ class Trainer:
         """The train split, tokenised early when its token counts decide the steps (packing)."""
         self.train_format = self.batch_format
         """The train batches' format: packed, in rows of packed_row_length (`_batches_per_epoch`)."""
+        # Packed, the rows (their length, a batch's count) come from the train split's token counts.
+        per_epoch = self._batches_per_epoch() if args.do_train and (
+            args.max_steps <= 0 or self.batch_format.packed) else 0
         self.total_steps = 0 if not args.do_train else (
-            args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self._batches_per_epoch()))
+            args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch))
         self.model_name = args.model_name_or_path or "in-memory model"
         """Names the model in run.json, for people; the identity has its content (`model_identity`)."""
         self.model_identity: str | None = None
@@ -297,6 +302,7 @@ class Trainer:
         self._tokenized_train = self._own_splits(["train"], cache=False)["train"]
         if self.batch_format.packed:
             self.train_format = self._packed_train_format(self._tokenized_train.lengths)
+            self.global_batch = self._packed_global_batch(self._tokenized_train.lengths)
         return data.batches_per_epoch(self._tokenized_train.lengths, self.train_format,
                                       global_batch_size=self.global_batch, num_shards=self.args.data_shards)
 
@@ -309,6 +315,20 @@ class Trainer:
         row_length = min(row_length, self.max_seq_length)  # the model may hold fewer positions
         return dataclasses.replace(self.batch_format, max_seq_length=row_length,
                                    max_segments=segments_per_row(True, args.max_segments_per_row, row_length))
+
+    def _packed_global_batch(self, lengths) -> int:
+        """Packed rows a global train batch takes: packed_batch_rows per device per micro-batch, or
+        by default the rows that hold the global batch's examples on average, to the nearest
+        multiple of what splits evenly over the devices, micro-batches and data shards (at least one)."""
+        args = self.args
+        parts = jax.device_count() * args.gradient_accumulation_steps
+        if args.packed_batch_rows is not None:
+            rows = args.packed_batch_rows * parts
+            data.check_data_shards(args.data_shards, self.task, rows, self.eval_batch, unit="packed rows")
+            return rows
+        unit = math.lcm(parts, args.data_shards)
+        num_rows = data.packed_num_rows(lengths, self.train_format, num_shards=args.data_shards)
+        return unit * data.rows_for_examples(self.global_batch, num_rows, len(lengths), per=unit)
 
     def _own_splits(self, names, *, cache: bool = True) -> dict[str, data.OwnSplit]:
         early = {"train": self._tokenized_train} if self._tokenized_train is not None else {}
