@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -42,6 +43,27 @@ def test_the_default_job_packs_and_unpacked_runs_the_same_job_padded(monkeypatch
     assert job.config["packing"] is None and job.train_config().packing_applies("single_label_classification")
     assert unpacked.config == {**job.config, "packing": False}
     assert (unpacked.max_train_samples, unpacked.max_eval_samples) == (job.max_train_samples, job.max_eval_samples)
+
+
+@pytest.mark.parametrize("changes, flags", [
+    ({}, []),
+    ({"max_steps": 3, "dtype": "bfloat16", "max_seq_length": 64}, ["--max_steps", "3", "--dtype", "bfloat16",
+                                                                   "--max_seq_length", "64"]),
+])
+def test_flaxheads_runs_the_job_as_the_train_command_with_the_flags_that_make_it(changes, flags, tmp_path):
+    from flaxheads.cli import train_config
+
+    for job, extra in ((e2e.E2EJob.default(**changes), []), (e2e.E2EJob.default(**changes).unpacked(), ["--no_packing"])):
+        assert sorted(job.command_flags()) == sorted(flags + extra)
+        parsed = build_parser().parse_args(["train", "--output_dir", str(tmp_path), *job.command_flags()])
+        assert train_config(parsed) == dataclasses.replace(job.train_config(), output_dir=str(tmp_path))
+
+
+def test_a_job_cut_to_sample_limits_has_no_command_and_an_unknown_change_is_refused():
+    assert e2e.E2EJob.default(max_train_samples=64).command_flags() is None
+    job = e2e.E2EJob.default()
+    with pytest.raises(ValueError, match="learning_rate"):
+        dataclasses.replace(job, config={**job.config, "learning_rate": 1.0}).command_flags()
 
 
 def test_the_job_cuts_every_split_to_the_sample_limits():

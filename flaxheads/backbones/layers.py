@@ -8,16 +8,37 @@ and scan over layers), `rope.py` (rotary positions), `segments.py` (packed rows)
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+
+@jax.custom_jvp
+def gelu(x: jax.Array) -> jax.Array:
+    """Exact GELU as torch computes it, x * (1 + erf(x / sqrt(2))) / 2 (transformers' "gelu").
+
+    `jax.nn.gelu(approximate=False)` computes the same function through erfc, which XLA:CPU
+    evaluates with two branches and a select: ~2x the forward's cost (measured in the MiniLM
+    train step: -4% of the step with this form). The derivative is written out (Phi(x) + x phi(x))
+    so that the backward pass reuses the forward's erf instead of differentiating through it."""
+    return x * (0.5 * (1.0 + jax.lax.erf(x * math.sqrt(0.5))))
+
+
+@gelu.defjvp
+def _gelu_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    cdf = 0.5 * (1.0 + jax.lax.erf(x * math.sqrt(0.5)))
+    pdf = jnp.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    return x * cdf, x_dot * (cdf + x * pdf)
+
+
 # Hugging Face `hidden_act` names -> functions with the same numerics as transformers.activations.
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_python": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu": gelu,
+    "gelu_python": gelu,
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),

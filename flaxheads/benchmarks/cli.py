@@ -65,7 +65,8 @@ def e2e(args) -> list[dict]:
                                max_eval_samples=args.max_eval_samples, dtype=args.dtype, model=args.model,
                                max_seq_length=args.max_seq_length)
     unpacked = job.unpacked() if args.unpacked else None
-    return bench.measure(job, torch_peer=args.torch, flaxheads_runs=args.flaxheads_runs, unpacked_job=unpacked)
+    return bench.measure(job, torch_peer=args.torch, flaxheads_runs=args.flaxheads_runs, unpacked_job=unpacked,
+                         trainer_huge_pages=args.trainer_huge_pages)
 
 
 def scaling(args) -> list[dict]:
@@ -150,6 +151,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e2e.add_argument("--unpacked", action="store_true",
                      help="also run flaxheads without sequence packing (`flaxheads train --no_packing`: padded "
                           "batches grouped by length)")
+    e2e.add_argument("--trainer_huge_pages", action="store_true",
+                     help="also run the Trainer with glibc's huge pages (flaxheads runs with them, as its "
+                          "command starts; the Trainer runs without them, as plain python does)")
     e2e.add_argument("--flaxheads_runs", type=int, default=2,
                      help="flaxheads runs sharing a compilation cache that starts empty (1: cold only)")
     e2e.add_argument("--json", help="also write the rows to this new JSON file (an existing one is refused)")

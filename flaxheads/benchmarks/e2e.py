@@ -4,13 +4,17 @@ The job is `flaxheads train`'s default (a `TrainConfig`: the shipped MiniLM on m
 seed-42 split, lr 1e-4, 10% warmup, linear decay, weight decay 0.01, clipping 1.0, max length 128,
 one epoch of batches of 32 examples: flaxheads packs them, 11 rows of 80 tokens a batch; the
 Trainer groups them by length and pads), optionally cut short (`max_steps`,
-`max_train_samples`, `max_eval_samples`). Each side runs in a fresh subprocess of this module and
-is timed from loading the model to the test split's scores:
+`max_train_samples`, `max_eval_samples`). Each side runs in a fresh subprocess of this module, timed from the process's start to its
+exit (`process_s`, what a user waits) and from loading the model to the test split's scores
+(`wall_s`):
 
-- flaxheads: `Trainer.from_config(cfg, task).train()` into a temporary output_dir (so with what
-  `flaxheads train` does beyond training: the final checkpoint, the best and final exports), with
-  jax's persistent compilation cache in a folder of this benchmark: empty for the first run
-  ("cold"), reused by the second ("warm"), which then compiles nothing.
+- flaxheads: the `flaxheads train` command itself (`flaxheads.cli.main`, the console script's
+  function, with `--output_dir` a temporary folder and the job's other settings as its flags), so
+  with everything the command does beyond training (flag parsing, loading the data set by name,
+  the final checkpoint, the best and final exports, the report's figures); a job cut to sample
+  limits (which the command has no flags for) runs `Trainer.from_config(cfg, task).train()`
+  instead. jax's persistent compilation cache is in a folder of this benchmark: empty for the
+  first run ("cold"), reused by the second ("warm"), which then compiles nothing.
 - transformers: `AutoModelForSequenceClassification` + `Trainer` with `DataCollatorWithPadding`,
   `train_sampling_strategy="group_by_length"` and the same hyperparameters (bf16 autocast with
   dtype bfloat16), no checkpoints, then `evaluate` on validation and test.
@@ -21,6 +25,7 @@ Each subprocess prints one JSON line: wall seconds, train seconds, train example
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,7 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
+
+from flaxheads import host_memory
 
 SIDES = ("transformers", "flaxheads")
 
@@ -65,6 +73,32 @@ class E2EJob:
 
         return TrainConfig(**self.config)
 
+    def command_flags(self) -> list[str] | None:
+        """The flags that make `flaxheads train` run this job (`--output_dir` aside), or None for a
+        job cut to sample limits, which the command cannot express."""
+        from flaxheads.training.config import TrainConfig
+
+        if self.max_train_samples is not None or self.max_eval_samples is not None:
+            return None
+        default, flags = dataclasses.asdict(TrainConfig()), []
+        changed = {name: value for name, value in self.config.items() if value != default[name]}
+        unknown = set(changed) - set(COMMAND_FLAGS)
+        if unknown:
+            raise ValueError(f"the e2e job changes {sorted(unknown)}, which command_flags does not spell")
+        for name, value in changed.items():
+            flags += COMMAND_FLAGS[name](value)
+        return flags
+
+
+COMMAND_FLAGS = {
+    "max_steps": lambda value: ["--max_steps", str(value)],
+    "dtype": lambda value: ["--dtype", value],
+    "model_name_or_path": lambda value: ["--model_name_or_path", value],
+    "max_seq_length": lambda value: ["--max_seq_length", str(value)],
+    "packing": lambda value: ["--packing" if value else "--no_packing"],
+}
+"""`flaxheads train` flags for the TrainConfig fields an e2e job may change."""
+
 
 def load_job_task(job: E2EJob):
     """The splits both sides train and score on."""
@@ -81,18 +115,31 @@ def load_job_task(job: E2EJob):
 
 
 def run_flaxheads(job: E2EJob) -> dict[str, Any]:
-    """`flaxheads train`'s work on the job; the compilation cache is the environment's."""
+    """The job run by `flaxheads train` (or, cut to sample limits, by the Trainer that command
+    runs); the compilation cache is the environment's, as the command's."""
     start = time.perf_counter()
     from flaxheads import compile_cache
 
-    cache = compile_cache.enable()
-    timer = compile_cache.CompileTimer().start()
-    from flaxheads.training.trainer import Trainer
-
-    task = load_job_task(job)
+    flags = job.command_flags()
     with tempfile.TemporaryDirectory() as output_dir:
-        cfg = dataclasses.replace(job.train_config(), output_dir=output_dir, report_to="none", disable_tqdm=True)
-        results = Trainer.from_config(cfg, task).train().metrics
+        if flags is not None:
+            from flaxheads import cli
+
+            timer = compile_cache.CompileTimer().start()
+            with contextlib.redirect_stdout(sys.stderr):  # stdout is this side's JSON row
+                code = cli.main(["train", "--output_dir", output_dir, *flags])
+            if code != 0:
+                raise RuntimeError(f"flaxheads train {' '.join(flags)} exited with {code}")
+            results = json.loads((Path(output_dir) / "results.json").read_text())
+            cache = compile_cache.cache_directory()  # what the command enabled: the environment's
+        else:
+            cache = compile_cache.enable()
+            timer = compile_cache.CompileTimer().start()
+            from flaxheads.training.trainer import Trainer
+
+            cfg = dataclasses.replace(job.train_config(), output_dir=output_dir, report_to="none",
+                                      disable_tqdm=True)
+            results = Trainer.from_config(cfg, load_job_task(job)).train().metrics
     wall = time.perf_counter() - start
     timer.stop()
     train_seconds = results["seconds"] - results["eval_seconds"]
@@ -170,10 +217,11 @@ RUNNERS = {"flaxheads": run_flaxheads, "transformers": run_transformers}
 
 
 def run_side(side: str, job: E2EJob, *, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """One side's row, run in a fresh Python process (its seconds from start to exit included)."""
+    """One side's row, run in a fresh Python process (its seconds from start to exit included)
+    with `env` (default: this process's environment)."""
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "flaxheads.benchmarks.e2e", side, json.dumps(dataclasses.asdict(job))],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})})
+                          capture_output=True, text=True, env=os.environ if env is None else env)
     if proc.returncode != 0:
         raise RuntimeError(f"the {side} side of the e2e benchmark failed (exit {proc.returncode}):\n"
                            f"{proc.stderr[-3000:]}")
@@ -183,20 +231,29 @@ def run_side(side: str, job: E2EJob, *, env: dict[str, str] | None = None) -> di
 
 
 def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2,
-            unpacked_job: E2EJob | None = None) -> list[dict[str, Any]]:
+            unpacked_job: E2EJob | None = None, trainer_huge_pages: bool = False) -> list[dict[str, Any]]:
     """Rows of `flaxheads bench e2e`: the Trainer (when `torch_peer`), then flaxheads
     `flaxheads_runs` times sharing a compilation cache that starts empty (run 1 cold, then warm),
     then as many runs of `unpacked_job` (when given) with a cache of their own; each row's speed-up
-    is the Trainer's wall seconds over its own."""
+    is the Trainer's wall seconds over its own.
+
+    flaxheads runs with glibc's huge pages, as `scripts/flaxheads` and the `flaxheads` command
+    start it (`host_memory`); the Trainer as a plain `python` runs it, without them, unless
+    `trainer_huge_pages`, and then a second Trainer row runs with them too."""
     rows = []
     dtype = job.config["dtype"]
     if torch_peer:
-        rows.append(dict(impl="transformers Trainer (PyTorch)", **run_side("transformers", job)))
+        rows.append(dict(impl="transformers Trainer (PyTorch)",
+                         **run_side("transformers", job, env=host_memory.without_huge_pages(os.environ))))
+        if trainer_huge_pages:
+            rows.append(dict(impl="transformers Trainer (PyTorch), glibc huge pages",
+                             **run_side("transformers", job, env=host_memory.with_huge_pages(os.environ))))
     variants = [("flaxheads", job)] + ([("flaxheads --no_packing", unpacked_job)] if unpacked_job else [])
     for name, variant in variants:
         with tempfile.TemporaryDirectory() as cache:
             for run in range(flaxheads_runs):
-                row = run_side("flaxheads", variant, env={"FLAXHEADS_COMPILATION_CACHE": cache})
+                env = host_memory.with_huge_pages({**os.environ, "FLAXHEADS_COMPILATION_CACHE": cache})
+                row = run_side("flaxheads", variant, env=env)
                 rows.append(dict(impl=f"{name} ({'cold' if run == 0 else 'warm'} compilation cache)", **row))
     peer = rows[0]["wall_s"] if torch_peer else None
     return [_rounded(dict(bench="e2e", dtype=dtype, **row, speedup_vs_trainer=peer / row["wall_s"] if peer else None))

@@ -115,11 +115,60 @@ def make_optimizer(
     adam_eps: float = 1e-8,
 ) -> optax.GradientTransformation:
     """Global-norm clipping then AdamW (decay masked by `decay_mask`), with float32 state and
-    updates for parameters of any floating dtype (`float32_state`)."""
-    steps = []
-    if max_grad_norm:
-        steps.append(optax.clip_by_global_norm(max_grad_norm))
-    steps.append(
-        optax.adamw(schedule, b1=adam_b1, b2=adam_b2, eps=adam_eps, weight_decay=weight_decay, mask=decay_mask)
-    )
-    return float32_state(optax.chain(*steps))
+    updates for parameters of any floating dtype (`float32_state`): `clipped_adamw`, optax's
+    arithmetic and state in one pass per parameter."""
+    return float32_state(clipped_adamw(schedule, b1=adam_b1, b2=adam_b2, eps=adam_eps, weight_decay=weight_decay,
+                                       max_grad_norm=max_grad_norm, mask=decay_mask))
+
+
+def reference_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float, weight_decay: float,
+                    max_grad_norm: float | None, mask) -> optax.GradientTransformation:
+    """optax's chain: `clip_by_global_norm(max_grad_norm)` (when set), then `adamw`."""
+    steps = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
+    steps.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask))
+    return optax.chain(*steps)
+
+
+def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float, weight_decay: float,
+                  max_grad_norm: float | None, mask) -> optax.GradientTransformation:
+    """`reference_adamw`'s update with its state (the same pytree: checkpoints are unchanged),
+    its formulas term for term, computed as one function per parameter.
+
+    optax's chain builds each quantity (clipped gradient, moments, bias-corrected moments, decay,
+    learning-rate scaling) as a tree of its own; XLA:CPU then writes several of them to memory
+    and reads them back: on MiniLM's 22.7M parameters that update took 55-69 ms, this one 33-36
+    (one process, alternating). `mask` is a tree of bools or a function of the parameters
+    giving one (which parameters decay), as optax's."""
+    reference = reference_adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                                max_grad_norm=max_grad_norm, mask=mask)
+
+    def update(grads, state, params=None):
+        if params is None:
+            raise ValueError(optax.NO_PARAMS_MSG)
+        # the chain's state: (clipping's, adamw's) or, unclipped, (adamw's,)
+        clip_state, (adam, decay_state, schedule_state) = state if max_grad_norm else (None, state[0])
+        g_norm = optax.tree.norm(grads) if max_grad_norm else None
+        count = optax.safe_increment(adam.count)
+        correction1, correction2 = 1 - b1**count, 1 - b2**count
+        step_size = -1 * schedule(schedule_state.count)
+        decays = mask(params) if callable(mask) else mask
+        leaves, treedef = jax.tree.flatten(grads)
+
+        def one(g, mu, nu, p, decay):
+            if max_grad_norm:
+                g = jax.lax.select(g_norm < max_grad_norm, g, (g / g_norm.astype(g.dtype)) * max_grad_norm)
+            mu = (1 - b1) * g + b1 * mu
+            nu = (1 - b2) * (g**2) + b2 * nu
+            u = (mu / correction1.astype(mu.dtype)) / (jnp.sqrt(nu / correction2.astype(nu.dtype)) + eps)
+            if decay and weight_decay != 0.0:
+                u = u + weight_decay * p
+            return jnp.array(step_size, dtype=u.dtype) * u, mu, nu
+
+        out = [one(*leaf) for leaf in zip(leaves, *(treedef.flatten_up_to(t) for t in (adam.mu, adam.nu, params)),
+                                          treedef.flatten_up_to(decays))]
+        updates, mu, nu = (treedef.unflatten(column) for column in zip(*out))
+        adam = adam._replace(count=count, mu=mu, nu=nu)
+        inner = (adam, decay_state, schedule_state._replace(count=optax.safe_increment(schedule_state.count)))
+        return updates, ((clip_state, inner) if max_grad_norm else (inner,))
+
+    return optax.GradientTransformation(reference.init, update)
