@@ -204,7 +204,8 @@ class TrainConfig:
     """Tokens in a packed training row (with packing; at most max_seq_length). Default: from the
     data, the train split's longest example rounded up to a multiple of 16, so that attention spans
     no more keys than it needs: rows of 80 on the default job, whose step is ~10% faster per token
-    than in rows of 128. Evaluation rows stay max_seq_length long."""
+    than in rows of 128. The run's evaluation rows are fitted the same way to the splits it scores
+    (whatever this setting)."""
     packed_batch_rows: int | None = None
     """Packed rows per device per micro-batch (with packing). Default: the rows that hold
     per_device_train_batch_size examples on average (the train split's examples per row), at least
