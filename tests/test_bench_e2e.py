@@ -88,6 +88,18 @@ def test_bench_e2e_runs_both_sides_and_the_second_flaxheads_run_compiles_nothing
     assert "| impl |" in capsys.readouterr().out.replace("| dtype | impl |", "| impl |")
 
 
+@pytest.mark.slow  # two runs of the train command on the whole default data set (2 steps of a tiny model)
+def test_bench_e2e_times_the_train_command_itself_and_its_second_run_compiles_nothing(tiny_bert, tmp_path):
+    out = tmp_path / "e2e.json"
+    assert bench_main(["e2e", "--model", str(tiny_bert), "--max_steps", "2", "--max_seq_length", "32", "--no-torch",
+                       "--json", str(out)]) == 0
+    cold, warm = json.loads(out.read_text())
+    assert [row["impl"] for row in (cold, warm)] == ["flaxheads (cold compilation cache)",
+                                                      "flaxheads (warm compilation cache)"]
+    assert all(row["steps"] == 2 and row["wall_s"] == row["process_s"] > row["train_s"] > 0 for row in (cold, warm))
+    assert cold["new_cache_entries"] > 0 and warm["new_cache_entries"] == 0
+
+
 def test_an_existing_json_file_is_refused_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "mine.json"
     out.write_text("my results")

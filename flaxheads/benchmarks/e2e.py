@@ -4,28 +4,29 @@ The job is `flaxheads train`'s default (a `TrainConfig`: the shipped MiniLM on m
 seed-42 split, lr 1e-4, 10% warmup, linear decay, weight decay 0.01, clipping 1.0, max length 128,
 one epoch of batches of 32 examples: flaxheads packs them, 11 rows of 80 tokens a batch; the
 Trainer groups them by length and pads), optionally cut short (`max_steps`,
-`max_train_samples`, `max_eval_samples`). Each side runs in a fresh subprocess of this module, timed from the process's start to its
-exit (`process_s`, what a user waits) and from loading the model to the test split's scores
-(`wall_s`):
+`max_train_samples`, `max_eval_samples`). Each side runs in a fresh process; `process_s` is from
+starting it to its exit, `wall_s` what the row's speed-up compares: the whole process for the
+`flaxheads train` command, from loading the model to the test split's scores otherwise:
 
-- flaxheads: the `flaxheads train` command itself (`flaxheads.cli.main`, the console script's
-  function, with `--output_dir` a temporary folder and the job's other settings as its flags), so
-  with everything the command does beyond training (flag parsing, loading the data set by name,
-  the final checkpoint, the best and final exports, the report's figures); a job cut to sample
-  limits (which the command has no flags for) runs `Trainer.from_config(cfg, task).train()`
-  instead. jax's persistent compilation cache is in a folder of this benchmark: empty for the
+- flaxheads: the `flaxheads train` command itself (`python -m flaxheads.cli train`, what the
+  console script runs, with `--output_dir` a temporary folder and the job's other settings as its
+  flags; `run_command`), so with everything the command does beyond training (flag parsing,
+  loading the data set by name, the final checkpoint, the best and final exports, the report's
+  figures), timed from the process's start to its exit; a job cut to sample limits (which the
+  command has no flags for) runs `Trainer.from_config(cfg, task).train()` in a process of this
+  module instead. jax's persistent compilation cache is in a folder of this benchmark: empty for the
   first run ("cold"), reused by the second ("warm"), which then compiles nothing.
 - transformers: `AutoModelForSequenceClassification` + `Trainer` with `DataCollatorWithPadding`,
   `train_sampling_strategy="group_by_length"` and the same hyperparameters (bf16 autocast with
   dtype bfloat16), no checkpoints, then `evaluate` on validation and test.
 
-Both read the same splits (`flaxheads.data.load_task`) and tokenise them themselves.
-Each subprocess prints one JSON line: wall seconds, train seconds, train examples/s, accuracies.
+Both read the same splits (`flaxheads.data.load_task`) and tokenise them themselves. A process of
+this module prints one JSON line: wall seconds, train seconds, train examples/s, accuracies; the
+command's row comes from its results.json.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -115,38 +116,52 @@ def load_job_task(job: E2EJob):
 
 
 def run_flaxheads(job: E2EJob) -> dict[str, Any]:
-    """The job run by `flaxheads train` (or, cut to sample limits, by the Trainer that command
-    runs); the compilation cache is the environment's, as the command's."""
+    """A job cut to sample limits, run by the Trainer that `flaxheads train` runs (the command has
+    no flags for the limits); the compilation cache is the environment's, as the command's."""
     start = time.perf_counter()
     from flaxheads import compile_cache
 
-    flags = job.command_flags()
+    cache = compile_cache.enable()
+    timer = compile_cache.CompileTimer().start()
+    from flaxheads.training.trainer import Trainer
+
     with tempfile.TemporaryDirectory() as output_dir:
-        if flags is not None:
-            from flaxheads import cli
-
-            timer = compile_cache.CompileTimer().start()
-            with contextlib.redirect_stdout(sys.stderr):  # stdout is this side's JSON row
-                code = cli.main(["train", "--output_dir", output_dir, *flags])
-            if code != 0:
-                raise RuntimeError(f"flaxheads train {' '.join(flags)} exited with {code}")
-            results = json.loads((Path(output_dir) / "results.json").read_text())
-            cache = compile_cache.cache_directory()  # what the command enabled: the environment's
-        else:
-            cache = compile_cache.enable()
-            timer = compile_cache.CompileTimer().start()
-            from flaxheads.training.trainer import Trainer
-
-            cfg = dataclasses.replace(job.train_config(), output_dir=output_dir, report_to="none",
-                                      disable_tqdm=True)
-            results = Trainer.from_config(cfg, load_job_task(job)).train().metrics
+        cfg = dataclasses.replace(job.train_config(), output_dir=output_dir, report_to="none", disable_tqdm=True)
+        results = Trainer.from_config(cfg, load_job_task(job)).train().metrics
     wall = time.perf_counter() - start
     timer.stop()
-    train_seconds = results["seconds"] - results["eval_seconds"]
-    return dict(wall_s=wall, train_s=train_seconds, train_examples_per_s=results["train_examples"] / train_seconds,
-                steps=results["steps"], validation_accuracy=results["validation"]["accuracy"],
-                test_accuracy=results["test"]["accuracy"], compilation_cache="off" if cache is None else "on",
+    return dict(wall_s=wall, **_result_columns(results), compilation_cache="off" if cache is None else "on",
                 **timer.as_dict())
+
+
+def _result_columns(results: dict[str, Any]) -> dict[str, Any]:
+    train_seconds = results["seconds"] - results["eval_seconds"]
+    return dict(train_s=train_seconds, train_examples_per_s=results["train_examples"] / train_seconds,
+                steps=results["steps"], validation_accuracy=results["validation"]["accuracy"],
+                test_accuracy=results["test"]["accuracy"])
+
+
+def run_command(job: E2EJob, *, env: dict[str, str], cache: str) -> dict[str, Any]:
+    """The job as a user runs it: the `flaxheads train` command (`python -m flaxheads.cli`, what
+    the console script and `scripts/flaxheads` run) in a fresh process with `env`, its output in a
+    temporary folder, jax's compilation cache in `cache`. Its row's wall seconds run from starting
+    the process to its exit; `new_cache_entries` counts the executables it compiled and wrote to
+    the cache (0: it loaded every one)."""
+    before = set(Path(cache).rglob("*"))
+    with tempfile.TemporaryDirectory() as output_dir:
+        command = [sys.executable, "-m", "flaxheads.cli", "train", "--output_dir", output_dir, *job.command_flags()]
+        start = time.perf_counter()
+        proc = subprocess.run(command, capture_output=True, text=True,
+                              env={**env, "FLAXHEADS_COMPILATION_CACHE": cache})
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(command[2:])} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        results = json.loads((Path(output_dir) / "results.json").read_text())
+    added = [path for path in set(Path(cache).rglob("*")) - before if path.is_file()]
+    row = dict(wall_s=wall, **_result_columns(results), compilation_cache="on", new_cache_entries=len(added),
+               process_s=wall)
+    print(f"e2e flaxheads train: {json.dumps(row)}", file=sys.stderr, flush=True)
+    return row
 
 
 def run_transformers(job: E2EJob) -> dict[str, Any]:
@@ -252,8 +267,11 @@ def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2,
     for name, variant in variants:
         with tempfile.TemporaryDirectory() as cache:
             for run in range(flaxheads_runs):
-                env = host_memory.with_huge_pages({**os.environ, "FLAXHEADS_COMPILATION_CACHE": cache})
-                row = run_side("flaxheads", variant, env=env)
+                env = host_memory.with_huge_pages(os.environ)  # as scripts/flaxheads and the command start it
+                if variant.command_flags() is not None:
+                    row = run_command(variant, env=env, cache=cache)
+                else:
+                    row = run_side("flaxheads", variant, env={**env, "FLAXHEADS_COMPILATION_CACHE": cache})
                 rows.append(dict(impl=f"{name} ({'cold' if run == 0 else 'warm'} compilation cache)", **row))
     peer = rows[0]["wall_s"] if torch_peer else None
     return [_rounded(dict(bench="e2e", dtype=dtype, **row, speedup_vs_trainer=peer / row["wall_s"] if peer else None))
