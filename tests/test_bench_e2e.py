@@ -59,6 +59,28 @@ def test_flaxheads_runs_the_job_as_the_train_command_with_the_flags_that_make_it
         assert train_config(parsed) == dataclasses.replace(job.train_config(), output_dir=str(tmp_path))
 
 
+def test_rounds_take_turns_and_each_row_is_compared_with_the_trainer_of_its_round(monkeypatch):
+    walls = iter([100.0, 130.0, 120.0, 80.0, 96.0])  # Trainer, cold, warm; then Trainer, warm
+    ran = []
+
+    def fake(kind):
+        def run(*args, **kwargs):
+            ran.append(kind)
+            return {"wall_s": next(walls)}
+        return run
+
+    monkeypatch.setattr(e2e, "run_side", fake("trainer"))
+    monkeypatch.setattr(e2e, "run_command", fake("flaxheads"))
+    rows = e2e.measure(e2e.E2EJob.default(), rounds=2)
+    assert ran == ["trainer", "flaxheads", "flaxheads", "trainer", "flaxheads"]
+    assert [(row["round"], row["impl"].split(" (")[0], row["speedup_vs_trainer"]) for row in rows] == [
+        (1, "transformers Trainer", 1.0), (1, "flaxheads", round(100 / 130, 2)), (1, "flaxheads", round(100 / 120, 2)),
+        (2, "transformers Trainer", 1.0), (2, "flaxheads", round(80 / 96, 2))]
+    assert "warm" in rows[-1]["impl"] and "cold" in rows[1]["impl"]
+    with pytest.raises(ValueError, match="rounds"):
+        e2e.measure(e2e.E2EJob.default(), rounds=0)
+
+
 def test_a_job_cut_to_sample_limits_has_no_command_and_an_unknown_change_is_refused():
     assert e2e.E2EJob.default(max_train_samples=64).command_flags() is None
     job = e2e.E2EJob.default()

@@ -9,6 +9,7 @@
     flaxheads bench load                     # a random 1.3B bf16 sharded checkpoint: load s, peak RSS
     flaxheads bench e2e --json e2e.json      # the default train job: Trainer vs flaxheads (cold, warm cache)
     flaxheads bench e2e --unpacked           # ... and flaxheads without sequence packing
+    flaxheads bench e2e --rounds 3           # Trainer and flaxheads (warm) take turns: ratios per round
     flaxheads bench checkpoint               # seconds a save blocks training: synchronous vs asynchronous
 
 `python scripts/bench.py ...` is the same program. Steps compare flaxheads with transformers
@@ -66,7 +67,7 @@ def e2e(args) -> list[dict]:
                                max_seq_length=args.max_seq_length)
     unpacked = job.unpacked() if args.unpacked else None
     return bench.measure(job, torch_peer=args.torch, flaxheads_runs=args.flaxheads_runs, unpacked_job=unpacked,
-                         trainer_huge_pages=args.trainer_huge_pages)
+                         trainer_huge_pages=args.trainer_huge_pages, rounds=args.rounds)
 
 
 def scaling(args) -> list[dict]:
@@ -154,6 +155,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e2e.add_argument("--trainer_huge_pages", action="store_true",
                      help="also run the Trainer with glibc's huge pages (flaxheads runs with them, as its "
                           "command starts; the Trainer runs without them, as plain python does)")
+    e2e.add_argument("--rounds", type=int, default=1,
+                     help="take turns this many times: the Trainer, then each flaxheads job (cold and warm in the "
+                          "first round, warm after); each row is compared with the Trainer of its round")
     e2e.add_argument("--flaxheads_runs", type=int, default=2,
                      help="flaxheads runs sharing a compilation cache that starts empty (1: cold only)")
     e2e.add_argument("--json", help="also write the rows to this new JSON file (an existing one is refused)")

@@ -27,6 +27,7 @@ command's row comes from its results.json.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -246,36 +247,54 @@ def run_side(side: str, job: E2EJob, *, env: dict[str, str] | None = None) -> di
 
 
 def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2,
-            unpacked_job: E2EJob | None = None, trainer_huge_pages: bool = False) -> list[dict[str, Any]]:
+            unpacked_job: E2EJob | None = None, trainer_huge_pages: bool = False,
+            rounds: int = 1) -> list[dict[str, Any]]:
     """Rows of `flaxheads bench e2e`: the Trainer (when `torch_peer`), then flaxheads
     `flaxheads_runs` times sharing a compilation cache that starts empty (run 1 cold, then warm),
-    then as many runs of `unpacked_job` (when given) with a cache of their own; each row's speed-up
-    is the Trainer's wall seconds over its own.
+    then as many runs of `unpacked_job` (when given) with a cache of their own. With `rounds` > 1
+    the Trainer and one warm run of each flaxheads job take turns `rounds - 1` times more, so that
+    a drift of the machine's speed (±15% over minutes here) reaches both sides alike. Each row's
+    speed-up is the wall seconds of the Trainer in its round over its own.
 
     flaxheads runs with glibc's huge pages, as `scripts/flaxheads` and the `flaxheads` command
     start it (`host_memory`); the Trainer as a plain `python` runs it, without them, unless
     `trainer_huge_pages`, and then a second Trainer row runs with them too."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: give at least 1")
     rows = []
-    dtype = job.config["dtype"]
-    if torch_peer:
-        rows.append(dict(impl="transformers Trainer (PyTorch)",
-                         **run_side("transformers", job, env=host_memory.without_huge_pages(os.environ))))
-        if trainer_huge_pages:
-            rows.append(dict(impl="transformers Trainer (PyTorch), glibc huge pages",
-                             **run_side("transformers", job, env=host_memory.with_huge_pages(os.environ))))
     variants = [("flaxheads", job)] + ([("flaxheads --no_packing", unpacked_job)] if unpacked_job else [])
-    for name, variant in variants:
-        with tempfile.TemporaryDirectory() as cache:
-            for run in range(flaxheads_runs):
-                env = host_memory.with_huge_pages(os.environ)  # as scripts/flaxheads and the command start it
-                if variant.command_flags() is not None:
-                    row = run_command(variant, env=env, cache=cache)
-                else:
-                    row = run_side("flaxheads", variant, env={**env, "FLAXHEADS_COMPILATION_CACHE": cache})
-                rows.append(dict(impl=f"{name} ({'cold' if run == 0 else 'warm'} compilation cache)", **row))
-    peer = rows[0]["wall_s"] if torch_peer else None
-    return [_rounded(dict(bench="e2e", dtype=dtype, **row, speedup_vs_trainer=peer / row["wall_s"] if peer else None))
-            for row in rows]
+    with contextlib.ExitStack() as stack:
+        caches = [stack.enter_context(tempfile.TemporaryDirectory()) for _ in variants]
+        for round_ in range(1, rounds + 1):
+            peer = _trainer_rows(job, trainer_huge_pages, round_) if torch_peer else []
+            flaxheads = []
+            for (name, variant), cache in zip(variants, caches):
+                for run in range(flaxheads_runs if round_ == 1 else 1):
+                    cold = round_ == 1 and run == 0
+                    flaxheads.append(dict(impl=f"{name} ({'cold' if cold else 'warm'} compilation cache)",
+                                          round=round_, **_flaxheads_row(variant, cache)))
+            trainer_wall = peer[0]["wall_s"] if peer else None
+            rows += [dict(row, speedup_vs_trainer=trainer_wall / row["wall_s"] if trainer_wall else None)
+                     for row in peer + flaxheads]
+    return [_rounded(dict(bench="e2e", dtype=job.config["dtype"], **row)) for row in rows]
+
+
+def _trainer_rows(job: E2EJob, huge_pages: bool, round_: int) -> list[dict[str, Any]]:
+    """The Trainer as a plain `python` runs it, and with glibc's huge pages when `huge_pages`."""
+    rows = [dict(impl="transformers Trainer (PyTorch)", round=round_,
+                 **run_side("transformers", job, env=host_memory.without_huge_pages(os.environ)))]
+    if huge_pages:
+        rows.append(dict(impl="transformers Trainer (PyTorch), glibc huge pages", round=round_,
+                         **run_side("transformers", job, env=host_memory.with_huge_pages(os.environ))))
+    return rows
+
+
+def _flaxheads_row(job: E2EJob, cache: str) -> dict[str, Any]:
+    """One flaxheads run of `job`, as scripts/flaxheads and the command start it (huge pages)."""
+    env = host_memory.with_huge_pages(os.environ)
+    if job.command_flags() is not None:
+        return run_command(job, env=env, cache=cache)
+    return run_side("flaxheads", job, env={**env, "FLAXHEADS_COMPILATION_CACHE": cache})
 
 
 def _rounded(row: dict[str, Any]) -> dict[str, Any]:
