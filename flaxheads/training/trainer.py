@@ -313,9 +313,13 @@ class Trainer:
         per 8 tokens of the row)."""
         args = self.args
         row_length = args.packed_row_length or data.fitted_row_length(lengths, self.max_seq_length)
-        row_length = min(row_length, self.max_seq_length)  # the model may hold fewer positions
+        return self._packed_rows_of(min(row_length, self.max_seq_length))  # the model may hold fewer positions
+
+    def _packed_rows_of(self, row_length: int) -> data.BatchFormat:
+        """The packed format in rows of `row_length` tokens, max_segments_per_row examples each
+        (default: one per 8 tokens of the row)."""
         return dataclasses.replace(self.batch_format, max_seq_length=row_length,
-                                   max_segments=segments_per_row(True, args.max_segments_per_row, row_length))
+                                   max_segments=segments_per_row(True, self.args.max_segments_per_row, row_length))
 
     def _packed_global_batch(self, lengths) -> int:
         """Packed rows a global train batch takes: packed_batch_rows per device per micro-batch, or
@@ -360,9 +364,7 @@ class Trainer:
         if not self.batch_format.packed:
             return self.batch_format
         lengths = np.concatenate([split.lengths for split in splits.values()])
-        row_length = data.fitted_row_length(lengths, self.max_seq_length)
-        return dataclasses.replace(self.batch_format, max_seq_length=row_length, max_segments=segments_per_row(
-            True, self.args.max_segments_per_row, row_length))
+        return self._packed_rows_of(data.fitted_row_length(lengths, self.max_seq_length))
 
     def _splits_to_score(self) -> list[str]:
         given = self.data.given
