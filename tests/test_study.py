@@ -274,6 +274,9 @@ def test_report_writes_markdown_with_verdicts_and_three_png_plots(results_files,
                                                       "learning_curves.png", "metric_per_head.png",
                                                       "paired_differences.png"]
     assert "### Ranks across data sets (Friedman, Nemenyi)" in text and "Holm" in text
+    published = text.split("## What others measured\n", 1)[1]  # after the study's own conclusions
+    assert "Sun, Qiu, Xu and Huang (2019)" in published and "Reimers and Gurevych (2019)" in published
+    assert text.index("## Conclusions") < text.index("## What others measured")
     for figure in report.figures:
         assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"head_study/{figure.name}" in text

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from flaxheads import atomic
-from flaxheads.study import plots, stats
+from flaxheads.study import literature, plots, stats
 from flaxheads.study.results import merge_records
 from flaxheads.study.table import StudyTable
 
@@ -106,6 +106,7 @@ def render(table: StudyTable, figures: Sequence[Path], base: Path, *, reproduce:
     notes = [note for note in map(checkpoint_note, table.checkpoints()) if note]
     if notes:
         parts += ["## The checkpoint\n", "\n\n".join(notes) + "\n"]
+    parts += ["## What others measured\n", literature.section() + "\n"]
     if reproduce:
         parts += ["## Reproduce\n", f"```sh\n{reproduce}\n```\n"]
     if problems:
