@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # The GPU benchmark run recorded in docs/benchmarks.md (device machine: jax[cuda], torch, transformers).
+# The device image lacks datasets and tensorboardX and holds other flax/transformers versions than
+# the tests here use: scripts/gpu_wheels.sh (run here first) puts those wheels in .whl/, which the
+# call carries (carry [".whl"]) and this script installs into /tmp/site, ahead of the image's.
 set -u
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+site=
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "gpu_bench.sh: installing the carried wheels failed" >&2; exit 1; }
+    site=/tmp/site:
+else
+    echo "gpu_bench.sh: no .whl/ carried: 'import flaxheads' needs datasets, which the device image lacks" \
+         "(run bash scripts/gpu_wheels.sh here and carry .whl)" >&2
+fi
+export PYTHONPATH=$site$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -m pip show pyarrow fsspec huggingface-hub tokenizers optax orbax-checkpoint 2>/dev/null | grep -E '^(Name|Version):' | paste - - | tr '\n' ';'
+echo
 python3 -c "import jax, flax, optax, torch, transformers; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, jax.devices())"
 python3 - "$@" <<'PY'
 import json, sys, os
