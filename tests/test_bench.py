@@ -17,7 +17,7 @@ from flaxheads.backbones import backbone_config_from_hf
 from flaxheads.benchmarks import cli as bench_cli
 from flaxheads.benchmarks.hf_flax import hf_flax_steps
 from flaxheads.benchmarks.step_shapes import ARCHS, StepBench
-from flaxheads.benchmarks.steps import run, train_flops
+from flaxheads.benchmarks.steps import published_peak, run, train_flops
 from flaxheads.cli import build_parser
 from flaxheads.model import ClassifierConfig, SequenceClassifier
 
@@ -52,6 +52,16 @@ def test_flops_count_every_matmul_once():
     assert train_flops(bench) == 6 * tokens * dense + 6 * layers * 16 * 2 * 128**2 * d
     xlnet = StepBench(arch="xlnet", size="minilm", seq_len=128, batch=16)
     assert train_flops(xlnet) == 6 * tokens * (dense + layers * 2 * d * d) + 6 * layers * 16 * 4 * 128**2 * d
+
+
+@pytest.mark.parametrize("device_kind, bf16", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("TPU v4", 275e12),
+    ("TPU v5 lite", 197e12), ("TPU v5", 459e12), ("TPU v6 lite", 918e12), ("cpu", None),
+])
+def test_the_published_peak_is_found_by_the_names_jax_gives_the_devices(device_kind, bf16):
+    """jax calls the H100 SXM "NVIDIA H100 80GB HBM3" and a v5e "TPU v5 lite": MFU needs their peaks."""
+    assert published_peak(device_kind, "bfloat16") == bf16
 
 
 def test_markdown_puts_step_rows_and_other_rows_in_their_own_tables():

@@ -22,16 +22,23 @@ from flaxheads.benchmarks.step_shapes import (
     ALBERT_EMBEDDING, DEBERTA_BUCKETS, NO_TOKEN_TYPES, SIZES, StepBench, modernbert_intermediate,
 )
 
-# Dense bf16/fp32 peaks, FLOP/s, from the vendors' data sheets (dense, no sparsity).
-PUBLISHED_PEAKS = {
-    "H100 SXM": {"bfloat16": 989e12, "float32": 67e12},
-    "H100 PCIe": {"bfloat16": 756e12, "float32": 51e12},
-    "H200": {"bfloat16": 989e12, "float32": 67e12},
-    "A100": {"bfloat16": 312e12, "float32": 19.5e12},
-    "TPU v4": {"bfloat16": 275e12, "float32": 275e12 / 2},
-    "TPU v5e": {"bfloat16": 197e12, "float32": 197e12 / 2},
-    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12 / 2},
-}
+# Dense bf16/fp32 peaks, FLOP/s, from the vendors' data sheets (dense, no sparsity), by the words
+# jax's `device_kind` holds ("NVIDIA H100 80GB HBM3" is the SXM card, "TPU v5 lite" a v5e); the
+# first entry whose words all occur (any case) names the device, so the specific ones come first.
+PUBLISHED_PEAKS = (
+    (("H100", "PCIe"), {"bfloat16": 756e12, "float32": 51e12}),
+    (("H100", "NVL"), {"bfloat16": 835e12, "float32": 60e12}),
+    (("H100",), {"bfloat16": 989e12, "float32": 67e12}),  # SXM
+    (("H200", "NVL"), {"bfloat16": 835e12, "float32": 60e12}),
+    (("H200",), {"bfloat16": 989e12, "float32": 67e12}),  # SXM
+    (("A100",), {"bfloat16": 312e12, "float32": 19.5e12}),
+    (("TPU v4",), {"bfloat16": 275e12, "float32": 275e12 / 2}),
+    (("TPU v5 lite",), {"bfloat16": 197e12, "float32": 197e12 / 2}),
+    (("TPU v5e",), {"bfloat16": 197e12, "float32": 197e12 / 2}),
+    (("TPU v5",), {"bfloat16": 459e12, "float32": 459e12 / 2}),  # v5p
+    (("TPU v6 lite",), {"bfloat16": 918e12, "float32": 918e12 / 2}),  # v6e (Trillium)
+    (("TPU v6e",), {"bfloat16": 918e12, "float32": 918e12 / 2}),
+)
 
 
 def train_flops(bench: StepBench) -> float:
@@ -242,9 +249,11 @@ def summarise(rows: list[dict[str, Any]], bench: StepBench, peak_measured: float
 
 
 def published_peak(device_kind: str, dtype: str) -> float | None:
-    for name, peaks in PUBLISHED_PEAKS.items():
-        if all(part.lower() in device_kind.lower() for part in name.split()):
-            return peaks[dtype]
+    """The data-sheet peak of `device_kind` (jax's name of the device) for `dtype`; None for a
+    device the table does not know (a CPU, say), where no MFU is reported."""
+    for words, peaks in PUBLISHED_PEAKS:
+        if all(word.lower() in device_kind.lower() for word in words):
+            return peaks.get(dtype)
     return None
 
 
