@@ -30,9 +30,18 @@ configs = [
     StepBench(size="minilm", seq_len=128, batch=128, dtype="bfloat16", steps=10, repeats=5),
     StepBench(size="bert-base", seq_len=128, batch=64, dtype="float32", steps=10, repeats=3),
 ]
-for cfg in configs:
+from flaxheads.benchmarks import reward_step
+# The 1B Llama LoRA reward-model step: tokens/s and MFU (flaxheads only). The two
+# targets run first: a device command stops at 10 minutes, and the rows are written as they finish.
+steps = [(cfg, lambda cfg=cfg: run(cfg)) for cfg in configs]
+rewards = [(cfg, lambda cfg=cfg: [reward_step.run(cfg)]) for cfg in (
+    reward_step.RewardBench(pairs=8, seq=512),
+    reward_step.RewardBench(pairs=16, seq=512, gradient_checkpointing=True),
+)]
+jobs = steps[:2] + rewards[:1] + steps[2:] + rewards[1:]
+for cfg, job in jobs:
     try:
-        rows = run(cfg)
+        rows = job()
     except Exception as err:  # keep going: one failing config must not lose the others
         rows = [{"config": str(cfg), "error": repr(err)[:2000]}]
     for r in rows:

@@ -113,3 +113,27 @@ def test_the_checkpoint_bench_saves_both_ways_and_reports_the_blocked_seconds(ti
     rows = measure(tiny_bert, saves=2, pause=0.0)
     assert [row["asynchronous"] for row in rows] == [False, True]
     assert all(row["saves"] == 2 and 0 < row["blocked_s_min"] <= row["blocked_s_max"] for row in rows)
+
+
+def test_the_lora_reward_step_counts_its_parameters_and_flops_on_a_tiny_llama():
+    """The GPU record's 1B LoRA reward step (benchmarks.reward_step), on a Llama small enough for the CPU."""
+    from flaxheads.benchmarks.reward_step import RewardBench, run as run_reward
+
+    tiny = dict(model_type="llama", vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+    bench = RewardBench(shape=tuple(tiny.items()), pairs=2, seq=16, dtype="float32", lora_r=4, steps=1, repeats=1,
+                        warmup=1)
+    row = run_reward(bench)
+    # per layer: q 32x32, k and v 32x16, o 32x32, the gated MLP 3 x 32x64, two norms; LoRA r=4 on q and v
+    layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64 + 2 * 32
+    lora = 2 * ((32 + 32) * 4 + (32 + 16) * 4)
+    multiplying = 2 * layer + 32 + lora + 32  # layers, final norm, LoRA, the score head (no bias)
+    assert row["lora_params"] == lora and row["trainable_params"] == lora + 32
+    assert row["all_params"] == multiplying + 128 * 32  # + the embeddings, which multiply nothing
+    tokens = 2 * 2 * 16
+    flops = tokens * (4 * multiplying + 2 * lora + 12 * 2 * 16 * 32)
+    assert bench.flops(multiplying, lora, layers=2, hidden=32) == flops
+    seconds = row["step_s_median"]  # rounded to 10 microseconds in the row
+    assert row["tflops"] == pytest.approx(flops / seconds / 1e12, rel=0.02, abs=1e-3)
+    assert row["tokens_per_s"] == pytest.approx(tokens / seconds, rel=0.02) and row["mfu_vs_published"] is None
+    assert np.isfinite(row["loss"])
