@@ -27,7 +27,7 @@ import statistics
 import time
 from typing import Any
 
-from flaxheads.benchmarks.train_memory import LLAMA_1B, lora_targets
+from flaxheads.benchmarks.train_memory import LLAMA_1B, QUERY_VALUE, Setup, build_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,32 +57,14 @@ def run(bench: RewardBench = RewardBench()) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
-    from flax import nnx
 
     from flaxheads import lora, problem
-    from flaxheads.backbones import backbone_config_from_hf, stacking
     from flaxheads.benchmarks.steps import published_peak
-    from flaxheads.conversion import architecture_table
-    from flaxheads.model import ClassifierConfig, SequenceClassifier
-    from flaxheads.training.optim import make_optimizer
-    from flaxheads.training.step import TrainState, make_train_step
-    from flaxheads.training.trainable import split_trainable
 
-    backbone = backbone_config_from_hf(dict(bench.shape))
-    config = ClassifierConfig(backbone, architecture_table(backbone.model_type).canonical_head, num_labels=1)
-    dtype = jnp.dtype(bench.dtype)
-    model = SequenceClassifier(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0))
-    targets = lora_targets(backbone.model_type, ("query", "value"))
-    model = model.with_lora(lora.LoRAConfig(r=bench.lora_r, alpha=2 * bench.lora_r, target_modules=targets))
-    if bench.gradient_checkpointing:
-        stacking.set_gradient_checkpointing(model.backbone)
-    graphdef, params = nnx.split(model)
-    trainable, frozen = split_trainable(params)
-    schedule = optax.constant_schedule(1e-4)
-    tx = make_optimizer(schedule, weight_decay=0.01)
-    state = TrainState(jnp.zeros((), jnp.int32), trainable, tx.init(trainable))
-    step = jax.jit(make_train_step(graphdef, tx, schedule, problem.PAIRWISE_REWARD), donate_argnums=0)
+    setup = Setup("reward", lora=lora.LoRAConfig(r=bench.lora_r, alpha=2 * bench.lora_r, target_modules=QUERY_VALUE),
+                  gradient_checkpointing=bench.gradient_checkpointing, param_dtype=bench.dtype)
+    built = build_step(dict(bench.shape), setup, problem.PAIRWISE_REWARD, num_labels=1, abstract=False)
+    backbone, step, state, frozen = built.backbone, built.step, built.state, built.frozen
 
     rng = np.random.default_rng(0)
     shape = (1, bench.pairs, 2, bench.seq)  # (accumulation, pairs, chosen/rejected, tokens)
@@ -104,12 +86,7 @@ def run(bench: RewardBench = RewardBench()) -> dict[str, Any]:
         jax.block_until_ready(metrics)
         seconds.append((time.perf_counter() - start) / bench.steps)
 
-    count = lambda tree: sum(x.size for x in jax.tree.leaves(tree))  # noqa: E731
-    sizes = {"/".join(map(str, path)): (variable.get_value().size, isinstance(variable, nnx.LoRAParam))
-             for path, variable in nnx.to_flat_state(params)}
-    lora_params = sum(size for size, is_lora in sizes.values() if is_lora)
-    multiplying = sum(size for name, (size, _) in sizes.items() if "embed" not in name)  # the lookup multiplies nothing
-    flops = bench.flops(multiplying, lora_params, backbone.num_hidden_layers, backbone.hidden_size)
+    flops = bench.flops(built.multiplying_params, built.lora_params, backbone.num_hidden_layers, backbone.hidden_size)
     median = statistics.median(seconds)
     device = jax.devices()[0]
     peak = published_peak(device.device_kind, bench.dtype)
@@ -117,8 +94,10 @@ def run(bench: RewardBench = RewardBench()) -> dict[str, Any]:
     return {
         **{k: v for k, v in dataclasses.asdict(bench).items() if k != "shape"},
         "model_type": backbone.model_type, "layers": backbone.num_hidden_layers, "hidden": backbone.hidden_size,
-        "device": device.device_kind, "all_params": count(params), "trainable_params": count(trainable),
-        "lora_params": lora_params, "step_s_median": round(median, 5), "step_s_min": round(min(seconds), 5),
+        "device": device.device_kind,
+        "all_params": built.trainable_params + sum(x.size for x in jax.tree.leaves(frozen)),
+        "trainable_params": built.trainable_params, "lora_params": built.lora_params,
+        "step_s_median": round(median, 5), "step_s_min": round(min(seconds), 5),
         "tokens_per_s": round(2 * bench.pairs * bench.seq / median), "tflops": round(flops / median / 1e12, 3),
         "mfu_vs_published": round(flops / median / peak, 3) if peak else None,
         "peak_memory_gib": round(memory["peak_bytes_in_use"] / 2**30, 2) if "peak_bytes_in_use" in memory else None,

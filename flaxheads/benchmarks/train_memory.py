@@ -66,13 +66,30 @@ class Setup:
     """"bfloat16": parameters and gradients in bf16 (compute too), AdamW state float32 (--param_dtype)."""
 
 
-def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int) -> dict[str, Any]:
-    """Parameter counts and XLA's compiled memory (bytes) of one train step of `setup`."""
+@dataclasses.dataclass(frozen=True)
+class BuiltStep:
+    """What `build_step` returns: the backbone config, the jitted step (state donated) and its
+    arguments; `state` and `frozen` hold arrays, or their shapes where built abstractly."""
+    backbone: Any
+    step: Any
+    state: Any
+    frozen: Any
+    trainable_params: int
+    lora_params: int
+    multiplying_params: int
+    """Parameters that multiply a token: all but the embedding tables (a lookup multiplies nothing)."""
+
+
+def build_step(hf_config: dict[str, Any], setup: Setup, problem_type: str, *, num_labels: int,
+               abstract: bool) -> BuiltStep:
+    """`setup`'s model (the family's canonical head) and its jitted train step (AdamW, constant
+    rate 1e-4, weight decay 0.01), built as training builds them: concretely (random weights,
+    seed 0) or, with `abstract`, as shapes only (`nnx.eval_shape`), allocating nothing."""
     backbone = backbone_config_from_hf(hf_config)
-    head = architecture_table(backbone.model_type).canonical_head
-    config = ClassifierConfig(backbone, head, num_labels=2)
+    config = ClassifierConfig(backbone, architecture_table(backbone.model_type).canonical_head, num_labels=num_labels)
     dtype = jnp.dtype(setup.param_dtype)  # bf16 parameters compute in bf16, as TrainConfig implies
-    model = nnx.eval_shape(lambda: SequenceClassifier(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    build = lambda: SequenceClassifier(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0))  # noqa: E731
+    model = nnx.eval_shape(build) if abstract else build()
     if setup.lora is not None:
         targets = lora_targets(backbone.model_type, tuple(setup.lora.target_modules))
         model = model.with_lora(dataclasses.replace(setup.lora, target_modules=targets))
@@ -82,23 +99,37 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
     trainable, frozen = split_trainable(params, freeze_backbone=setup.freeze_backbone)
     schedule = optax.constant_schedule(1e-4)
     tx = make_optimizer(schedule, weight_decay=0.01)
-    state = jax.eval_shape(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), _abstract(trainable))
+    init = lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))  # noqa: E731
+    state = jax.eval_shape(init, _abstract(trainable)) if abstract else init(trainable)
+    step = jax.jit(make_train_step(graphdef, tx, schedule, problem_type), donate_argnums=0)
+    sizes = [(path, variable.get_value().size, isinstance(variable, nnx.LoRAParam))
+             for path, variable in nnx.to_flat_state(params)]
+    return BuiltStep(
+        backbone, step, state, _abstract(frozen) if abstract else frozen,
+        trainable_params=_count(trainable),
+        lora_params=sum(size for _, size, is_lora in sizes if is_lora),
+        multiplying_params=sum(size for path, size, _ in sizes if "embed" not in "/".join(map(str, path))),
+    )
+
+
+def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int) -> dict[str, Any]:
+    """Parameter counts and XLA's compiled memory (bytes) of one train step of `setup`."""
+    built = build_step(hf_config, setup, "single_label_classification", num_labels=2, abstract=True)
     ids = jax.ShapeDtypeStruct((1, batch, seq), jnp.int32)
     batch_spec = {"input_ids": ids, "attention_mask": ids,
                   "labels": jax.ShapeDtypeStruct((1, batch), jnp.int32),
                   "example_mask": jax.ShapeDtypeStruct((1, batch), jnp.float32)}
-    if getattr(backbone, "type_vocab_size", 0):  # decoders refuse token types
+    if getattr(built.backbone, "type_vocab_size", 0):  # decoders refuse token types
         batch_spec["token_type_ids"] = ids
-    step = jax.jit(make_train_step(graphdef, tx, schedule, "single_label_classification"), donate_argnums=0)
-    compiled = step.lower(state, batch_spec, jax.random.key(0), _abstract(frozen)).compile()
+    compiled = built.step.lower(built.state, batch_spec, jax.random.key(0), built.frozen).compile()
     memory = compiled.memory_analysis()
-    count = lambda tree: sum(x.size for x in jax.tree.leaves(tree))  # noqa: E731
+    trainable, frozen = built.state.params, built.frozen
     return {
         "setup": setup.name,
-        "trainable_params": count(trainable),
-        "all_params": count(trainable) + count(frozen),
+        "trainable_params": built.trainable_params,
+        "all_params": built.trainable_params + _count(frozen),
         "param_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((trainable, frozen))),
-        "optimizer_state_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.opt_state)),
+        "optimizer_state_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(built.state.opt_state)),
         "argument_bytes": memory.argument_size_in_bytes,
         "temp_bytes": memory.temp_size_in_bytes,
         "output_bytes": memory.output_size_in_bytes,
@@ -106,6 +137,10 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
         "peak_bytes": memory.argument_size_in_bytes + memory.temp_size_in_bytes + memory.output_size_in_bytes
         - memory.alias_size_in_bytes,
     }
+
+
+def _count(tree) -> int:
+    return sum(x.size for x in jax.tree.leaves(tree))
 
 
 def _abstract(tree):
