@@ -13,149 +13,86 @@
 
     tagger = flaxheads.from_pretrained("path/to/bert", task="token-classification", num_labels=9)
     chooser = flaxheads.MultipleChoice.from_pretrained("path/to/bert")   # (batch, choices, seq) -> (batch, choices)
+
+Importing the package is quick: each name below is imported from its module on first use (jax,
+flax, datasets and transformers load then), so `flaxheads --help` and the installed command's
+restart (`launcher`) pay for none of them.
 """
 
-from collections.abc import Callable
+from __future__ import annotations
 
-from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
-from flaxheads.backbones.albert import Albert, AlbertConfig
-from flaxheads.backbones.decoder import Decoder
-from flaxheads.backbones.decoder_config import DecoderConfig
-from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
-from flaxheads.backbones.gpt2 import GPT2, GPT2Config
-from flaxheads.backbones.modernbert import ModernBert, ModernBertConfig
-from flaxheads.backbones.xlnet import XLNet, XLNetConfig
-from flaxheads.conversion.checkpoint_io import CheckpointError
-from flaxheads.conversion.loading_info import LoadingInfo
-from flaxheads.conversion.table import MULTIPLE_CHOICE, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, ShapeMismatch
-from flaxheads.functional import ClassifierOutput, FunctionalClassifier
-from flaxheads.heads import HEAD_NAMES
-from flaxheads.model import ClassifierConfig, SequenceClassifier, UntrainedModel, load_backbone, save_pretrained
-from flaxheads.multiple_choice import MultipleChoice, MultipleChoiceConfig
-from flaxheads.pipeline import TextClassificationPipeline, text_classification_pipeline
-from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
-from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
-from flaxheads.token_pipeline import TokenClassificationPipeline, token_classification_pipeline
-from flaxheads.training.optim import decay_mask
+import importlib
+from typing import TYPE_CHECKING
+
 from flaxheads.version import __version__
 
-MODELS: dict[str, type] = {
-    SEQUENCE_CLASSIFICATION: SequenceClassifier,
-    TOKEN_CLASSIFICATION: TokenClassifier,
-    MULTIPLE_CHOICE: MultipleChoice,
+if TYPE_CHECKING:  # what the names are, for type checkers and editors; at run time `__getattr__`
+    from flaxheads.backbones import BackboneOutput, Encoder, EncoderConfig
+    from flaxheads.backbones.albert import Albert, AlbertConfig
+    from flaxheads.backbones.decoder import Decoder
+    from flaxheads.backbones.decoder_config import DecoderConfig
+    from flaxheads.backbones.distilbert import DistilBert, DistilBertConfig
+    from flaxheads.backbones.gpt2 import GPT2, GPT2Config
+    from flaxheads.backbones.modernbert import ModernBert, ModernBertConfig
+    from flaxheads.backbones.xlnet import XLNet, XLNetConfig
+    from flaxheads.conversion.checkpoint_io import CheckpointError
+    from flaxheads.conversion.loading_info import LoadingInfo
+    from flaxheads.conversion.table import MULTIPLE_CHOICE, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, ShapeMismatch
+    from flaxheads.functional import ClassifierOutput, FunctionalClassifier
+    from flaxheads.heads import HEAD_NAMES
+    from flaxheads.model import ClassifierConfig, SequenceClassifier, UntrainedModel, load_backbone, save_pretrained
+    from flaxheads.multiple_choice import MultipleChoice, MultipleChoiceConfig
+    from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
+    from flaxheads.tasks import MODELS, PIPELINES, from_pretrained, pipeline
+    from flaxheads.text_pipeline import TextClassificationPipeline, text_classification_pipeline
+    from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
+    from flaxheads.token_pipeline import TokenClassificationPipeline, token_classification_pipeline
+    from flaxheads.training.config import TrainConfig
+    from flaxheads.training.optim import decay_mask
+    from flaxheads.training.trainer import EvalPrediction, PredictionOutput, TrainOutput, Trainer
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "flaxheads.backbones": ("BackboneOutput", "Encoder", "EncoderConfig"),
+    "flaxheads.backbones.albert": ("Albert", "AlbertConfig"),
+    "flaxheads.backbones.decoder": ("Decoder",),
+    "flaxheads.backbones.decoder_config": ("DecoderConfig",),
+    "flaxheads.backbones.distilbert": ("DistilBert", "DistilBertConfig"),
+    "flaxheads.backbones.gpt2": ("GPT2", "GPT2Config"),
+    "flaxheads.backbones.modernbert": ("ModernBert", "ModernBertConfig"),
+    "flaxheads.backbones.xlnet": ("XLNet", "XLNetConfig"),
+    "flaxheads.conversion.checkpoint_io": ("CheckpointError",),
+    "flaxheads.conversion.loading_info": ("LoadingInfo",),
+    "flaxheads.conversion.table": (
+        "MULTIPLE_CHOICE", "SEQUENCE_CLASSIFICATION", "TOKEN_CLASSIFICATION", "ShapeMismatch"),
+    "flaxheads.functional": ("ClassifierOutput", "FunctionalClassifier"),
+    "flaxheads.heads": ("HEAD_NAMES",),
+    "flaxheads.model": (
+        "ClassifierConfig", "SequenceClassifier", "UntrainedModel", "load_backbone", "save_pretrained"),
+    "flaxheads.multiple_choice": ("MultipleChoice", "MultipleChoiceConfig"),
+    "flaxheads.problem": ("MULTI_LABEL", "PROBLEM_TYPES", "REGRESSION", "SINGLE_LABEL"),
+    "flaxheads.tasks": ("MODELS", "PIPELINES", "from_pretrained", "pipeline"),
+    "flaxheads.text_pipeline": ("TextClassificationPipeline", "text_classification_pipeline"),
+    "flaxheads.token_classifier": ("TokenClassifier", "TokenClassifierConfig"),
+    "flaxheads.token_pipeline": ("TokenClassificationPipeline", "token_classification_pipeline"),
+    "flaxheads.training.config": ("TrainConfig",),
+    "flaxheads.training.optim": ("decay_mask",),
+    "flaxheads.training.trainer": ("EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer"),
 }
-"""The model class of each task, by transformers' pipeline names (`*ForSequenceClassification`,
-`*ForTokenClassification`, `*ForMultipleChoice`). A new task is one model module plus one line here."""
-
-
-def from_pretrained(path, *, task: str = SEQUENCE_CLASSIFICATION, **options):
-    """`MODELS[task].from_pretrained(path, **options)`: a `SequenceClassifier` by default, a
-    `TokenClassifier` for task="token-classification", a `MultipleChoice` for
-    task="multiple-choice" (options: `SequenceClassifier.from_pretrained`'s). ValueError naming
-    the tasks for an unknown one; a checkpoint of another task's transformers class is refused
-    with the task to pass."""
-    if task not in MODELS:
-        raise ValueError(f"unknown task {task!r}; choose one of {tuple(MODELS)}")
-    return MODELS[task].from_pretrained(path, **options)
-
-
-PIPELINES: dict[str, Callable] = {
-    "text-classification": text_classification_pipeline,
-    "sentiment-analysis": text_classification_pipeline,  # transformers' alias
-    "token-classification": token_classification_pipeline,
-    "ner": token_classification_pipeline,  # transformers' alias
-}
-"""The pipeline builder of each task, by transformers' pipeline names. A new task is one pipeline
-module plus its lines here."""
-
-
-# Defined after the submodule flaxheads.pipeline is imported (above), so the name is this function.
-def pipeline(task: str = "text-classification", model=None, tokenizer=None, **options):
-    """`PIPELINES[task](model, tokenizer, **options)`: a pipeline answering as
-    `transformers.pipeline(task, model=..., tokenizer=..., **options)`, over a flaxheads model in
-    memory or the folder of a trained one.
-
-    - "text-classification" ("sentiment-analysis"): `text_classification_pipeline`; options
-      `max_seq_length`, `batch_size`.
-    - "token-classification" ("ner"): `token_classification_pipeline`; options
-      `aggregation_strategy`, `ignore_labels`, `stride`, `batch_size`.
-
-    ValueError naming the tasks for an unknown one; a model of another task is refused naming the
-    task that reads it.
-    """
-    if task not in PIPELINES:
-        raise ValueError(f"flaxheads.pipeline answers task={' or '.join(map(repr, PIPELINES))}, not {task!r}")
-    return PIPELINES[task](model, tokenizer, **options)
-
-
-_LAZY = {
-    "EvalPrediction": "flaxheads.training.trainer",
-    "PredictionOutput": "flaxheads.training.trainer",
-    "Trainer": "flaxheads.training.trainer",
-    "TrainOutput": "flaxheads.training.trainer",
-    "TrainConfig": "flaxheads.training.config",
-}
-"""Names whose modules pull in Orbax and TensorBoard: imported on first use."""
+"""The public names by the module that defines them (the block above lists the same; a test checks)."""
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    """The public `name`, imported from its module on first use and kept."""
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'flaxheads' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value
+    return value
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'flaxheads' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
 
 
-
-__all__ = [
-    "__version__",
-    "HEAD_NAMES",
-    "MULTI_LABEL",
-    "PROBLEM_TYPES",
-    "REGRESSION",
-    "SINGLE_LABEL",
-    "Albert",
-    "AlbertConfig",
-    "BackboneOutput",
-    "CheckpointError",
-    "ClassifierOutput",
-    "ClassifierConfig",
-    "EvalPrediction",
-    "Encoder",
-    "Decoder",
-    "DecoderConfig",
-    "DistilBert",
-    "DistilBertConfig",
-    "EncoderConfig",
-    "FunctionalClassifier",
-    "GPT2",
-    "GPT2Config",
-    "LoadingInfo",
-    "MODELS",
-    "MULTIPLE_CHOICE",
-    "PIPELINES",
-    "ModernBert",
-    "ModernBertConfig",
-    "MultipleChoice",
-    "MultipleChoiceConfig",
-    "PredictionOutput",
-    "SEQUENCE_CLASSIFICATION",
-    "SequenceClassifier",
-    "ShapeMismatch",
-    "TOKEN_CLASSIFICATION",
-    "TextClassificationPipeline",
-    "TokenClassificationPipeline",
-    "TokenClassifier",
-    "TokenClassifierConfig",
-    "TrainConfig",
-    "TrainOutput",
-    "Trainer",
-    "UntrainedModel",
-    "XLNet",
-    "XLNetConfig",
-    "decay_mask",
-    "from_pretrained",
-    "load_backbone",
-    "pipeline",
-    "save_pretrained",
-]
+__all__ = ["__version__", *sorted(_MODULE_OF)]

@@ -357,14 +357,9 @@ def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     return message
 
 
-LONG_COMMANDS = ("train", "study", "bench")
-"""Commands worth starting again with glibc's huge pages (`host_memory`): a second start costs
-a second or two of imports, a train step of the default job gains ~12%."""
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if argv is None and args.command in LONG_COMMANDS:  # the command line itself, not a caller's list
+    if argv is None and args.command in host_memory.LONG_COMMANDS:  # the command line itself, not a caller's list
         host_memory.restart_with_huge_pages(sys.argv[1:])
     try:
         compile_cache.enable(args.compilation_cache)

@@ -22,10 +22,10 @@ FLOORS: dict[str, int] = {
     "token_classifier": 7, "multiple_choice": 7,
     "training": 8,
     "inference": 9, "functional": 9, "convert": 9,
-    "pipeline": 10, "token_pipeline": 10, "choice_inference": 10,
-    "study": 11, "benchmarks": 11,
+    "text_pipeline": 10, "token_pipeline": 10, "choice_inference": 10,
+    "study": 11, "benchmarks": 11, "tasks": 11,
     "cli": 12,
-    "__init__": 13,
+    "__init__": 13, "launcher": 13,
 }
 """The floor of each top-level module or package of flaxheads (docs/architecture.md). A module may
 import its own package and strictly lower floors, never a floor above or another part of its own."""
@@ -168,3 +168,22 @@ def test_every_registry_is_one_dict_by_name():
     assert list(conversion.WEIGHT_FORMATS) == ["pytorch", "flaxheads", "hf_flax"]
 
 
+
+
+def test_the_package_imports_its_names_lazily_and_every_one_resolves():
+    """`import flaxheads` loads no jax, flax, datasets, torch or transformers; each public name comes
+    from the module `_EXPORTS` says, which the TYPE_CHECKING block (what editors read) lists too."""
+    import subprocess
+    import sys
+
+    heavy = ("jax", "flax", "datasets", "torch", "transformers")
+    code = f"import sys, flaxheads; print([m for m in {heavy!r} if m in sys.modules])"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    listed = {node.module: tuple(alias.name for alias in node.names) for node in block.body}
+    assert listed == flaxheads._EXPORTS
+    for name in flaxheads.__all__:
+        assert getattr(flaxheads, name) is getattr(sys.modules[flaxheads._MODULE_OF.get(name, "flaxheads.version")], name)
+    assert callable(flaxheads.pipeline) and flaxheads.pipeline.__module__ == "flaxheads.tasks"

@@ -79,3 +79,16 @@ def test_the_command_restarts_itself_with_the_tunable_where_it_is_missing():
     env = host_memory.with_huge_pages(env)
     assert "not restarted" in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                              env=env).stdout
+
+
+def test_the_installed_command_restarts_before_importing_jax():
+    """`launcher.main` (the console script) restarts a long command while the process holds no jax yet."""
+    code = ("import os, sys; sys.argv = ['flaxheads', 'train', '--help']\n"
+            "os.execve = lambda exe, argv, env: (print('jax' in sys.modules, argv[1:4]), sys.exit(0))\n"
+            "from flaxheads import launcher; launcher.main()")
+    env = {**host_memory.without_huge_pages(os.environ), host_memory.ENVIRONMENT_VARIABLE: ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    if host_memory.applies():
+        assert out.strip() == "False ['-m', 'flaxheads.cli', 'train']"
+    else:
+        assert "usage: flaxheads train" in out
