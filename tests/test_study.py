@@ -357,6 +357,8 @@ def test_study_run_of_a_tiny_converged_grid_and_its_report_render_the_new_sectio
     text = report.read_text()
     assert "Fine-tuned vs converged linear probe (L-BFGS on frozen features) and the majority class" in text
     assert "seeds x examples [" in text and "--lbfgs_heads pooler attention" in text
+    assert "- Budget: at most 1 epochs x 32 examples / batch 8 = 4 steps a cell" in text
+    assert "lbfgs: a logistic regression fitted to convergence" in text and "max_steps" not in text.split("## Results")[0]
     assert (tmp_path / "report" / "paired_differences.png").is_file()
 
 

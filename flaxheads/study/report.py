@@ -20,10 +20,11 @@ from flaxheads.study.table import StudyTable
 
 QUESTION = (
     "Which classification head works best on a pretrained encoder: BERT's pooler, the [CLS] token, mean "
-    "pooling, the last four layers' [CLS] concatenated, RoBERTa's two-layer head, XLNet's summary or GPT-2's "
-    "last token? And how much does fine-tuning the backbone end to end add over training only the head on a "
-    "frozen backbone (a linear probe)? Every head sits on the same backbone here, trained with the same "
-    "settings, data and seeds, so the head is the only difference."
+    "pooling, mean and max pooling concatenated, a learned attention pooling, the last four layers' [CLS] "
+    "concatenated, or another of flaxheads' heads (the study's are listed under Setup)? And how much does "
+    "fine-tuning the backbone end to end add over training only a classifier on its frozen features? Every "
+    "head sits on the same backbone here, trained with the same settings, data and seeds, so the head is the "
+    "only difference."
 )
 
 
@@ -126,10 +127,13 @@ def setup(table: StudyTable) -> str:
         "- Data sets (train / validation / test examples used): " + "; ".join(
             f"`{d}` {_sizes(table, d)}, judged by {table.split} {table.metric(d)}" for d in table.datasets()),
         f"- Seeds: {', '.join(map(str, seeds))} ({len(seeds)}); a seed sets the head's initialisation, dropout and "
-        f"the data order; the splits and subsets are fixed (split_seed {settings.get('split_seed')})",
-        "- Modes: " + ", ".join(table.modes()) + " (finetune: backbone and head trained end to end; probe: backbone "
-        "frozen, only the head trained)",
-        "- Shared settings: " + ", ".join(f"{k} {v}" for k, v in settings.items() if v not in ({}, None)),
+        f"the data order; the splits and subsets are fixed (split_seed {settings.get('split_seed')})"
+        + (f"; the learning-rate search ran on seed(s) {', '.join(map(str, table.search_seeds()))}"
+           if table.searches else ""),
+        "- Modes: " + ", ".join(table.modes()) + " (" + "; ".join(MODE_MEANINGS[m] for m in table.modes()
+                                                            if m in MODE_MEANINGS) + ")",
+        "- Shared settings: " + ", ".join(f"{k} {v}" for k, v in _shared_settings(table).items()),
+        *([budget] if (budget := _budget(table)) else []),
         f"- Cells: {len(records)}; compute: {_hours(sum(r.get('wall_seconds') or 0 for r in records))} in all, "
         f"{_mean_seconds(records):.0f} s per cell on {_devices(records)}",
         f"- Versions: {_versions(records)}",
@@ -144,6 +148,49 @@ def setup(table: StudyTable) -> str:
     lines += [f"- Failed cell (no metrics): {r['head']} on {r['dataset']}, seed {r['seed']}, {r['mode']}: {r['error']}"
               for r in table.failed()]
     return "\n".join(lines)
+
+
+MODE_MEANINGS = {
+    "finetune": "finetune: backbone and head trained end to end",
+    "probe": "probe: backbone frozen, only the head trained by the Trainer",
+    "lbfgs": "lbfgs: a logistic regression fitted to convergence (L-BFGS) on the head's features of the frozen "
+             "backbone",
+    "majority": "majority: the training split's most frequent class, predicted for every example",
+}
+
+
+def _shared_settings(table: StudyTable) -> dict[str, Any]:
+    """The records' settings without those a cell does not use: the fixed rate and step count where
+    rates are chosen per cell and the budget is epochs, the probe's rate where no cell probes."""
+    settings = {k: v for k, v in table.records[0]["settings"].items() if v not in ({}, None)}
+    if settings.get("learning_rates"):
+        settings.pop("learning_rate", None)
+    if settings.get("max_epochs"):
+        settings.pop("max_steps", None)
+    if "probe" not in table.modes():
+        settings.pop("probe_learning_rate", None)
+    return settings
+
+
+def _budget(table: StudyTable) -> str | None:
+    """Each fine-tuned cell's budget, in steps, and what the cells used of it; None without an
+    epoch budget."""
+    settings = table.records[0]["settings"]
+    if not settings.get("max_epochs"):
+        return None
+    most = round(settings["max_epochs"] * -(-settings["train_examples"] // settings["batch_size"]))
+    tuned = [r for seeds in (g for k, g in table.groups.items() if k[2] == "finetune") for r in seeds.values()
+             if r.get("steps")]
+    if not tuned:
+        return None
+    steps = sorted(r["steps"] for r in tuned)
+    stopped = sum(r["steps"] < most for r in tuned)
+    patience, every = settings.get("early_stopping_patience"), settings.get("eval_steps")
+    return (f"- Budget: at most {settings['max_epochs']:g} epochs x {settings['train_examples']} examples / batch "
+            f"{settings['batch_size']} = {most} steps a cell, validation every {every} steps, stopping after "
+            f"{patience} evaluations ({patience * every} steps) without a better one; the model of the best "
+            f"evaluation is the one tested. The {len(tuned)} fine-tuned cells ran {steps[0]}-{steps[-1]} steps "
+            f"(median {steps[len(steps) // 2]}); {stopped} stopped early.")
 
 
 def _sizes(table: StudyTable, dataset: str) -> str:
@@ -309,10 +356,15 @@ def convergence(table: StudyTable, checkpoint: str) -> str:
     searched = search_table(table, checkpoint)
     if searched:
         lines.append(("\n" if rates else "") + searched)
-    late = table.unconverged()
-    lines.append(f"{len(late)} fine-tuned cell(s) reached their best validation metric in the last quarter of their "
-                 "steps (still rising when they ended)" + (": " + ", ".join(
-                     f"{r['head']} on {r['dataset']} seed {r['seed']}" for r in late[:20]) if late else "") + ".")
+    late = [record for record in table.unconverged() if record["checkpoint"] == checkpoint]
+    counts: dict[tuple[str, str], int] = {}
+    for record in late:
+        counts[record["dataset"], record["head"]] = counts.get((record["dataset"], record["head"]), 0) + 1
+    cells = {(d, h): len(seeds) for (c, d, m, h), seeds in table.groups.items() if c == checkpoint and m == "finetune"}
+    lines.append(f"{len(late)} of {sum(cells.values())} fine-tuned cell(s) reached their best validation metric in "
+                 "the last quarter of their steps (perhaps still rising when they ended)" + (": " + ", ".join(
+                     f"`{h}` on `{d}` {n} of {cells.get((d, h), n)}" for (d, h), n in sorted(counts.items()))
+                     if late else "") + ".")
     noise = validation_noise(table.records)
     if noise:
         lines.append(noise)

@@ -68,7 +68,11 @@ class StudyTable:
         return [record for record in self.records if "error" in record]
 
     def seeds(self) -> list[int]:
-        return sorted({record["seed"] for record in self.records})
+        """The seeds of the result cells (the learning-rate search's seeds are `search_seeds`)."""
+        return sorted({record["seed"] for record in self.records if not record.get("lr_search")})
+
+    def search_seeds(self) -> list[int]:
+        return sorted({record["seed"] for record in self.searches})
 
     def metric(self, dataset: str) -> str:
         return self.metric_override.get(dataset) or PRIMARY_METRIC.get(self.problem_types.get(dataset), "accuracy")
