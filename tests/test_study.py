@@ -427,3 +427,16 @@ def test_the_report_shows_every_candidate_rate_and_how_far_one_evaluation_moves_
     assert "| snips | pooler | **0.800** | 0.800 |" in text and "| snips | mean | 0.850 | **0.900** |" in text
     # 10 validation examples at the searches' mean best accuracy, 0.8375: sqrt(p (1 - p) / 10) = 0.117.
     assert "one evaluation on 10 validation examples has a binomial standard error of 0.117" in text
+
+
+def test_the_reproduce_command_names_the_grid_whose_cells_and_settings_the_results_are():
+    from pathlib import Path
+
+    from flaxheads.study.cli import reproduce_command
+    from flaxheads.study.results import merge_records
+
+    first = Path(__file__).parent.parent / "docs/head_study/results.jsonl"
+    records, _ = merge_records([first])
+    command = reproduce_command(records, [str(first)], "report.md")
+    assert command.startswith("# the same cells: flaxheads study run --grid committed --study_dir STUDY_DIR\n")
+    assert "--grid" not in reproduce_command(records[1:], [str(first)], "report.md")  # a cell short

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import json
 import shlex
 
 from flaxheads.study.grid import (
@@ -220,7 +221,23 @@ def reproduce_command(records: list[dict], results: list[str], output: str) -> s
             words += [f"--{field.name}", *(map(str, value) if isinstance(value, list) else [str(value)])]
     words += [f"--train_option={k}={v!r}" for k, v in (settings.get("train_options") or {}).items()]
     report = ["flaxheads", "study", "report", *results, "--output", output]
-    return shlex.join(words) + "\n" + shlex.join(report)
+    named = _named_grid(records)
+    shorthand = f"# the same cells: flaxheads study run --grid {named} --study_dir STUDY_DIR\n" if named else ""
+    return shorthand + shlex.join(words) + "\n" + shlex.join(report)
+
+
+def _named_grid(records: list[dict]) -> str | None:
+    """The `--grid` whose cells and settings are exactly those of `records` (the shipped MiniLM's),
+    or None."""
+    if {r["checkpoint"] for r in records} != {"all-MiniLM-L6-v2"}:
+        return None
+    cells = {(r["head"], r["dataset"], r["seed"], r["mode"]) for r in records if not r.get("lr_search")}
+    for name, make in GRIDS.items():
+        grid = make()
+        if (json.dumps(grid.settings.to_dict(), sort_keys=True) == json.dumps(records[0]["settings"], sort_keys=True)
+                and cells == {(c.head, c.data.name, c.seed, c.mode) for c in grid.cells()}):
+            return name
+    return None
 
 
 def _json(value):
