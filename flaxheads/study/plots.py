@@ -75,7 +75,8 @@ def learning_curves(table: StudyTable, checkpoint: str, path: Path, mode: str = 
         ax.set_ylabel(f"validation {table.metric(dataset)}")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    figure.suptitle(f"{checkpoint}, {mode}: learning curves (mean over seeds; band: min to max)", fontsize=10)
+    figure.suptitle(f"{checkpoint}, {mode}: learning curves\n(mean over seeds, up to the last step every seed reached; "
+                    "band: min to max)", fontsize=10)
     return save(plt, figure, path)
 
 
@@ -143,7 +144,7 @@ def paired_differences(table: StudyTable, checkpoint: str, path: Path, mode: str
         ax.set_title(dataset)
         ax.set_xlabel(f"{table.split} {table.metric(dataset)} minus {table.default_head}'s")
         ax.grid(axis="x", alpha=0.3)
-    figure.suptitle(f"{checkpoint}, {mode}: paired differences (thick: 95% t CI over seeds; thin: over seeds and "
+    figure.suptitle(f"{checkpoint}, {mode}: paired differences\n(thick: 95% t CI over seeds; thin: over seeds and "
                     "test examples; filled: Holm-corrected finding)", fontsize=9)
     return save(plt, figure, path)
 
