@@ -87,10 +87,11 @@ class SavedClasses:
     """config.json's (or its flaxheads section's); None: not recorded."""
 
 
-def saved_classes(model_dir) -> SavedClasses | None:
-    """The classes of the sequence classifier saved in `model_dir` (config.json names a
-    `*ForSequenceClassification`, or a flaxheads head for the bare backbone class); None for
-    another model, or a folder that is not a readable model (loading it says what is wrong)."""
+def saved_task_config(model_dir, task: str) -> dict[str, Any] | None:
+    """config.json of the model saved in `model_dir` when it is a model of `task`: its
+    architectures name that task's transformers class (or, for sequence classification, it names
+    a flaxheads head on the bare backbone class); None for another model, or a folder that is not
+    a readable model (loading it says what is wrong, in its own words)."""
     from flaxheads.conversion import TABLES, checkpoint_io
     from flaxheads.conversion.hub import resolve_checkpoint
 
@@ -98,13 +99,28 @@ def saved_classes(model_dir) -> SavedClasses | None:
         hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
     except (OSError, ValueError):
         return None
-    table, saved = TABLES.get(hf.get("model_type")), hf.get(FLAXHEADS_CONFIG_KEY) or {}
-    names = hf.get("architectures") or ()
-    if table is None or not ("head" in saved or any(table.task_of(n) == SEQUENCE_CLASSIFICATION for n in names)):
+    table = TABLES.get(hf.get("model_type"))
+    if table is None:
         return None
-    num_labels, labels = resolve_labels(hf, num_labels=None, id2label=None, label2id=None)
-    return SavedClasses(labels or tuple(f"LABEL_{i}" for i in range(num_labels)),
-                        hf.get("problem_type") or saved.get("problem_type"))
+    if task == SEQUENCE_CLASSIFICATION and "head" in (hf.get(FLAXHEADS_CONFIG_KEY) or {}):
+        return hf
+    return hf if any(table.task_of(name) == task for name in hf.get("architectures") or ()) else None
+
+
+def saved_label_names(hf: Mapping[str, Any]) -> tuple[str, ...]:
+    """The labels of a saved config.json in id order: its id2label, else LABEL_0, LABEL_1, ..."""
+    num_labels, names = resolve_labels(hf, num_labels=None, id2label=None, label2id=None)
+    return names or tuple(f"LABEL_{i}" for i in range(num_labels))
+
+
+def saved_classes(model_dir) -> SavedClasses | None:
+    """The classes of the sequence classifier saved in `model_dir` (`saved_task_config`); None
+    for another model or an unreadable folder."""
+    hf = saved_task_config(model_dir, SEQUENCE_CLASSIFICATION)
+    if hf is None:
+        return None
+    return SavedClasses(saved_label_names(hf),
+                        hf.get("problem_type") or (hf.get(FLAXHEADS_CONFIG_KEY) or {}).get("problem_type"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -498,4 +514,7 @@ __all__ = [
     "require_trained",
     "resolve_labels",
     "save_pretrained",
+    "saved_classes",
+    "saved_label_names",
+    "saved_task_config",
 ]

@@ -23,11 +23,10 @@ import optax
 from flax import nnx
 
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, segments
-from flaxheads.conversion import TABLES, checkpoint_io
-from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.table import TOKEN_CLASSIFICATION
 from flaxheads.heads import TOKEN_HEADS, HeadConfig, HeadInputs
-from flaxheads.model import FLAXHEADS_CONFIG_KEY, LabelNames, PretrainedModel, resolve_labels
+from flaxheads.model import (FLAXHEADS_CONFIG_KEY, LabelNames, PretrainedModel, resolve_labels, saved_label_names,
+                             saved_task_config)
 
 IGNORE_INDEX = -100
 """The label of a token the loss skips (padding, a word's later sub-tokens), as PyTorch's `CrossEntropyLoss`."""
@@ -189,15 +188,8 @@ def saved_tags(model_dir) -> tuple[str, ...] | None:
     """The tags, in id order (config.json's id2label, else LABEL_0, ...), of the token classifier
     saved in `model_dir` (config.json names a `*ForTokenClassification`); None for another model
     or a folder that is not a readable model (loading it says what is wrong, in its own words)."""
-    try:
-        hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
-    except (OSError, ValueError):
-        return None
-    table = TABLES.get(hf.get("model_type"))
-    if table is None or not any(table.task_of(name) == TOKEN_CLASSIFICATION for name in hf.get("architectures") or ()):
-        return None
-    num_labels, names = resolve_labels(hf, num_labels=None, id2label=None, label2id=None)
-    return names or tuple(f"LABEL_{i}" for i in range(num_labels))
+    hf = saved_task_config(model_dir, TOKEN_CLASSIFICATION)
+    return None if hf is None else saved_label_names(hf)
 
 
 def token_loss(logits_BTL: jax.Array, labels_BT: jax.Array, *, ignore_index: int = IGNORE_INDEX) -> jax.Array:
