@@ -404,12 +404,13 @@ class Trainer:
                 run_dir.write_run(self.output_dir, self.identity, complete=False, model_name=self.model_name)
             results = loop.run()
             self.params = loop.params()
-            if args.load_best_model_at_end:
-                self._take_the_best(loop, results)
+            changed = bool(args.load_best_model_at_end and self._take_the_best(loop, results))
             if args.calibrate:
                 self._calibrate(results)
             if args.tune_thresholds:
                 self._tune_thresholds(results)
+            if changed or args.calibrate or args.tune_thresholds:
+                self._rescore(results)  # once, after every change to the weights and thresholds
             if self.output_dir is not None:
                 before = run_dir.export_snapshot(self.output_dir)
                 scorer.export(self.params, self.output_dir)
@@ -430,25 +431,26 @@ class Trainer:
                               exported=self._exported)
         return TrainOutput(self.model, results, predictions)
 
-    def _take_the_best(self, loop: TrainLoop, results: dict[str, Any]) -> None:
+    def _take_the_best(self, loop: TrainLoop, results: dict[str, Any]) -> bool:
         """With load_best_model_at_end: the weights of the best evaluation become the run's (kept in
         memory since then, or, in a resumed run, read back from best_model/), and the results say
-        which step they are."""
+        which step they are. True when the weights changed (the caller re-scores)."""
         best = results["best"]["step"]
         if best is None:
             print0("note: load_best_model_at_end: no evaluation gave a finite metric; the last weights are kept",
                    file=sys.stderr)
             results["exported_step"] = results["steps"]
-            return
-        if best != results["steps"]:
+            return False
+        changed = best != results["steps"]
+        if changed:
             if loop.best_params is not None:
                 self.params = loop.best_params
             else:
                 self.params = self._read_best_model(self.output_dir / run_dir.BEST_MODEL_DIR)
-            self._rescore(results)
         results["exported_step"] = best
         print0(f"load_best_model_at_end: the weights of step {best} ({results['best']['metric']} "
                f"{results['best']['value']}) are the run's model")
+        return changed
 
     def _rescore(self, results: dict[str, Any]) -> None:
         """The validation and test scores in `results` again, of the weights (and thresholds) the
@@ -458,12 +460,11 @@ class Trainer:
                 results[split] = self._scorer.scores(split, self.params)
 
     def _calibrate(self, results: dict[str, Any]) -> None:
-        """Fits a temperature on the validation split, folds it into the weights the run exports,
-        and re-scores: the losses change, the predicted classes do not."""
+        """Fits a temperature on the validation split and folds it into the weights the run exports
+        (the caller re-scores): the losses change, the predicted classes do not."""
         out = self._scorer.predict("validation", self.params)
         report = calibration.calibrate(out.predictions, out.label_ids, self.task.problem_type)
         self.params = calibration.folded(self.graphdef, self.params, report["temperature"])
-        self._rescore(results)
         results["calibration"] = report
         before, after = report["before"], report["after"]
         print0(f"calibrate: temperature {report['temperature']:.4g} on the validation split; ECE "
@@ -481,14 +482,13 @@ class Trainer:
         return [str(path.relative_to(self.output_dir)) for path in drawn]
 
     def _tune_thresholds(self, results: dict[str, Any]) -> None:
-        """Chooses each label's decision threshold for F1 on the validation split, records them in
-        the model's config (so the export carries them), and re-scores with them."""
+        """Chooses each label's decision threshold for F1 on the validation split and records them in
+        the model's config, so the export carries them (the caller re-scores with them)."""
         out = self._scorer.predict("validation", self.params)
         tuned = thresholds_lib.tune(out.predictions, out.label_ids, self.config.label_names)
         self.config = dataclasses.replace(self.config, thresholds=tuned["thresholds"])
         self.graphdef, self.params = _split_with_config(nnx.merge(self.graphdef, self.params), self.config)
         self._scorer.graphdef, self._scorer.thresholds = self.graphdef, self.config.thresholds
-        self._rescore(results)
         results["thresholds"] = {"tuned_on": "validation", "per_label": tuned["per_label"]}
         untuned = [name for name, row in tuned["per_label"].items() if not row["tuned"]]
         print0("tune_thresholds: " + ", ".join(f"{name} {row['threshold']:.3f}"
