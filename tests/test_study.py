@@ -427,6 +427,13 @@ def test_the_report_shows_every_candidate_rate_and_how_far_one_evaluation_moves_
     assert "| snips | pooler | **0.800** | 0.800 |" in text and "| snips | mean | 0.850 | **0.900** |" in text
     # 10 validation examples at the searches' mean best accuracy, 0.8375: sqrt(p (1 - p) / 10) = 0.117.
     assert "one evaluation on 10 validation examples has a binomial standard error of 0.117" in text
+    # Heads of different chosen rates: the conclusions say the rate may be the cause.
+    from flaxheads.study.report import conclusions
+
+    said = conclusions(StudyTable(records))
+    assert "trained at different learning rates here (3e-05 for `pooler`; 0.0001 for `mean`)" in said
+    same_rate = [r | {"learning_rate": 1e-4} if not r.get("lr_search") else r for r in records[:2] + records[4:]]
+    assert "different learning rates" not in conclusions(StudyTable(same_rate))
 
 
 def test_the_reproduce_command_names_the_grid_whose_cells_and_settings_the_results_are():

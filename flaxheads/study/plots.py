@@ -111,7 +111,7 @@ def frozen_vs_finetuned(table: StudyTable, checkpoint: str, path: Path) -> Path 
                     continue
                 ax.errorbar(x + offset, summary.mean, yerr=[[summary.mean - summary.low], [summary.high - summary.mean]],
                             fmt="o", color=color, capsize=4, label=label if x == 0 else None)
-        ax.set_xticks(range(len(heads)), heads)
+        ax.set_xticks(range(len(heads)), heads, rotation=35, ha="right")
         ax.set_title(dataset)
         ax.set_ylabel(f"{table.split} {table.metric(dataset)}")
         ax.grid(axis="y", alpha=0.3)

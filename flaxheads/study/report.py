@@ -293,12 +293,29 @@ def conclusions(table: StudyTable) -> str:
                 parts.append("worse: " + ", ".join(verdicts[stats.WORSE]))
             where = f"{checkpoint} on " if len(table.checkpoints()) > 1 else ""
             sentences.append(f"- {where}`{dataset}` ({table.split} {table.metric(dataset)}, against "
-                             f"`{table.default_head}`): " + "; ".join(parts) + ".")
+                             f"`{table.default_head}`): " + "; ".join(parts) + "." + _rate_caveat(table, checkpoint,
+                                                                                                 dataset))
     sentences += _probe_sentences(table)
     if not sentences:
         return ("Too few cells for comparisons: every data set needs the default head and another head on the "
                 "same seeds.")
     return "\n".join(sentences)
+
+
+def _rate_caveat(table: StudyTable, checkpoint: str, dataset: str) -> str:
+    """A sentence when the heads on `dataset` trained at different chosen learning rates: a
+    difference between two of them is then the rate's as much as the head's."""
+    by_rate: dict[tuple[float, ...], list[str]] = {}
+    for head in table.heads():
+        rates = tuple(table.chosen_rates(checkpoint, dataset, head))
+        if rates:
+            by_rate.setdefault(rates, []).append(f"`{head}`")
+    if len(by_rate) < 2:
+        return ""
+    groups = "; ".join(f"{', '.join(f'{r:g}' for r in rates)} for {', '.join(heads)}"
+                       for rates, heads in by_rate.items())
+    return (f" The heads trained at different learning rates here ({groups}), chosen on validation: a difference "
+            "between heads of different rates may be the rate's, not the head's.")
 
 
 def _probe_sentences(table: StudyTable) -> list[str]:
