@@ -95,7 +95,7 @@ def run(bench: RewardBench = RewardBench()) -> dict[str, Any]:
         **{k: v for k, v in dataclasses.asdict(bench).items() if k != "shape"},
         "model_type": backbone.model_type, "layers": backbone.num_hidden_layers, "hidden": backbone.hidden_size,
         "device": device.device_kind,
-        "all_params": built.trainable_params + sum(x.size for x in jax.tree.leaves(frozen)),
+        "all_params": built.all_params,
         "trainable_params": built.trainable_params, "lora_params": built.lora_params,
         "step_s_median": round(median, 5), "step_s_min": round(min(seconds), 5),
         "tokens_per_s": round(2 * bench.pairs * bench.seq / median), "tflops": round(flops / median / 1e12, 3),

@@ -74,6 +74,7 @@ class BuiltStep:
     step: Any
     state: Any
     frozen: Any
+    all_params: int
     trainable_params: int
     lora_params: int
     multiplying_params: int
@@ -106,6 +107,7 @@ def build_step(hf_config: dict[str, Any], setup: Setup, problem_type: str, *, nu
              for path, variable in nnx.to_flat_state(params)]
     return BuiltStep(
         backbone, step, state, _abstract(frozen) if abstract else frozen,
+        all_params=sum(size for _, size, _ in sizes),
         trainable_params=_count(trainable),
         lora_params=sum(size for _, size, is_lora in sizes if is_lora),
         multiplying_params=sum(size for path, size, _ in sizes if "embed" not in "/".join(map(str, path))),
@@ -127,7 +129,7 @@ def step_memory(hf_config: dict[str, Any], setup: Setup, *, batch: int, seq: int
     return {
         "setup": setup.name,
         "trainable_params": built.trainable_params,
-        "all_params": built.trainable_params + _count(frozen),
+        "all_params": built.all_params,
         "param_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((trainable, frozen))),
         "optimizer_state_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(built.state.opt_state)),
         "argument_bytes": memory.argument_size_in_bytes,
