@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, traverse_util
 
+from flaxheads.backbones.dropout import DropoutKeys
 from flaxheads.model import SequenceClassifier
 
 Params = dict[str, Any]
@@ -101,7 +102,7 @@ class FunctionalClassifier:
                       cls_index=cls_index, segment_ids=segment_ids, num_segments=num_segments)
         if train:
             model.train()
-            return ClassifierOutput(model(input_ids, **inputs, rngs=nnx.Rngs(dropout=dropout_rng)))
+            return ClassifierOutput(model(input_ids, **inputs, rngs=DropoutKeys(dropout_rng)))
         model.eval()
         return ClassifierOutput(model(input_ids, **inputs))
 

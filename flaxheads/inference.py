@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import datasets
-import jax
 import numpy as np
 from flax import nnx
 
-from flaxheads import data, problem
+from flaxheads import compile_cache, data, problem
 from flaxheads.backbones import backbone_spec
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import LENGTH, tokenize_texts
@@ -343,7 +342,7 @@ class TextScorer:
             logits = model(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids, num_segments=segments)
             return logits.reshape(-1, logits.shape[-1])
 
-        self._forward = jax.jit(forward)
+        self._forward = compile_cache.forward_jit(forward)
 
     def logits(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None) -> np.ndarray:
         """(len(texts), num_labels) float32 logits, in order.
@@ -411,7 +410,7 @@ class TokenScorer:
         def forward(params, input_ids, attention_mask, token_type_ids):
             return nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids)
 
-        self._forward = jax.jit(forward)
+        self._forward = compile_cache.forward_jit(forward)
 
     def logits(self, sequences: dict[str, Sequence[Sequence[int]]]) -> list[np.ndarray]:
         """Per sequence, in order, its (length, num_labels) float32 logits: `sequences` holds the

@@ -101,7 +101,7 @@ class LoRALinear(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         y = self.base(x)
         key = _ADAPTER_KEY.get()
-        rngs = None if key is None else nnx.Rngs(dropout=jax.random.fold_in(key, self.index))
+        rngs = None if key is None else dropout.DropoutKeys(jax.random.fold_in(key, self.index))
         h = dropout.apply(x, self.dropout_rate, rngs, deterministic=self.deterministic)
         dtype = self.base.dtype or y.dtype
         update = (h.astype(dtype) @ self.lora_a[...].astype(dtype)) @ self.lora_b[...].astype(dtype)

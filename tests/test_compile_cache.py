@@ -64,3 +64,38 @@ def test_a_second_process_loads_every_compilation_from_the_cache_instead_of_comp
     first, second = run(), run()
     assert first["compilations"] >= 1 and first["cache_hits"] == 0
     assert second["cache_hits"] == second["compilations"] == first["compilations"]
+
+
+def test_forward_programs_compile_without_ynnpack_fusions_and_give_the_same_logits():
+    """On CPU, evaluation and prediction compile with `FORWARD_CPU_OPTIONS` (XLA's own fusions,
+    faster for a forward pass than jax 0.10's YNNPACK subgraphs); the logits stay the same."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if compile_cache.forward_compiler_options() is None:
+        pytest.skip("this jax's XLA:CPU has no YNNPACK fusions to turn off")
+    w1, w2 = jax.random.normal(jax.random.key(0), (2, 64, 256))
+    x = jax.random.normal(jax.random.key(1), (128, 64))
+
+    def layer(x, w1, w2):  # a matmul, its element-wise neighbours, another matmul and a reduction
+        h = jax.nn.gelu(x @ w1, approximate=False) @ w2.T
+        return (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-12)
+
+    default = jax.jit(layer).lower(x, w1, w2).compile()
+    forward = compile_cache.forward_jit(layer).lower(x, w1, w2).compile()
+    if "__ynn_fusion" not in default.as_text():
+        pytest.skip("this jax's XLA:CPU does not fuse this layer with YNNPACK by default")
+    assert "__ynn_fusion" not in forward.as_text()
+    np.testing.assert_allclose(np.asarray(forward(x, w1, w2)), np.asarray(default(x, w1, w2)), atol=1e-5)
+
+
+def test_the_scorer_evaluates_with_the_forward_options(monkeypatch):
+    """`Evaluator` (and so `flaxheads train`'s validation and test scores) jits through `forward_jit`."""
+    from flaxheads.training import scoring
+    from flaxheads.training.sharding import Layout
+
+    seen = []
+    monkeypatch.setattr(compile_cache, "forward_jit", lambda fun, **kwargs: seen.append(kwargs) or fun)
+    scoring.Evaluator(None, "single_label_classification", Layout.create(), batch_format=None, eval_batch_size=8)
+    assert len(seen) == 1

@@ -63,6 +63,39 @@ def test_keep_mask_keeps_the_right_fraction_and_dropout_is_unbiased(rate):
     assert abs(float(out.mean()) - 1.0) < 6 * sigma / keep_prob
 
 
+@pytest.mark.parametrize("key", [7, jax.random.key(3), jax.random.PRNGKey(3)], ids=["int", "typed", "raw"])
+def test_dropout_keys_are_the_keys_of_an_nnx_rngs_stream(key):
+    rngs, keys = nnx.Rngs(dropout=key), dropout.DropoutKeys(key)
+    for _ in range(4):
+        np.testing.assert_array_equal(jax.random.key_data(keys.dropout()), jax.random.key_data(rngs.dropout()))
+    # handed to a scan as an nnx.Rngs and taken back, the stream goes on where it was
+    carried = keys.as_rngs()
+    np.testing.assert_array_equal(jax.random.key_data(carried.dropout()), jax.random.key_data(rngs.dropout()))
+    keys.follow(carried)
+    np.testing.assert_array_equal(jax.random.key_data(keys.dropout()), jax.random.key_data(rngs.dropout()))
+
+
+def test_tracing_the_train_step_builds_no_tracer_error_messages(monkeypatch):
+    """nnx.Rngs counts its keys in an array variable; updating it under a trace made flax ask the
+    traced count for its sharding, and jax's AttributeError message walked the whole trace each
+    time (a third of the MiniLM train step's tracing). The step's DropoutKeys count in Python."""
+    from jax._src.interpreters import partial_eval
+
+    calls = []
+    original = partial_eval.DynamicJaxprTracer._origin_msg
+    monkeypatch.setattr(partial_eval.DynamicJaxprTracer, "_origin_msg",
+                        lambda self: calls.append(1) or original(self))
+    model = _model("bert-pooler")
+    graphdef, params = nnx.split(model)
+    tx = optax.adamw(1e-3)
+    state = train_steps.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    step = train_steps.make_train_step(graphdef, tx, optax.constant_schedule(1e-3), "single_label_classification")
+    batch = {name: value[None] for name, value in INPUTS.items()}
+    batch.update(labels=jnp.array([[0, 2]]), example_mask=jnp.ones((1, 2)))
+    jax.make_jaxpr(step)(state, batch, jax.random.key(0))
+    assert not calls
+
+
 def test_bad_rates_are_refused():
     with pytest.raises(ValueError, match=r"dropout rate 1.0: it must be in \[0, 1\)"):
         dropout.keep_mask(jax.random.key(0), 1.0, (4,))

@@ -14,7 +14,7 @@ import transformers
 from flax import nnx
 
 import flaxheads
-from flaxheads.backbones import backbone_config_from_hf, stacking
+from flaxheads.backbones import backbone_config_from_hf, dropout, stacking
 
 pytestmark = pytest.mark.slow  # a loop and a scan compiled with their gradients, per family
 
@@ -111,6 +111,18 @@ def test_scan_with_gradient_checkpointing_and_packed_rows():
     assert max(np.abs(plain[name] - scanned[name]).max() for name in plain) < 1e-5
     primitives = _primitives(jaxpr)
     assert "scan" in primitives and any("remat" in p or "checkpoint" in p for p in primitives)
+
+
+def test_a_scan_carries_dropout_keys_on_as_nnx_rngs_would():
+    """The train step passes `dropout.DropoutKeys`: a scan carries its count and the head's dropout
+    after the layers draws the key nnx.Rngs would."""
+    scan = _model("bert", scan=True)
+    key = jax.random.key(5)
+    keys = dropout.DropoutKeys(key)
+    with_keys = jax.jit(lambda ids, mask: scan(input_ids=ids, attention_mask=mask, rngs=keys))(
+        *_inputs().values())
+    with_rngs = scan(**_inputs(), rngs=nnx.Rngs(dropout=key))
+    np.testing.assert_array_equal(np.asarray(with_keys), np.asarray(with_rngs))
 
 
 def test_layers_that_do_not_repeat_run_as_a_loop():

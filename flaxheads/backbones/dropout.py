@@ -23,6 +23,38 @@ DROPOUT_BITS = 16
 keep probability, so the expectation is unchanged."""
 
 
+class DropoutKeys:
+    """The keys an `nnx.Rngs(dropout=key)` stream gives, bit for bit: `fold_in(key, 0)`,
+    `fold_in(key, 1)`, ... from `dropout()`, each call the next. Pass it as `rngs=` where the
+    model runs under `jax.jit`: `nnx.Rngs` keeps its count in an array variable, and each update of
+    that variable under a trace builds an error message that walks the whole trace (flax's
+    `set_value` asks the traced count for its `sharding`), which made the MiniLM train step's
+    tracing ~1/3 slower. Here the count is a Python int until a scan carries it (`as_rngs`)."""
+
+    def __init__(self, key: jax.Array | int):
+        if isinstance(key, int):
+            key = jax.random.key(key)
+        elif key.dtype == jnp.uint32:
+            key = jax.random.wrap_key_data(key)
+        self.key = key
+        self.count: int | jax.Array = 0
+
+    def dropout(self) -> jax.Array:
+        key = jax.random.fold_in(self.key, self.count)
+        self.count = self.count + 1
+        return key
+
+    def as_rngs(self) -> nnx.Rngs:
+        """An `nnx.Rngs` whose `dropout` stream goes on where this one is (for a scan's carry)."""
+        rngs = nnx.Rngs(dropout=self.key)
+        rngs.dropout.count.set_value(jnp.asarray(self.count, jnp.uint32))
+        return rngs
+
+    def follow(self, rngs: nnx.Rngs) -> None:
+        """Goes on where `rngs` (from `as_rngs`) has got to."""
+        self.count = rngs.dropout.count.get_value()
+
+
 def active(rate: float, *, deterministic: bool, rngs: nnx.Rngs | None) -> bool:
     """Whether dropout at `rate` applies: in train mode (`deterministic` False) at a non-zero rate.
 

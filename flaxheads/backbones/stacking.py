@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from flaxheads.backbones import dropout
+
 GRADIENT_CHECKPOINTING = "gradient_checkpointing"
 """The backbone attribute `set_gradient_checkpointing` sets and `run_layer` reads."""
 
@@ -102,6 +104,7 @@ def _scan(backbone, stack, graphdefs, x, args, rngs, kwargs) -> list[jax.Array]:
         groups = [states[start:start + period] for start in range(0, len(stack), period)]
         group_states = jax.tree.map(lambda *leaves: jnp.stack(leaves), *groups)
         constant = None
+    keys, rngs = rngs, rngs.as_rngs() if isinstance(rngs, dropout.DropoutKeys) else rngs
     rng_graphdef, rng_state = nnx.split(rngs) if rngs is not None else (None, None)
 
     def body(carry, group_state):
@@ -118,4 +121,6 @@ def _scan(backbone, stack, graphdefs, x, args, rngs, kwargs) -> list[jax.Array]:
     (_, rng_state), outputs = jax.lax.scan(body, (x, rng_state), group_states, length=len(stack) // period)
     if rngs is not None:
         nnx.update(rngs, rng_state)
+    if keys is not rngs:
+        keys.follow(rngs)
     return [outputs[i % period][i // period] for i in range(len(stack))]

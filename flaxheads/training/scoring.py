@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from flaxheads import data, problem
+from flaxheads import compile_cache, data, problem
 from flaxheads.model import save_pretrained
 from flaxheads.training import class_metrics
 from flaxheads.training import metrics as metrics_lib
@@ -66,7 +66,7 @@ class Evaluator:
             # example as the logits have them, so that, replicated, every process sees all rows.
             return {**eval_step(params, batch), **per_example(batch)}
 
-        self.step = jax.jit(step, out_shardings=layout.replicated)
+        self.step = compile_cache.forward_jit(step, out_shardings=layout.replicated)
 
     def __call__(self, params, rows, lengths: np.ndarray | None = None, *,
                  max_batches: int | None = None) -> dict[str, float]:

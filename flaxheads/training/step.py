@@ -13,6 +13,7 @@ import optax
 from flax import nnx
 
 from flaxheads import problem
+from flaxheads.backbones.dropout import DropoutKeys
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -120,7 +121,7 @@ def make_train_step(
 
     def summed_loss(params, micro_batch, key, frozen):
         logits = _logits(graphdef, params, micro_batch, train=True, problem_type=problem_type,
-                         rngs=nnx.Rngs(dropout=key), frozen=frozen)
+                         rngs=DropoutKeys(key), frozen=frozen)
         logits, examples = per_example_logits(logits, micro_batch), per_example(micro_batch)
         mask = examples["example_mask"]
         # Token classification: numerators the examples' summed token losses, denominators their
