@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,21 @@ class DropoutKeys:
     def follow(self, rngs: nnx.Rngs) -> None:
         """Goes on where `rngs` (from `as_rngs`) has got to."""
         self.count = rngs.dropout.count.get_value()
+
+
+def as_nnx_rngs(values: tuple) -> tuple[tuple, Callable[[], None]]:
+    """(`values` with each `DropoutKeys` replaced by its `as_rngs()`, a function that moves those
+    keys on to where their Rngs have got): nnx transforms (`nnx.remat`, a scan's carry) take the
+    arguments they carry as graph nodes or arrays, which an `nnx.Rngs` is and `DropoutKeys` not.
+    Call the function after the transformed call."""
+    swapped = tuple(value.as_rngs() if isinstance(value, DropoutKeys) else value for value in values)
+
+    def follow() -> None:
+        for value, rngs in zip(values, swapped):
+            if rngs is not value:
+                value.follow(rngs)
+
+    return swapped, follow
 
 
 def active(rate: float, *, deterministic: bool, rngs: nnx.Rngs | None) -> bool:

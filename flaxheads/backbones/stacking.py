@@ -29,7 +29,11 @@ def run_layer(backbone: nnx.Module, layer: nnx.Module, *args, **kwargs):
     them. Same values and gradients either way. Every backbone's layer loop calls this."""
     if not getattr(backbone, GRADIENT_CHECKPOINTING, False):
         return layer(*args, **kwargs)
-    return nnx.remat(_call)(layer, args, kwargs)
+    names = tuple(kwargs)
+    carried, follow = dropout.as_nnx_rngs((*args, *kwargs.values()))
+    out = nnx.remat(_call)(layer, carried[:len(args)], dict(zip(names, carried[len(args):])))
+    follow()
+    return out
 
 
 def _call(layer: nnx.Module, args: tuple, kwargs: dict):
@@ -104,7 +108,7 @@ def _scan(backbone, stack, graphdefs, x, args, rngs, kwargs) -> list[jax.Array]:
         groups = [states[start:start + period] for start in range(0, len(stack), period)]
         group_states = jax.tree.map(lambda *leaves: jnp.stack(leaves), *groups)
         constant = None
-    keys, rngs = rngs, rngs.as_rngs() if isinstance(rngs, dropout.DropoutKeys) else rngs
+    (rngs,), follow = dropout.as_nnx_rngs((rngs,))
     rng_graphdef, rng_state = nnx.split(rngs) if rngs is not None else (None, None)
 
     def body(carry, group_state):
@@ -121,6 +125,5 @@ def _scan(backbone, stack, graphdefs, x, args, rngs, kwargs) -> list[jax.Array]:
     (_, rng_state), outputs = jax.lax.scan(body, (x, rng_state), group_states, length=len(stack) // period)
     if rngs is not None:
         nnx.update(rngs, rng_state)
-    if keys is not rngs:
-        keys.follow(rngs)
+    follow()
     return [outputs[i % period][i // period] for i in range(len(stack))]
