@@ -61,30 +61,45 @@ def max_bytes() -> int:
     return value
 
 
-FORWARD_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-"""XLA options for programs that only run a model forward on CPU (evaluation, prediction): no
-YNNPACK fusions. jax 0.10's XLA:CPU fuses a layer's matmuls with their element-wise neighbours
-into YNNPACK subgraphs; for the MiniLM forward on 64 packed rows of 80 tokens that took 0.60-0.74 s
-against 0.50-0.63 s with XLA's own fusions (same process, alternating, 2026-11-26). The train
-step is the other way round (0.47 s with them, 0.50 s without), so it keeps the default."""
+_YNN_FUSIONS = "xla_cpu_experimental_ynn_fusion_type"
+CPU_OPTIONS = {
+    "forward": {_YNN_FUSIONS: ""},
+    "train": {_YNN_FUSIONS: "LIBRARY_FUSION_TYPE_REDUCE"},
+}
+"""XLA:CPU options per kind of program. jax 0.10's XLA:CPU hands a layer's matmuls, with their
+element-wise neighbours and reductions, to YNNPACK (its default is YNNPACK matmuls and
+reductions). On this project's 2-core AVX-512 CPU, MiniLM shapes, same process, alternating
+(2026-11-26):
+- "forward" (evaluation, prediction): no YNNPACK fusions. The forward pass on 64 packed rows of
+  80 tokens took 0.50-0.63 s against 0.60-0.74 s by default (YNNPACK reductions alone: 0.69 s).
+- "train" (the train step): YNNPACK reductions, XLA's own matmuls: 448-477 ms a step against
+  464-493 ms by default, three runs of 24-56 steps each (no YNNPACK at all: 496-537 ms).
+Values are float32-rounding equal either way. A `--xla_cpu_experimental_ynn_fusion_type` in
+XLA_FLAGS wins: these are then not applied."""
 
 
 @functools.cache
-def forward_compiler_options() -> dict[str, str] | None:
-    """`FORWARD_CPU_OPTIONS` where the default backend is the CPU and this XLA knows them, else None."""
-    if jax.default_backend() != "cpu":
+def compiler_options(kind: str) -> dict[str, str] | None:
+    """`CPU_OPTIONS[kind]` where the default backend is the CPU, XLA_FLAGS does not set them and
+    this XLA knows them; else None (XLA's defaults)."""
+    options = CPU_OPTIONS[kind]
+    if jax.default_backend() != "cpu" or _YNN_FUSIONS in os.environ.get("XLA_FLAGS", ""):
         return None
     try:
-        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=FORWARD_CPU_OPTIONS)
-    except Exception:  # an XLA without YNNPACK fusions: nothing to turn off  # noqa: BLE001
+        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=options)
+    except Exception:  # an XLA without these options: nothing to change  # noqa: BLE001
         return None
-    return FORWARD_CPU_OPTIONS
+    return options
 
 
 def forward_jit(fun, **jit_kwargs):
-    """`jax.jit(fun, **jit_kwargs)` for a forward-only program: compiled with
-    `forward_compiler_options()`."""
-    return jax.jit(fun, compiler_options=forward_compiler_options(), **jit_kwargs)
+    """`jax.jit(fun, **jit_kwargs)` for a forward-only program (`compiler_options("forward")`)."""
+    return jax.jit(fun, compiler_options=compiler_options("forward"), **jit_kwargs)
+
+
+def train_jit(fun, **jit_kwargs):
+    """`jax.jit(fun, **jit_kwargs)` for a train step (`compiler_options("train")`)."""
+    return jax.jit(fun, compiler_options=compiler_options("train"), **jit_kwargs)
 
 
 def enable(setting: str | None = None) -> Path | None:

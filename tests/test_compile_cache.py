@@ -67,13 +67,14 @@ def test_a_second_process_loads_every_compilation_from_the_cache_instead_of_comp
 
 
 def test_forward_programs_compile_without_ynnpack_fusions_and_give_the_same_logits():
-    """On CPU, evaluation and prediction compile with `FORWARD_CPU_OPTIONS` (XLA's own fusions,
-    faster for a forward pass than jax 0.10's YNNPACK subgraphs); the logits stay the same."""
+    """On CPU, evaluation and prediction compile with `CPU_OPTIONS["forward"]` (XLA's own fusions,
+    faster for a forward pass than jax 0.10's YNNPACK subgraphs), train steps with YNNPACK's
+    reductions only; the values stay the same."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    if compile_cache.forward_compiler_options() is None:
+    if compile_cache.compiler_options("forward") is None:
         pytest.skip("this jax's XLA:CPU has no YNNPACK fusions to turn off")
     w1, w2 = jax.random.normal(jax.random.key(0), (2, 64, 256))
     x = jax.random.normal(jax.random.key(1), (128, 64))
@@ -83,19 +84,35 @@ def test_forward_programs_compile_without_ynnpack_fusions_and_give_the_same_logi
         return (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-12)
 
     default = jax.jit(layer).lower(x, w1, w2).compile()
-    forward = compile_cache.forward_jit(layer).lower(x, w1, w2).compile()
     if "__ynn_fusion" not in default.as_text():
         pytest.skip("this jax's XLA:CPU does not fuse this layer with YNNPACK by default")
+    expected = np.asarray(default(x, w1, w2))
+    forward = compile_cache.forward_jit(layer).lower(x, w1, w2).compile()
     assert "__ynn_fusion" not in forward.as_text()
-    np.testing.assert_allclose(np.asarray(forward(x, w1, w2)), np.asarray(default(x, w1, w2)), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(forward(x, w1, w2)), expected, atol=1e-5)
+    train = compile_cache.train_jit(layer).lower(x, w1, w2).compile()
+    assert train.as_text().count("__ynn_fusion") < default.as_text().count("__ynn_fusion")  # no YNNPACK matmuls
+    np.testing.assert_allclose(np.asarray(train(x, w1, w2)), expected, atol=1e-5)
 
 
-def test_the_scorer_evaluates_with_the_forward_options(monkeypatch):
-    """`Evaluator` (and so `flaxheads train`'s validation and test scores) jits through `forward_jit`."""
-    from flaxheads.training import scoring
+def test_the_scorer_evaluates_with_the_forward_options(monkeypatch, hf_checkpoint):
+    """`Evaluator` (and so `flaxheads train`'s validation and test scores) jits through
+    `forward_jit`, the jit training path its train step through `train_jit`."""
+    import optax
+    from flax import nnx
+
+    import flaxheads
+    from flaxheads.training import parallel, scoring
+    from flaxheads.training.optim import make_optimizer
     from flaxheads.training.sharding import Layout
 
     seen = []
-    monkeypatch.setattr(compile_cache, "forward_jit", lambda fun, **kwargs: seen.append(kwargs) or fun)
+    for kind in ("forward", "train"):
+        monkeypatch.setattr(compile_cache, f"{kind}_jit", lambda fun, kind=kind, **kwargs: seen.append(kind) or fun)
     scoring.Evaluator(None, "single_label_classification", Layout.create(), batch_format=None, eval_batch_size=8)
-    assert len(seen) == 1
+    assert seen == ["forward"]
+    graphdef, params = nnx.split(flaxheads.from_pretrained(hf_checkpoint("BertForSequenceClassification").path))
+    schedule = optax.constant_schedule(1e-3)
+    parallel.JitParallel(Layout.create(), graphdef, make_optimizer(schedule), schedule, "single_label_classification",
+                         params)
+    assert seen == ["forward", "train"]

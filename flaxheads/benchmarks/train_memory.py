@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from flaxheads import lora
+from flaxheads import compile_cache, lora
 from flaxheads.backbones import backbone_config_from_hf, stacking
 from flaxheads.conversion import architecture_table
 from flaxheads.model import ClassifierConfig, SequenceClassifier
@@ -102,7 +102,7 @@ def build_step(hf_config: dict[str, Any], setup: Setup, problem_type: str, *, nu
     tx = make_optimizer(schedule, weight_decay=0.01)
     init = lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))  # noqa: E731
     state = jax.eval_shape(init, _abstract(trainable)) if abstract else init(trainable)
-    step = jax.jit(make_train_step(graphdef, tx, schedule, problem_type), donate_argnums=0)
+    step = compile_cache.train_jit(make_train_step(graphdef, tx, schedule, problem_type), donate_argnums=0)
     sizes = [(path, variable.get_value().size, isinstance(variable, nnx.LoRAParam))
              for path, variable in nnx.to_flat_state(params)]
     return BuiltStep(

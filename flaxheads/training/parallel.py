@@ -16,6 +16,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from flaxheads import compile_cache
 from flaxheads.training.sharding import Layout
 from flaxheads.training.step import TrainState, make_train_step
 from flaxheads.training.trainable import merge_trainable
@@ -48,7 +49,7 @@ class JitParallel:
         # device's shard only.
         self.state_shardings = layout.tree_shardings(jax.eval_shape(init, params))
         self._init = jax.jit(init, out_shardings=self.state_shardings)
-        self._step = jax.jit(
+        self._step = compile_cache.train_jit(
             make_train_step(graphdef, tx, schedule, problem_type, **(loss_options or {})),
             in_shardings=(self.state_shardings, layout.batch(1), layout.replicated, frozen_shardings),
             out_shardings=(self.state_shardings, layout.replicated),
