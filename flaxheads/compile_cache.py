@@ -71,9 +71,10 @@ element-wise neighbours and reductions, to YNNPACK (its default is YNNPACK matmu
 reductions). On this project's 2-core AVX-512 CPU, MiniLM shapes, same process, alternating
 (2026-11-26):
 - "forward" (evaluation, prediction): no YNNPACK fusions. The forward pass on 64 packed rows of
-  80 tokens took 0.50-0.63 s against 0.60-0.74 s by default (YNNPACK reductions alone: 0.69 s).
-- "train" (the train step): YNNPACK reductions, XLA's own matmuls: 448-477 ms a step against
-  464-493 ms by default, three runs of 24-56 steps each (no YNNPACK at all: 496-537 ms).
+  80 tokens took 0.51-0.69 s against 0.60-0.85 s by default, three runs (YNNPACK reductions
+  alone: 0.69 s where the default took 0.74 s).
+- "train" (the train step): YNNPACK reductions, XLA's own matmuls: 446-477 ms a step against
+  464-493 ms by default, three runs of 24-56 steps each (no YNNPACK at all: 504-538 ms).
 Values are float32-rounding equal either way. A `--xla_cpu_experimental_ynn_fusion_type` in
 XLA_FLAGS wins: these are then not applied."""
 
