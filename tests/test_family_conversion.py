@@ -19,7 +19,8 @@ from flax import nnx
 import flaxheads
 from families import FAMILIES, case, rows
 from family_parity import (
-    assert_close, assert_same_params, assert_state_dicts_identical, flax_logits, state_dict, torch_logits,
+    assert_close, assert_same_params, assert_state_dicts_identical, flat_params, flax_logits, state_dict,
+    torch_logits,
 )
 from flaxheads.convert import convert
 
@@ -153,3 +154,19 @@ def test_loading_report_lists_pretraining_heads_as_unused_and_the_head_as_new(
     assert info.unused == unused and info.newly_initialized == new
     assert info.fully_pretrained == (not new)
     assert info.mismatched == []
+
+
+@pytest.mark.parametrize("row", rows())
+def test_loading_builds_models_with_the_keys_nnx_rngs_gives(row):
+    """Loading builds models with `SeedKeys(seed)` (Python-counted keys, cheap to trace): every
+    parameter, new heads' included, equals a build with `nnx.Rngs(seed)`, bit for bit."""
+    from flaxheads.backbones import backbone_config_from_hf
+    from flaxheads.conversion.loading import SeedKeys
+
+    hf_config = getattr(transformers, row.classifier).config_class(**row.config).to_dict()
+    config = flaxheads.ClassifierConfig(backbone_config_from_hf(hf_config), row.head, num_labels=3)
+    with_rngs = flaxheads.SequenceClassifier(config, rngs=nnx.Rngs(5))
+    with_keys = flaxheads.SequenceClassifier(config, rngs=SeedKeys(5))
+    assert_same_params(with_keys, with_rngs)
+    mine, other = flat_params(with_keys), flat_params(flaxheads.SequenceClassifier(config, rngs=SeedKeys(6)))
+    assert any(not np.array_equal(mine[k], other[k]) for k in mine)  # the seed matters

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from flaxheads import atomic, conversion
-from flaxheads.backbones import backbone_config_from_hf, build_backbone
+from flaxheads.backbones import backbone_config_from_hf, build_backbone, dropout
 from flaxheads.conversion import checkpoint_io, formats, rules
 from flaxheads.conversion.checkpoint_io import CheckpointError, TensorReader
 from flaxheads.conversion.hub import resolve_checkpoint
@@ -101,6 +101,25 @@ def _checkpoint_dtype(reader: TensorReader, rules: list[Rule]):
 
 Placement = Callable[[str, tuple[int, ...]], jax.sharding.Sharding]
 """(parameter path, shape) -> where the parameter lives, e.g. `Layout.param_sharding`."""
+
+
+class SeedKeys:
+    """What a model's constructor asks of `nnx.Rngs(seed)`, key for key: every stream it names
+    (`rngs.params()`, ...) is that Rngs' one default stream, whose n-th key is
+    `fold_in(key(seed), n)`, here counted in Python. Loading builds each model under traces
+    (`nnx.eval_shape`, and jit for the new head), where nnx.Rngs' traced count costs a trace-long
+    error message per key (see `dropout.DropoutKeys`): ~0.2 s of tracing per MiniLM build."""
+
+    def __init__(self, seed: int):
+        self._stream = dropout.DropoutKeys(seed)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._stream.dropout
+
+    def __getitem__(self, name: str):
+        return self._stream.dropout
 
 
 def _init_only(make: Callable[[], nnx.Module], keys: list[str], out_shardings=None) -> dict[str, jax.Array]:
@@ -381,7 +400,7 @@ def from_pretrained(
     )
 
     def make(param_dtype=jnp.float32):
-        return cls(model_config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=nnx.Rngs(seed))
+        return cls(model_config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=SeedKeys(seed))
 
     abstract = nnx.eval_shape(make)
     param_paths = list(flat_variables(abstract))
@@ -456,7 +475,7 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
 
     def make():
         return build_backbone(
-            config, dtype=_dtype(dtype), param_dtype=_dtype(param_dtype), rngs=nnx.Rngs(0), add_pooling_layer=has_pooler
+            config, dtype=_dtype(dtype), param_dtype=_dtype(param_dtype), rngs=SeedKeys(0), add_pooling_layer=has_pooler
         )
 
     abstract = nnx.eval_shape(make)
