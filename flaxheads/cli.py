@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import json
+import os
 import pathlib
 import re
 import sys
+import threading
 import typing
 
 from flaxheads import compile_cache, host_memory
@@ -372,5 +375,24 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def exit_process(code: int) -> typing.NoReturn:
+    """Ends the command's process with exit status `code` once what a normal exit does for others
+    is done (running threads joined, atexit handlers run, stdout and stderr flushed), without the
+    interpreter's teardown: freeing jax's backends, compiled programs and every module took
+    1.6-1.9 s after `flaxheads train` of the default job (measured 2026-11-27), none of it
+    visible to the user. Every file a command writes is closed before it returns. For the command
+    line only (`launcher` and `python -m flaxheads.cli`); a caller of `main` keeps its process."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # what sys.exit would run: weakref finalizers, logging, multiprocessing
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken pipe: nothing left to write to
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

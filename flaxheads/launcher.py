@@ -6,14 +6,16 @@ datasets and transformers that the second pays anyway (the package imports its n
 from __future__ import annotations
 
 import sys
+import typing
 
 from flaxheads import host_memory
 
 
-def main() -> int:
-    """`flaxheads.cli.main()` on the command line, restarted first for `host_memory.LONG_COMMANDS`."""
+def main() -> typing.NoReturn:
+    """`flaxheads.cli.main()` on the command line, restarted first for `host_memory.LONG_COMMANDS`;
+    the process then ends without the interpreter's teardown (`cli.exit_process`)."""
     if len(sys.argv) > 1 and sys.argv[1] in host_memory.LONG_COMMANDS:
         host_memory.restart_with_huge_pages(sys.argv[1:])
-    from flaxheads.cli import main as run
+    from flaxheads.cli import exit_process, main as run
 
-    return run()
+    exit_process(run())

@@ -8,8 +8,10 @@ import dataclasses
 import functools
 import io
 import json
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -262,6 +264,26 @@ def test_installed_console_script_shows_help():
 
     assert result.returncode == 0, result.stderr
     assert "convert" in result.stdout and "inspect" in result.stdout
+
+
+def test_exit_process_finishes_what_a_normal_exit_does(tmp_path):
+    """The command's exit skips the interpreter's teardown, not the threads, atexit handlers and
+    buffered output (a pipe's stdout is block-buffered) that sys.exit would finish."""
+    code = (
+        "import atexit, pathlib, sys, threading, time\n"
+        "from flaxheads.cli import exit_process\n"
+        f"out = pathlib.Path({str(tmp_path)!r})\n"
+        "atexit.register(lambda: (out / 'atexit').write_text('ran'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), (out / 'thread').write_text('done'))).start()\n"
+        "print('buffered line'); sys.stderr.write('unflushed error')\n"
+        "exit_process(3)\n"
+    )
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=buffered)
+
+    assert result.returncode == 3
+    assert result.stdout == "buffered line\n" and result.stderr == "unflushed error"
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
 
 
 # --- train / evaluate flags: help, choices, run_glue's command line (parsing only) ---------------
