@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 DROPOUT_BITS = 16
@@ -139,7 +140,7 @@ def keep_mask(key: jax.Array, rate: float, shape: tuple[int, ...], *,
         # (..., 2, half) by broadcasting, then a free reshape: XLA fuses this into the consumer,
         # where a concatenate of the two halves was a separate pass over memory.
         shifts = jnp.array([[0], [DROPOUT_BITS]], jnp.uint32)
-        pairs = (words[..., None, :] >> shifts) & jnp.uint32(levels - 1)
+        pairs = (words[..., None, :] >> shifts) & np.uint32(levels - 1)
         bits = pairs.reshape(*shape[:-1], 2 * half)[..., :last]
     return bits >= threshold, (levels - threshold) / levels
 
@@ -171,7 +172,17 @@ def random_bits(key: jax.Array, shape: tuple[int, ...], *, rows: Rows | None = N
             coordinate = jnp.broadcast_to(rows.index.astype(jnp.uint32), shape)
         else:
             coordinate = jax.lax.broadcasted_iota(jnp.uint32, shape, d)
-        counter = counter + coordinate * jnp.uint32(stride)
+        counter = counter + coordinate * np.uint32(stride)
+    return _counter_bits(key, counter)
+
+
+@jax.jit
+def _counter_bits(key: jax.Array, counter: jax.Array) -> jax.Array:
+    """jax.random.bits' words for the threefry key data `key` (2,) at `counter`'s values.
+
+    A jit of its own: a train step draws ~20 masks of 3-4 shapes, and a nested jit is traced once
+    per shape (jax caches its jaxpr), where inline arithmetic was traced for every mask, a third of
+    the MiniLM step's tracing; XLA inlines the call, so the compiled step is the same."""
     high, low = _threefry2x32(key[0], key[1], jnp.zeros_like(counter), counter)
     return high ^ low
 
@@ -184,13 +195,16 @@ def _rows_of(bits: jax.Array, shape: tuple[int, ...], rows: Rows | None) -> jax.
 
 
 def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Threefry-2x32 with 20 rounds (Salmon et al. 2011), as jax.random implements it."""
-    keys = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
+    """Threefry-2x32 with 20 rounds (Salmon et al. 2011), as jax.random implements it.
+
+    Constants are numpy scalars: `jnp.uint32(c)` puts an array on the device for every constant
+    of every round while jax traces."""
+    keys = (k0, k1, k0 ^ k1 ^ np.uint32(0x1BD11BDA))
     x0, x1 = x0 + k0, x1 + k1
     for i in range(5):
         for r in _THREEFRY_ROTATIONS[i % 2]:
             x0 = x0 + x1
-            x1 = ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))) ^ x0
+            x1 = ((x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r))) ^ x0
         x0 = x0 + keys[(i + 1) % 3]
-        x1 = x1 + keys[(i + 2) % 3] + jnp.uint32(i + 1)
+        x1 = x1 + keys[(i + 2) % 3] + np.uint32(i + 1)
     return x0, x1
