@@ -382,10 +382,16 @@ def exit_process(code: int) -> typing.NoReturn:
     1.6-1.9 s after `flaxheads train` of the default job (measured 2026-11-27), none of it
     visible to the user. Every file a command writes is closed before it returns. For the command
     line only (`launcher` and `python -m flaxheads.cli`); a caller of `main` keeps its process."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what sys.exit would run: weakref finalizers, logging, multiprocessing
+    # What the interpreter's exit does first: the threading exit hooks (which tell idle
+    # concurrent.futures workers to stop), then it joins every non-daemon thread.
+    shutdown_threads = getattr(threading, "_shutdown", None)
+    if shutdown_threads is not None:
+        shutdown_threads()
+    else:  # not CPython: join what is running (an idle pool worker would wait forever here)
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+    atexit._run_exitfuncs()  # then the atexit handlers: weakref finalizers, logging, multiprocessing
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

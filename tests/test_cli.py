@@ -268,13 +268,15 @@ def test_installed_console_script_shows_help():
 
 def test_exit_process_finishes_what_a_normal_exit_does(tmp_path):
     """The command's exit skips the interpreter's teardown, not the threads, atexit handlers and
-    buffered output (a pipe's stdout is block-buffered) that sys.exit would finish."""
+    buffered output (a pipe's stdout is block-buffered) that sys.exit would finish, and an idle
+    thread pool's worker (not a daemon) does not keep it waiting."""
     code = (
         "import atexit, pathlib, sys, threading, time\n"
         "from flaxheads.cli import exit_process\n"
         f"out = pathlib.Path({str(tmp_path)!r})\n"
         "atexit.register(lambda: (out / 'atexit').write_text('ran'))\n"
         "threading.Thread(target=lambda: (time.sleep(0.3), (out / 'thread').write_text('done'))).start()\n"
+        "import concurrent.futures; pool = concurrent.futures.ThreadPoolExecutor(1); pool.submit(int).result()\n"
         "print('buffered line'); sys.stderr.write('unflushed error')\n"
         "exit_process(3)\n"
     )
