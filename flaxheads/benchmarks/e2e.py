@@ -254,7 +254,9 @@ def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2,
     then as many runs of `unpacked_job` (when given) with a cache of their own. With `rounds` > 1
     the Trainer and one warm run of each flaxheads job take turns `rounds - 1` times more, so that
     a drift of the machine's speed (±15% over minutes here) reaches both sides alike. Each row's
-    speed-up is the wall seconds of the Trainer in its round over its own.
+    speed-up is the Trainer's process seconds in its round over its own: both sides timed from
+    starting their process to its exit, as a user runs a script or the command (the Trainer's
+    `wall_s` leaves out its interpreter's start and teardown, ~2 s; flaxheads' is the process's).
 
     flaxheads runs with glibc's huge pages, as `scripts/flaxheads` and the `flaxheads` command
     start it (`host_memory`); the Trainer as a plain `python` runs it, without them, unless
@@ -273,8 +275,8 @@ def measure(job: E2EJob, *, torch_peer: bool = True, flaxheads_runs: int = 2,
                     cold = round_ == 1 and run == 0
                     flaxheads.append(dict(impl=f"{name} ({'cold' if cold else 'warm'} compilation cache)",
                                           round=round_, **_flaxheads_row(variant, cache)))
-            trainer_wall = peer[0]["wall_s"] if peer else None
-            rows += [dict(row, speedup_vs_trainer=trainer_wall / row["wall_s"] if trainer_wall else None)
+            trainer_s = peer[0]["process_s"] if peer else None
+            rows += [dict(row, speedup_vs_trainer=trainer_s / row["process_s"] if trainer_s else None)
                      for row in peer + flaxheads]
     return [_rounded(dict(bench="e2e", dtype=job.config["dtype"], **row)) for row in rows]
 
