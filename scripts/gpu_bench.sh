@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU benchmark run recorded in docs/benchmarks.md (device machine: jax[cuda], torch, transformers).
-# The device image lacks datasets and tensorboardX and holds other flax/transformers versions than
-# the tests here use: scripts/gpu_wheels.sh (run here first) puts those wheels in .whl/, which the
-# call carries (carry [".whl"]) and this script installs into /tmp/site, ahead of the image's.
+# The device image lacks datasets and tensorboardX and holds another transformers version than the
+# tests here use: scripts/gpu_wheels.sh (run here first) puts those wheels in .whl/, which the call
+# carries (carry [".whl"]) and this script installs into /tmp/site, ahead of the image's. flax, jax
+# and torch are the image's (2026-11-27: jax 0.11.2, flax 0.12.10, torch 2.11.0+cu130).
 set -u
 site=
+rm -rf /tmp/site  # a warm machine keeps an earlier call's install: start from the carried wheels alone
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "gpu_bench.sh: installing the carried wheels failed" >&2; exit 1; }
@@ -18,33 +20,69 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -m pip show pyarrow fsspec huggingface-hub tokenizers optax orbax-checkpoint 2>/dev/null | grep -E '^(Name|Version):' | paste - - | tr '\n' ';'
 echo
 python3 -c "import jax, flax, optax, torch, transformers; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, jax.devices())"
-python3 - "$@" <<'PY'
-import json, sys, os
+out=${OUT:-.}/gpu_bench.jsonl
+: >"$out"
+# jobs: names of the entries of JOBS below, run in this order, each in its own interpreter where it
+# needs other XLA_FLAGS. A device command stops at 10 minutes; rows are written as they finish, so
+# the ones that matter most come first.
+run_jobs() { python3 - "$out" "$@" <<'PY'
+import json, sys
+from flaxheads.backbones import layers
+from flaxheads.benchmarks import fused_check, reward_step
 from flaxheads.benchmarks.step_shapes import StepBench
 from flaxheads.benchmarks.steps import run
-out = open(os.path.join(os.environ.get("OUT", "."), "gpu_bench.jsonl"), "w")
-configs = [
-    StepBench(size="bert-base", seq_len=128, batch=128, dtype="bfloat16", steps=10, repeats=5),
-    StepBench(size="bert-base", seq_len=128, batch=128, dtype="bfloat16", steps=10, repeats=5, attention_dropout=0.0),
-    StepBench(size="bert-base", seq_len=512, batch=32, dtype="bfloat16", steps=10, repeats=5),
-    StepBench(size="minilm", seq_len=128, batch=128, dtype="bfloat16", steps=10, repeats=5),
-    StepBench(size="bert-base", seq_len=128, batch=64, dtype="float32", steps=10, repeats=3),
-]
-from flaxheads.benchmarks import reward_step
-# The issue's 1B Llama LoRA reward-model step: tokens/s and MFU (flaxheads only). The issue's two
-# targets run first: a device command stops at 10 minutes, and the rows are written as they finish.
-steps = [(cfg, lambda cfg=cfg: run(cfg)) for cfg in configs]
-rewards = [(cfg, lambda cfg=cfg: [reward_step.run(cfg)]) for cfg in (
-    reward_step.RewardBench(pairs=8, seq=512),
-    reward_step.RewardBench(pairs=16, seq=512, gradient_checkpointing=True),
-)]
-jobs = steps[:2] + rewards[:1] + steps[2:] + rewards[1:]
-for cfg, job in jobs:
-    try:
-        rows = job()
-    except Exception as err:  # keep going: one failing config must not lose the others
-        rows = [{"config": str(cfg), "error": repr(err)[:2000]}]
-    for r in rows:
-        line = json.dumps(r)
-        print(line); out.write(line + "\n"); out.flush()
+
+BERT_BF16 = StepBench(size="bert-base", seq_len=128, batch=128, dtype="bfloat16", steps=10, repeats=5)
+
+
+def scatter_add_gradient(variant):
+    """flaxheads alone with every embedding table's gradient a scatter-add (before 2026-11-27)."""
+    def job():
+        layers.ONE_HOT_GRADIENT_ROWS = 0
+        try:
+            rows = run(BERT_BF16, torch_peer=False)
+        finally:
+            layers.ONE_HOT_GRADIENT_ROWS = 2048
+        return [dict(r, variant=variant) for r in rows]
+    return job
+
+
+JOBS = {
+    # The issue's target: BERT-base bf16, seq 128, batch 128 against transformers PyTorch (sdpa).
+    "bert_bf16": lambda: run(BERT_BF16),
+    # The same step with the scatter-add embedding gradient (GPU atomics under contention), and
+    # with it and the LLVM option that gives jaxlib 0.10.2-0.11.0 back native float atomics.
+    "bert_bf16_scatter_add": scatter_add_gradient("scatter-add gradient"),
+    "bert_bf16_scatter_add_ftz": scatter_add_gradient("scatter-add gradient, -nvptx-allow-ftz-atomics"),
+    "bert_bf16_no_attention_dropout": lambda: run(StepBench(size="bert-base", seq_len=128, batch=128,
+                                                            dtype="bfloat16", steps=10, repeats=5,
+                                                            attention_dropout=0.0)),
+    "minilm_bf16": lambda: run(StepBench(size="minilm", seq_len=128, batch=128, dtype="bfloat16", steps=10,
+                                         repeats=5)),
+    "bert_bf16_512": lambda: run(StepBench(size="bert-base", seq_len=512, batch=32, dtype="bfloat16", steps=10,
+                                           repeats=5)),
+    # The issue's 1B Llama LoRA reward-model step: tokens/s and MFU (flaxheads only).
+    "reward_1b": lambda: [reward_step.run(reward_step.RewardBench(pairs=8, seq=512))],
+    "reward_1b_remat": lambda: [reward_step.run(reward_step.RewardBench(pairs=16, seq=512,
+                                                                        gradient_checkpointing=True))],
+    # The fused attention kernels on the device against XLA's path (what the CPU tests cannot run).
+    "fused_attention": fused_check.run_all,
+    "bert_f32": lambda: run(StepBench(size="bert-base", seq_len=128, batch=64, dtype="float32", steps=10,
+                                      repeats=3)),
+}
+with open(sys.argv[1], "a") as out:
+    for name in sys.argv[2:]:
+        try:
+            rows = JOBS[name]()
+        except Exception as err:  # keep going: one failing job must not lose the others
+            rows = [{"job": name, "error": repr(err)[:2000]}]
+        for row in rows:
+            line = json.dumps({"job": name, **row})
+            print(line)
+            out.write(line + "\n")
+            out.flush()
 PY
+}
+run_jobs bert_bf16 bert_bf16_scatter_add
+XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_extra_options=-nvptx-allow-ftz-atomics" run_jobs bert_bf16_scatter_add_ftz
+run_jobs minilm_bf16 reward_1b bert_bf16_512 bert_bf16_no_attention_dropout fused_attention reward_1b_remat bert_f32

@@ -11,6 +11,8 @@ pads rows to its 128-token tile; the Pallas GPU kernel tiles by 16.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -283,3 +285,36 @@ def test_packed_encoder_on_splash_equals_xla(backend, splash_calls, family):
 
     assert len(splash_calls) == 2
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The device check (`benchmarks.fused_check`), run here as on a GPU with XLA in cuDNN's place
+
+
+@pytest.fixture
+def as_on_a_gpu(backend, monkeypatch):
+    """`attend` chooses as on a GPU; cuDNN's adapter runs XLA's kernel, Pallas interprets."""
+    backend("gpu")
+    monkeypatch.setattr(fused_attention, "cudnn", functools.partial(fused_attention.cudnn, implementation="xla"))
+
+
+def test_the_device_check_passes_the_kernels_and_names_them(as_on_a_gpu):
+    from flaxheads.benchmarks import fused_check
+
+    rows = fused_check.run_all(batch=2, seq=32, heads=4, head_dim=8, repeats=1)
+
+    assert [row["case"] for row in rows] == [case.name for case in fused_check.CASES]
+    assert all(row["passes"] for row in rows), [row for row in rows if not row["passes"]]
+    chosen = {row["case"]: row["chosen"] for row in rows}
+    assert chosen["encoder, packed rows"] == chosen["decoder GQA, packed rows"] == attention.PALLAS_GPU
+    assert {chosen[name] for name in chosen if "packed" not in name} == {attention.CUDNN}
+
+
+def test_the_device_check_fails_a_kernel_that_is_off(as_on_a_gpu, monkeypatch):
+    from flaxheads.benchmarks import fused_check
+
+    kernel = fused_attention.pallas_gpu
+    monkeypatch.setattr(fused_attention, "pallas_gpu", lambda *args, **kwargs: kernel(*args, **kwargs) * 1.05)
+    rows = fused_check.run_all(batch=2, seq=32, heads=4, head_dim=8, repeats=1)
+
+    assert {row["case"] for row in rows if not row["passes"]} == {"encoder, packed rows", "decoder GQA, packed rows"}

@@ -18,8 +18,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas.ops.gpu import attention as pallas_gpu_attention
-from jax.experimental.pallas.ops.tpu import splash_attention
+
+# The Pallas kernels are imported where they run (`pallas_gpu`, `_splash_kernel`): importing them
+# costs a CPU process ~0.2 s at start-up, and a jax that moved one of them then breaks that kernel
+# alone, not every backbone.
 
 SPLASH_BLOCK = 128
 """Splash attention's smallest tile (TPU lanes): rows are padded to a multiple of it."""
@@ -74,6 +76,8 @@ def pallas_gpu(query_BTNH, key_BSKH, value_BSKH, segment_ids_BT, *, is_causal: b
     """The Pallas GPU flash attention over packed rows: one set of segment ids for queries and
     keys, causal or not, no window. Key/value heads are repeated up to the query heads (the
     kernel has no grouped form)."""
+    from jax.experimental.pallas.ops.gpu import attention as pallas_gpu_attention
+
     groups = query_BTNH.shape[2] // key_BSKH.shape[2]
     key_BSNH, value_BSNH = (jnp.repeat(x, groups, axis=2) for x in (key_BSKH, value_BSKH))
     seq = query_BTNH.shape[1]
@@ -107,7 +111,9 @@ def splash(query_BTNH, key_BSKH, value_BSKH, segment_ids: tuple[jax.Array, jax.A
         out_BNTH = jax.vmap(kernel)(query_BNTH, key_BKSH, value_BKSH)
     else:
         query_ids_BT, key_ids_BS = (_pad_rows(ids, padded, _PAD_SEGMENT) for ids in segment_ids)
-        out_BNTH = jax.vmap(lambda q, k, v, q_ids, kv_ids: kernel(q, k, v, splash_attention.SegmentIds(q_ids, kv_ids)))(
+        from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
+
+        out_BNTH = jax.vmap(lambda q, k, v, q_ids, kv_ids: kernel(q, k, v, SegmentIds(q_ids, kv_ids)))(
             query_BNTH, key_BKSH, value_BKSH, query_ids_BT, key_ids_BS)
     return out_BNTH.transpose(0, 2, 1, 3)[:, :seq]
 
@@ -115,6 +121,8 @@ def splash(query_BTNH, key_BSKH, value_BSKH, segment_ids: tuple[jax.Array, jax.A
 @functools.lru_cache(maxsize=64)
 def _splash_kernel(seq: int, heads: int, is_causal: bool, local_window_size: int | None, interpret: bool):
     """One kernel per static mask and shape; its block-sparsity tables are built once (numpy)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention
+
     shape = (seq, seq)
     if local_window_size is not None:
         head_mask = splash_attention.LocalMask(shape, (local_window_size, 0 if is_causal else local_window_size), 0)

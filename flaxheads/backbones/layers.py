@@ -13,6 +13,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 
@@ -99,8 +100,13 @@ def layer_norm(
     )
 
 
-def embed(num_embeddings: int, features: int, *, init_std: float, dtype, param_dtype, rngs) -> nnx.Embed:
-    return nnx.Embed(
+ONE_HOT_GRADIENT_ROWS = 2048
+"""On GPUs and TPUs, an embedding table of at most this many rows (token types, positions) takes its
+gradient as a matmul with the ids' one-hot matrix (`lookup`); 0 turns that off."""
+
+
+def embed(num_embeddings: int, features: int, *, init_std: float, dtype, param_dtype, rngs) -> Embed:
+    return Embed(
         num_embeddings,
         features,
         dtype=dtype,
@@ -108,6 +114,65 @@ def embed(num_embeddings: int, features: int, *, init_std: float, dtype, param_d
         embedding_init=nnx.initializers.normal(init_std),
         rngs=rngs,
     )
+
+
+class Embed(nnx.Embed):
+    """`nnx.Embed` (same parameter, same lookup) whose rows are read by `lookup`."""
+
+    def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+        if out_sharding is not None or self.num_embeddings == 1:
+            return super().__call__(inputs, out_sharding)
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            raise ValueError("Input type must be an integer or unsigned integer.")
+        (embedding,) = self.promote_dtype((self.embedding[...],), dtype=self.dtype, inexact=False)
+        return lookup(embedding, inputs)
+
+
+def _backend() -> str:
+    """The platform the lookup runs on; tests replace it."""
+    return jax.default_backend()
+
+
+def lookup(table_VD: jax.Array, ids: jax.Array) -> jax.Array:
+    """`jnp.take(table, ids, axis=0)`: the rows of `ids`, out-of-range ids giving NaN rows.
+
+    Its gradient is a scatter-add of the output's gradient into the table. On GPUs XLA adds with
+    atomics, which serialise where many tokens read one row: every token of a batch reads row 0 of
+    BERT's token-type table, every row reads the same positions, and jaxlib 0.10.2-0.11.0 emit those
+    float32 adds as compare-and-swap loops (jax-ml/jax#38806) that retry under such contention. On
+    GPUs and TPUs a table of at most `ONE_HOT_GRADIENT_ROWS` rows therefore takes its gradient as
+    one_hot(ids)^T @ gradient (float32 accumulation, full precision): no atomics, deterministic,
+    equal to the scatter-add's sum to float32 rounding; the forward is `jnp.take` either way.
+    Elsewhere (XLA:CPU adds without atomics) and for larger tables (the vocabulary), `jnp.take`."""
+    if _backend() in ("gpu", "tpu") and table_VD.shape[0] <= ONE_HOT_GRADIENT_ROWS:
+        return _lookup_one_hot_gradient(table_VD, ids)
+    return jnp.take(table_VD, ids, axis=0)
+
+
+@jax.custom_vjp
+def _lookup_one_hot_gradient(table_VD: jax.Array, ids: jax.Array) -> jax.Array:
+    return jnp.take(table_VD, ids, axis=0)
+
+
+def _lookup_forward(table_VD, ids):
+    # The residuals: the ids, and an empty (rows, 0) array that carries the table's shape and dtype.
+    return jnp.take(table_VD, ids, axis=0), (ids, jnp.zeros((table_VD.shape[0], 0), table_VD.dtype))
+
+
+def _lookup_backward(residuals, gradient):
+    ids, like = residuals
+    rows = like.shape[0]
+    gradient_ND = gradient.reshape(-1, gradient.shape[-1])
+    ids_N = ids.reshape(-1)
+    ids_N = jnp.where(ids_N < 0, ids_N + rows, ids_N)  # jnp.take's negative ids count from the end
+    one_hot_NV = (ids_N[:, None] == jnp.arange(rows)[None, :]).astype(gradient_ND.dtype)
+    table_gradient_VD = jnp.einsum("NV,ND->VD", one_hot_NV, gradient_ND, precision=jax.lax.Precision.HIGHEST,
+                                   preferred_element_type=jnp.float32)
+    ids_gradient = np.zeros(ids.shape, jax.dtypes.float0)
+    return table_gradient_VD.astype(like.dtype), ids_gradient
+
+
+_lookup_one_hot_gradient.defvjp(_lookup_forward, _lookup_backward)
 
 
 class Pooler(nnx.Module):
