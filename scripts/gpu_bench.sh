@@ -47,6 +47,24 @@ def scatter_add_gradient(variant):
     return job
 
 
+def profile():
+    """3 steps of BERT_BF16's train step under jax's profiler; the trace (.xplane.pb) goes to
+    $OUT/train_step.xplane.pb (a file the device tool brings back: at most 2 folders down)."""
+    import glob, os, shutil, tempfile
+    import jax
+    from flaxheads.benchmarks.steps import flaxheads_runners
+
+    train = next(r for r in flaxheads_runners(BERT_BF16) if r.step == "train")
+    train.run(3)  # compiled and warm
+    folder = tempfile.mkdtemp()
+    with jax.profiler.trace(folder):
+        train.run(3)
+    traces = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
+    target = os.path.join(os.environ.get("OUT", "."), "train_step.xplane.pb")
+    shutil.copy(traces[0], target)
+    return [{"profile": target, "bytes": os.path.getsize(target), "traces": len(traces)}]
+
+
 JOBS = {
     # The issue's target: BERT-base bf16, seq 128, batch 128 against transformers PyTorch (sdpa).
     "bert_bf16": lambda: run(BERT_BF16),
@@ -54,6 +72,7 @@ JOBS = {
     # with it and the LLVM option that gives jaxlib 0.10.2-0.11.0 back native float atomics.
     "bert_bf16_scatter_add": scatter_add_gradient("scatter-add gradient"),
     "bert_bf16_scatter_add_ftz": scatter_add_gradient("scatter-add gradient, -nvptx-allow-ftz-atomics"),
+    "profile": profile,
     "bert_bf16_no_attention_dropout": lambda: run(StepBench(size="bert-base", seq_len=128, batch=128,
                                                             dtype="bfloat16", steps=10, repeats=5,
                                                             attention_dropout=0.0)),
@@ -83,6 +102,6 @@ with open(sys.argv[1], "a") as out:
             out.flush()
 PY
 }
-run_jobs bert_bf16 bert_bf16_scatter_add
+run_jobs bert_bf16 bert_bf16_scatter_add profile
 XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_extra_options=-nvptx-allow-ftz-atomics" run_jobs bert_bf16_scatter_add_ftz
 run_jobs minilm_bf16 reward_1b bert_bf16_512 bert_bf16_no_attention_dropout fused_attention reward_1b_remat bert_f32
