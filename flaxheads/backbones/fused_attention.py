@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 # The Pallas kernels are imported where they run (`pallas_gpu`, `_splash_kernel`): importing them
-# costs a CPU process ~0.2 s at start-up, and a jax that moved one of them then breaks that kernel
+# costs every process ~0.16 s (-X importtime), and a jax that moved one of them then breaks that kernel
 # alone, not every backbone.
 
 SPLASH_BLOCK = 128
