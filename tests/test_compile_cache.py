@@ -116,3 +116,65 @@ def test_the_scorer_evaluates_with_the_forward_options(monkeypatch, hf_checkpoin
     parallel.JitParallel(Layout.create(), graphdef, make_optimizer(schedule), schedule, "single_label_classification",
                          params)
     assert seen == ["forward", "train"]
+
+
+def _dot_precisions(lowered_text: str) -> list[str]:
+    """The precision of every dot_general in a lowered program's text (StableHLO)."""
+    import re
+
+    return re.findall(r"dot_general.*?precision = \[(\w+), \w+\]", lowered_text)
+
+
+@pytest.mark.parametrize(("backend", "setting", "expected"), [
+    ("gpu", None, "HIGHEST"), ("tpu", None, "HIGHEST"), ("gpu", "tensorfloat32", "HIGH"), ("gpu", "default", "DEFAULT"),
+    ("cpu", None, "DEFAULT"),
+])
+def test_train_and_eval_programs_multiply_float32_in_float32_on_accelerators(monkeypatch, hf_checkpoint, backend,
+                                                                            setting, expected):
+    """Every matrix product of a train step (forward and gradients) and of an eval program is
+    traced at `FLAXHEADS_MATMUL_PRECISION`'s precision, "highest" unless set, on GPUs and TPUs
+    (XLA's default there is TF32 / one bfloat16 pass); on CPUs the programs are left as they are."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    import flaxheads
+    from flaxheads.training import parallel
+    from flaxheads.training.optim import make_optimizer
+    from flaxheads.training.sharding import Layout
+    from flaxheads.training.step import make_eval_step
+
+    monkeypatch.setattr(compile_cache, "_backend", lambda: backend)
+    if setting is None:
+        monkeypatch.delenv(compile_cache.PRECISION_ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(compile_cache.PRECISION_ENV_VAR, setting)
+    model = flaxheads.from_pretrained(hf_checkpoint("BertForSequenceClassification").path)
+    graphdef, params = nnx.split(model)
+    schedule = optax.constant_schedule(1e-3)
+    tx = make_optimizer(schedule)
+    batch = {"input_ids": jnp.ones((1, 2, 5), jnp.int32), "attention_mask": jnp.ones((1, 2, 5), jnp.int32),
+             "token_type_ids": jnp.zeros((1, 2, 5), jnp.int32), "labels": jnp.zeros((1, 2), jnp.int32),
+             "example_mask": jnp.ones((1, 2), jnp.float32)}
+    state = jax.eval_shape(lambda p: parallel.TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), params)
+    replicated = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype), state)  # pmap: 1 device
+    for wrapper, step_state, step_batch in (
+        (parallel.JitParallel, state, batch),
+        (parallel.PmapParallel, replicated, {k: v[None] for k, v in batch.items()}),
+    ):
+        steps = wrapper(Layout.create(), graphdef, tx, schedule, "single_label_classification", params)
+        lowered = steps._step.lower(step_state, step_batch, jax.random.key(0), nnx.State({}))
+        precisions = _dot_precisions(lowered.as_text())
+        # forward and backward products of 2 layers, the pooler and the classifier
+        assert len(precisions) > 20 and set(precisions) == {expected}, (wrapper.name, precisions)
+    forward = compile_cache.forward_jit(make_eval_step(graphdef, "single_label_classification"))
+    eval_batch = {k: v[0] for k, v in batch.items()}
+    assert set(_dot_precisions(forward.lower(params, eval_batch).as_text())) == {expected}
+
+
+def test_an_unknown_matmul_precision_is_refused_naming_the_choices(monkeypatch):
+    monkeypatch.setattr(compile_cache, "_backend", lambda: "gpu")
+    monkeypatch.setenv(compile_cache.PRECISION_ENV_VAR, "tf32")
+    with pytest.raises(ValueError, match="FLAXHEADS_MATMUL_PRECISION='tf32' is not one of .*tensorfloat32"):
+        compile_cache.precise(lambda x: x)

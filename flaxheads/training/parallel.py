@@ -93,7 +93,8 @@ class PmapParallel:
         self._frozen_replicas = self._replicate(self.frozen)
         self._init = jax.jit(_init_fn(tx))
         self._step = jax.pmap(
-            make_train_step(graphdef, tx, schedule, problem_type, axis_name=PMAP_AXIS, **(loss_options or {})),
+            compile_cache.precise(make_train_step(graphdef, tx, schedule, problem_type, axis_name=PMAP_AXIS,
+                                                  **(loss_options or {}))),
             axis_name=PMAP_AXIS,
             in_axes=(0, 0, None, 0),
             donate_argnums=0,
