@@ -34,6 +34,7 @@ import os
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 ENV_VAR = "FLAXHEADS_COMPILATION_CACHE"
 PRECISION_ENV_VAR = "FLAXHEADS_MATMUL_PRECISION"
@@ -79,11 +80,13 @@ def max_bytes() -> int:
 
 _YNN_FUSIONS = "xla_cpu_experimental_ynn_fusion_type"
 CPU_OPTIONS = {
-    "forward": {_YNN_FUSIONS: ""},
-    "train": {_YNN_FUSIONS: "LIBRARY_FUSION_TYPE_REDUCE"},
+    ("forward", "float32"): {_YNN_FUSIONS: ""},
+    ("train", "float32"): {_YNN_FUSIONS: "LIBRARY_FUSION_TYPE_REDUCE"},
+    ("forward", "bfloat16"): {_YNN_FUSIONS: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+    ("train", "bfloat16"): {_YNN_FUSIONS: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"},
 }
-"""XLA:CPU options per kind of program. jax 0.10's XLA:CPU hands a layer's matmuls, with their
-element-wise neighbours and reductions, to YNNPACK (its default is YNNPACK matmuls and
+"""XLA:CPU options per kind of program and compute dtype (`compute_dtype`). jax 0.10's XLA:CPU
+hands a layer's matmuls, with their element-wise neighbours and reductions, to YNNPACK (its default is YNNPACK matmuls and
 reductions). On this project's 2-core AVX-512 CPU, MiniLM shapes, same process, alternating
 (2026-11-26):
 - "forward" (evaluation, prediction): no YNNPACK fusions. The forward pass on 64 packed rows of
@@ -93,15 +96,19 @@ reductions). On this project's 2-core AVX-512 CPU, MiniLM shapes, same process, 
   464-493 ms by default, three runs of 24-56 steps each (no YNNPACK at all: 504-538 ms); a
   BERT-base-sized step (8 x 128) 3.41 s against 3.52 s; DeBERTa-v3 and Llama (MiniLM size,
   16 x 128) 11-17% faster to train, DeBERTa-v3 27-30% faster to evaluate, Llama level.
+A bfloat16 model's programs hand their matmuls to YNNPACK as well: its bfloat16 x bfloat16 ->
+float32 kernels (`layers.dot_general`) run at 2.9x XLA's float32 matmul rate on this CPU's
+AVX512-BF16, where float32 programs are slower with YNNPACK matmuls (MiniLM, 32 x 80, same
+process, 2026-11-27: train 1613 against 1547 ms, eval 416 against 354 ms).
 Values are float32-rounding equal either way. A `--xla_cpu_experimental_ynn_fusion_type` in
 XLA_FLAGS wins: these are then not applied."""
 
 
 @functools.cache
-def compiler_options(kind: str) -> dict[str, str] | None:
-    """`CPU_OPTIONS[kind]` where the default backend is the CPU, XLA_FLAGS does not set them and
-    this XLA knows them; else None (XLA's defaults)."""
-    options = CPU_OPTIONS[kind]
+def compiler_options(kind: str, compute: str = "float32") -> dict[str, str] | None:
+    """`CPU_OPTIONS[kind, compute]` where the default backend is the CPU, XLA_FLAGS does not set
+    them and this XLA knows them; else None (XLA's defaults)."""
+    options = CPU_OPTIONS[kind, compute]
     if jax.default_backend() != "cpu" or _YNN_FUSIONS in os.environ.get("XLA_FLAGS", ""):
         return None
     try:
@@ -142,14 +149,26 @@ def precise(fun):
     return traced
 
 
-def forward_jit(fun, **jit_kwargs):
-    """`jax.jit(fun, **jit_kwargs)` for a forward-only program (`compiler_options("forward")`)."""
-    return jax.jit(precise(fun), compiler_options=compiler_options("forward"), **jit_kwargs)
+def compute_dtype(graphdef) -> str:
+    """"bfloat16" when a layer of the model `graphdef` describes (`nnx.split`'s first half)
+    computes in bfloat16, else "float32": which `CPU_OPTIONS` its programs compile with."""
+    for name, attribute in getattr(graphdef, "attributes", ()):
+        value = getattr(attribute, "value", None)
+        if name == "dtype" and value is not None and jnp.dtype(value) == jnp.bfloat16:
+            return "bfloat16"
+    return "float32"
 
 
-def train_jit(fun, **jit_kwargs):
-    """`jax.jit(fun, **jit_kwargs)` for a train step (`compiler_options("train")`)."""
-    return jax.jit(precise(fun), compiler_options=compiler_options("train"), **jit_kwargs)
+def forward_jit(fun, *, compute: str = "float32", **jit_kwargs):
+    """`jax.jit(fun, **jit_kwargs)` for a forward-only program computing in `compute`
+    (`compiler_options("forward", compute)`)."""
+    return jax.jit(precise(fun), compiler_options=compiler_options("forward", compute), **jit_kwargs)
+
+
+def train_jit(fun, *, compute: str = "float32", **jit_kwargs):
+    """`jax.jit(fun, **jit_kwargs)` for a train step computing in `compute`
+    (`compiler_options("train", compute)`)."""
+    return jax.jit(precise(fun), compiler_options=compiler_options("train", compute), **jit_kwargs)
 
 
 def enable(setting: str | None = None) -> Path | None:

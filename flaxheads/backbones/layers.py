@@ -72,7 +72,8 @@ def dense(
     rngs: nnx.Rngs,
     use_bias: bool = True,
 ) -> nnx.Linear:
-    """A Linear layer initialised like Hugging Face's: kernel ~ normal(init_std), bias zeros."""
+    """A Linear layer initialised like Hugging Face's: kernel ~ normal(init_std), bias zeros;
+    its product is `dot_general` (bfloat16 products accumulated in float32 on CPUs)."""
     return nnx.Linear(
         in_features,
         out_features,
@@ -81,8 +82,52 @@ def dense(
         param_dtype=param_dtype,
         kernel_init=nnx.initializers.normal(init_std),
         bias_init=nnx.initializers.zeros,
+        dot_general=dot_general,
         rngs=rngs,
     )
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
+    """`jax.lax.dot_general`, except for a Linear layer's bfloat16 product on a CPU (`_backend()`):
+    computed as bfloat16 x bfloat16 -> float32, rounded to bfloat16 once, forward and backward
+    (`_bf16_matmul`). XLA:CPU then hands it to YNNPACK's bfloat16 kernels, 2.9x its float32
+    matmul rate on this project's AVX512-BF16 CPU (2560x384 by 384x1536: 569 GFLOP/s against 197
+    in float32 and 145 for XLA's bfloat16 -> bfloat16 product). Elsewhere, and for other dtypes
+    and layouts, `jax.lax.dot_general`: a GPU or TPU accumulates bfloat16 in float32 by itself."""
+    linear = dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ())) and rhs.ndim == 2
+    if (linear and _backend() == "cpu" and lhs.dtype == rhs.dtype == jnp.bfloat16 and preferred_element_type is None
+            and kwargs.get("out_sharding") is None):
+        return _bf16_matmul(lhs, rhs)
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type, **kwargs)
+
+
+def _matmul_f32(a_MK, b_KN):
+    return jax.lax.dot_general(a_MK, b_KN, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+@jax.custom_vjp
+def _bf16_matmul(x_BI, w_IO):
+    x_MI = x_BI.reshape(-1, x_BI.shape[-1])
+    return _matmul_f32(x_MI, w_IO).astype(jnp.bfloat16).reshape(*x_BI.shape[:-1], w_IO.shape[1])
+
+
+def _bf16_matmul_forward(x_BI, w_IO):
+    return _bf16_matmul(x_BI, w_IO), (x_BI, w_IO)
+
+
+def _bf16_matmul_backward(residuals, g_BO):
+    x_BI, w_IO = residuals
+    x_MI, g_MO = x_BI.reshape(-1, x_BI.shape[-1]), g_BO.reshape(-1, g_BO.shape[-1])
+    # g . w over their output axes as it is (a transposed w is not handed to YNNPACK: 3.4x slower)
+    dx_MI = jax.lax.dot_general(g_MO, w_IO, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dx_BI = dx_MI.astype(jnp.bfloat16).reshape(x_BI.shape)
+    dw_IO = jax.lax.dot_general(x_MI, g_MO, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    dw_IO = dw_IO.astype(jnp.bfloat16)
+    return dx_BI, dw_IO
+
+
+_bf16_matmul.defvjp(_bf16_matmul_forward, _bf16_matmul_backward)
 
 
 def layer_norm(
