@@ -159,16 +159,20 @@ def compute_dtype(graphdef) -> str:
     return "float32"
 
 
-def forward_jit(fun, *, compute: str = "float32", **jit_kwargs):
-    """`jax.jit(fun, **jit_kwargs)` for a forward-only program computing in `compute`
-    (`compiler_options("forward", compute)`)."""
-    return jax.jit(precise(fun), compiler_options=compiler_options("forward", compute), **jit_kwargs)
+def forward_jit(fun, *, graphdef=None, **jit_kwargs):
+    """`jax.jit(fun, **jit_kwargs)` for a forward-only program of the model `graphdef` describes
+    (`compiler_options("forward", compute_dtype(graphdef))`; float32's without one)."""
+    return jax.jit(precise(fun), compiler_options=compiler_options("forward", _compute(graphdef)), **jit_kwargs)
 
 
-def train_jit(fun, *, compute: str = "float32", **jit_kwargs):
-    """`jax.jit(fun, **jit_kwargs)` for a train step computing in `compute`
-    (`compiler_options("train", compute)`)."""
-    return jax.jit(precise(fun), compiler_options=compiler_options("train", compute), **jit_kwargs)
+def train_jit(fun, *, graphdef=None, **jit_kwargs):
+    """`jax.jit(fun, **jit_kwargs)` for a train step of the model `graphdef` describes
+    (`compiler_options("train", compute_dtype(graphdef))`; float32's without one)."""
+    return jax.jit(precise(fun), compiler_options=compiler_options("train", _compute(graphdef)), **jit_kwargs)
+
+
+def _compute(graphdef) -> str:
+    return "float32" if graphdef is None else compute_dtype(graphdef)
 
 
 def enable(setting: str | None = None) -> Path | None:

@@ -342,7 +342,7 @@ class TextScorer:
             logits = model(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids, num_segments=segments)
             return logits.reshape(-1, logits.shape[-1])
 
-        self._forward = compile_cache.forward_jit(forward, compute=compile_cache.compute_dtype(graphdef))
+        self._forward = compile_cache.forward_jit(forward, graphdef=graphdef)
 
     def logits(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None) -> np.ndarray:
         """(len(texts), num_labels) float32 logits, in order.
@@ -410,7 +410,7 @@ class TokenScorer:
         def forward(params, input_ids, attention_mask, token_type_ids):
             return nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids)
 
-        self._forward = compile_cache.forward_jit(forward, compute=compile_cache.compute_dtype(graphdef))
+        self._forward = compile_cache.forward_jit(forward, graphdef=graphdef)
 
     def logits(self, sequences: dict[str, Sequence[Sequence[int]]]) -> list[np.ndarray]:
         """Per sequence, in order, its (length, num_labels) float32 logits: `sequences` holds the

@@ -68,7 +68,8 @@ def test_a_bfloat16_model_compiles_with_the_bfloat16_options(monkeypatch, hf_che
     """The train step and the evaluation of a bfloat16 model compile with `CPU_OPTIONS[...,
     "bfloat16"]` (YNNPACK matmuls), a float32 model's with the float32 ones."""
     seen = []
-    monkeypatch.setattr(compile_cache, "train_jit", lambda fun, compute, **kwargs: seen.append(compute) or fun)
+    monkeypatch.setattr(compile_cache, "train_jit",
+                        lambda fun, graphdef, **kwargs: seen.append(compile_cache.compute_dtype(graphdef)) or fun)
     schedule = optax.constant_schedule(1e-3)
     path = hf_checkpoint("BertForSequenceClassification").path
     for dtype in ("bfloat16", "float32"):

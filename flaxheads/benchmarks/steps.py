@@ -138,10 +138,10 @@ def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None, *,
     schedule = optax.constant_schedule(2e-5)
     tx = make_optimizer(schedule, weight_decay=0.01, max_grad_norm=1.0)
     state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    compute = compile_cache.compute_dtype(graphdef)
     train_step = compile_cache.train_jit(make_train_step(graphdef, tx, schedule, "single_label_classification"),
-                                         compute=compute, donate_argnums=0)
-    eval_step = compile_cache.forward_jit(make_eval_step(graphdef, "single_label_classification"), compute=compute)
+                                         graphdef=graphdef, donate_argnums=0)
+    eval_step = compile_cache.forward_jit(make_eval_step(graphdef, "single_label_classification"),
+                                          graphdef=graphdef)
     host = _batch(bench, hf["vocab_size"])
     train_batch = {k: jnp.asarray(v)[None] for k, v in {**host, "example_mask": np.ones(bench.batch, np.float32)}.items()}
     eval_batch = {k: v[0] for k, v in train_batch.items()}

@@ -103,7 +103,7 @@ def build_step(hf_config: dict[str, Any], setup: Setup, problem_type: str, *, nu
     init = lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))  # noqa: E731
     state = jax.eval_shape(init, _abstract(trainable)) if abstract else init(trainable)
     step = compile_cache.train_jit(make_train_step(graphdef, tx, schedule, problem_type), donate_argnums=0,
-                                   compute=compile_cache.compute_dtype(graphdef))
+                                   graphdef=graphdef)
     sizes = [(path, variable.get_value().size, isinstance(variable, nnx.LoRAParam))
              for path, variable in nnx.to_flat_state(params)]
     return BuiltStep(

@@ -51,7 +51,7 @@ class JitParallel:
         self._init = jax.jit(init, out_shardings=self.state_shardings)
         self._step = compile_cache.train_jit(
             make_train_step(graphdef, tx, schedule, problem_type, **(loss_options or {})),
-            compute=compile_cache.compute_dtype(graphdef),
+            graphdef=graphdef,
             in_shardings=(self.state_shardings, layout.batch(1), layout.replicated, frozen_shardings),
             out_shardings=(self.state_shardings, layout.replicated),
             donate_argnums=0,

@@ -66,8 +66,7 @@ class Evaluator:
             # example as the logits have them, so that, replicated, every process sees all rows.
             return {**eval_step(params, batch), **per_example(batch)}
 
-        self.step = compile_cache.forward_jit(step, compute=compile_cache.compute_dtype(graphdef),
-                                              out_shardings=layout.replicated)
+        self.step = compile_cache.forward_jit(step, graphdef=graphdef, out_shardings=layout.replicated)
 
     def __call__(self, params, rows, lengths: np.ndarray | None = None, *,
                  max_batches: int | None = None) -> dict[str, float]:
