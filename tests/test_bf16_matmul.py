@@ -1,6 +1,7 @@
-"""bfloat16 Linear layers on CPUs (`layers.dot_general`): products accumulated in float32 and
+"""Linear layers' products on CPUs (`layers.dot_general`). bfloat16: accumulated in float32 and
 rounded to bfloat16 once, forward and backward, compiled with YNNPACK's bfloat16 kernels
-(`compile_cache.CPU_OPTIONS`); the same values as float32 products rounded to bfloat16."""
+(`compile_cache.CPU_OPTIONS`); the same values as float32 products rounded to bfloat16. float32:
+the input's leading axes merged into one, the same bits as jax's product, forward and backward."""
 
 from __future__ import annotations
 
@@ -62,6 +63,37 @@ def test_other_products_stay_jax_s(monkeypatch):
     assert "custom_vjp" not in str(jax.make_jaxpr(lambda x: _linear(jnp.float32)(x))(x.astype(jnp.float32)))
     monkeypatch.setattr(layers, "_backend", lambda: "gpu")  # a GPU accumulates bfloat16 in float32 itself
     assert "custom_vjp" not in str(jax.make_jaxpr(lambda x: _linear()(x))(x))
+
+
+def _dot_dimensions(fun, *args) -> list:
+    """The dimension numbers of every dot_general in `fun`'s program."""
+    return [eqn.params["dimension_numbers"] for eqn in jax.make_jaxpr(fun)(*args).eqns
+            if eqn.primitive.name == "dot_general"]
+
+
+@pytest.mark.parametrize("shape", [(4, 9, 48), (2, 3, 5, 48), (48,)])
+def test_float32_products_merge_the_leading_axes_with_the_same_bits(monkeypatch, shape):
+    linear = _linear(jnp.float32)
+    x = jax.random.normal(jax.random.key(1), shape)
+    cotangent = jax.random.normal(jax.random.key(2), (*shape[:-1], 40))
+    y = linear(x)
+    loss, (grads, dx) = _loss_and_grads(linear, x, cotangent)
+    # a fresh function each time: jax caches traces by function
+    graphdef, params = nnx.split(linear)
+    contracted = lambda: {dims[0] for dims in _dot_dimensions(
+        jax.grad(lambda p, x: jnp.sum(nnx.merge(graphdef, p)(x) * cotangent), argnums=(0, 1)), params, x)}
+    # forward, input gradient, weight gradient: each a matrix product contracting one axis
+    assert contracted() == {((1,), (0,)), ((1,), (1,)), ((0,), (0,))}
+
+    monkeypatch.setattr(layers, "_backend", lambda: "gpu")  # jax's product as it is
+    if len(shape) > 2:
+        assert ((0,), (0,)) not in contracted()
+    expected_loss, (expected_grads, expected_dx) = _loss_and_grads(linear, x, cotangent)
+    np.testing.assert_array_equal(y, linear(x))
+    np.testing.assert_array_equal(loss, expected_loss)
+    np.testing.assert_array_equal(dx, expected_dx)
+    np.testing.assert_array_equal(grads["kernel"][...], expected_grads["kernel"][...])
+    np.testing.assert_array_equal(grads["bias"][...], expected_grads["bias"][...])
 
 
 def test_a_bfloat16_model_compiles_with_the_bfloat16_options(monkeypatch, hf_checkpoint):
