@@ -702,3 +702,17 @@ def test_builtin_splits_come_in_a_seeded_random_order_not_the_files_sorted_one()
     again = load_builtin("movie_snippets", seed=0).splits["train"]["text"][:5]
     assert again == task.splits["train"]["text"][:5]
     assert load_builtin("movie_snippets", seed=1).splits["train"]["text"][:5] != again
+
+
+def test_column_array_reads_what_numpy_reads_through_arrow():
+    from flaxheads.data.task import column_array
+
+    dataset = datasets.Dataset.from_dict({
+        "label": [3, 1, 2, 5, 4], "multi_hot": [[1, 0], [0, 1], [1, 1], [0, 0], [1, 0]],
+        "score": [0.5, 1.5, 2.5, 3.5, 4.5], "flag": [True, False, True, True, False], "gap": [1, None, 2, 3, 4],
+    }).select([4, 1, 3, 2])  # an indices mapping: rows are not the table's
+    for name in dataset.column_names:
+        got, expected = column_array(dataset, name), np.asarray(dataset[name])
+        assert got.dtype == expected.dtype and got.shape == expected.shape, name
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+    np.testing.assert_array_equal(column_array(dataset, "label"), [4, 1, 5, 2])

@@ -4,6 +4,8 @@ import io
 import json
 import math
 import struct
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -116,6 +118,29 @@ def test_tensorboard_scalars_read_back_with_split_prefixed_tags(tmp_path):
     assert scalars["eval/accuracy"] == [(20, 0.75)]
     [(step, pearson)] = scalars["eval/pearson"]
     assert step == 20 and math.isnan(pearson)
+
+
+def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
+    # tensorboardX imports torch where it can (seconds of every run's start); in a fresh process
+    # without torch loaded, the logger writes its events and torch stays unloaded.
+    code = (
+        "import sys\n"
+        "from flaxheads.training import run_log\n"
+        f"with run_log.RunLogger({str(tmp_path)!r}, is_main_process=True) as logger:\n"
+        "    logger.log(10, 'train', {'loss': 0.5})\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    assert _read_scalars(tmp_path / "tensorboard")["train/loss"] == [(10, 0.5)]
+
+
+def test_tensorboardx_loaded_after_torch_is_the_same_module():
+    import tensorboardX
+    import torch  # noqa: F401 (loaded: tensorboardX is imported as it is)
+
+    assert run_log._tensorboardx() is tensorboardX
 
 
 def test_non_main_process_writes_nothing(tmp_path):

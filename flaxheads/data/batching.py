@@ -35,7 +35,7 @@ import numpy as np
 
 from flaxheads import problem
 from flaxheads.data.packing import EMPTY, RowPlan, pack_sequences
-from flaxheads.data.task import SINGLE_LABEL, TaskData
+from flaxheads.data.task import SINGLE_LABEL, TaskData, column_array
 from flaxheads.data.tokenization import LABELS, LENGTH
 from flaxheads.tokenizer import pad_token_ids
 
@@ -390,7 +390,7 @@ def _packed_num_batches(plans: Sequence[RowPlan], part_size: int) -> int:
 def example_lengths(dataset: datasets.Dataset) -> np.ndarray:
     """Token count of every example: the `length` column `tokenize_split` adds, if present."""
     if LENGTH in dataset.column_names:
-        return np.asarray(dataset[LENGTH], dtype=np.int64)
+        return column_array(dataset, LENGTH).astype(np.int64)
     return np.asarray([len(ids) for ids in dataset["input_ids"]], dtype=np.int64)
 
 

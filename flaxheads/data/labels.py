@@ -37,6 +37,7 @@ from flaxheads.data.task import (
     REGRESSION,
     SINGLE_LABEL,
     TaskData,
+    column_array,
     default_id2label,
 )
 
@@ -364,7 +365,7 @@ def imbalance_warning(task: TaskData, split: str = "train") -> str | None:
     the class and its share; None otherwise (and for other problem types)."""
     if task.problem_type != SINGLE_LABEL or split not in task.splits or len(task.splits[split]) == 0:
         return None
-    labels = np.asarray(task.splits[split][LABEL])
+    labels = column_array(task.splits[split], LABEL)
     counts = np.bincount(labels, minlength=task.num_labels)
     top = int(np.argmax(counts))
     share = counts[top] / counts.sum()
@@ -394,7 +395,7 @@ def relabelled(task: TaskData, split: str, class_names: Sequence[str]) -> datase
             "with its own classes"
         )
     to_model = np.array([model_names.index(name) for name in data_names])
-    labels = np.asarray(rows[LABEL])
+    labels = column_array(rows, LABEL)
     if task.problem_type == SINGLE_LABEL:
         moved = to_model[labels]
     else:  # multi-hot rows: column i of the data is column to_model[i] of the model

@@ -16,20 +16,36 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import jax
-import tensorboardX
 import tqdm
 
 from flaxheads import atomic
 from flaxheads.training.run_files import METRICS_FILENAME, TENSORBOARD_DIRNAME  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:
+    import tensorboardX
 
 SPLITS = ("train", "eval", "test")
 # tensorboardX writes events from a background thread and flushes on this period; close()
 # writes everything. 10 s keeps a live TensorBoard current without a disk flush per scalar.
 _TENSORBOARD_FLUSH_SECS = 10
 
+
+def _tensorboardx():
+    """tensorboardX, imported without torch when torch is not loaded yet: its writer imports torch
+    where it is installed (2.2 s of every `flaxheads train` here) only to name torch tensors among
+    the types it accepts; flaxheads logs Python floats."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        import tensorboardX
+        return tensorboardX
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+    try:
+        import tensorboardX
+    finally:
+        del sys.modules["torch"]
+    return tensorboardX
 
 def _default_is_main_process() -> bool:
     return jax.process_index() == 0
@@ -93,7 +109,7 @@ class RunLogger:
             _default_is_main_process() if is_main_process is None else is_main_process
         )
         self._jsonl_file: TextIO | None = None
-        self._summary_writer: tensorboardX.SummaryWriter | None = None
+        self._summary_writer: "tensorboardX.SummaryWriter | None" = None
         self._closed = False
         if not self.is_main_process:
             return
@@ -102,7 +118,7 @@ class RunLogger:
             _drop_records_after(self.metrics_path, start_step)
         self._jsonl_file = open(self.metrics_path, "a", encoding="utf-8")
         if tensorboard:
-            self._summary_writer = tensorboardX.SummaryWriter(
+            self._summary_writer = _tensorboardx().SummaryWriter(
                 logdir=str(self.tensorboard_dir), flush_secs=_TENSORBOARD_FLUSH_SECS,
                 purge_step=start_step + 1 if start_step is not None and self.tensorboard_dir.exists() else None,
             )
