@@ -47,6 +47,7 @@ def _tensorboardx():
         del sys.modules["torch"]
     return tensorboardX
 
+
 def _default_is_main_process() -> bool:
     return jax.process_index() == 0
 
