@@ -230,12 +230,17 @@ def _lookup_forward(table_VD, ids):
     return jnp.take(table_VD, ids, axis=0), (ids, jnp.zeros((table_VD.shape[0], 0), table_VD.dtype))
 
 
-def _lookup_backward(residuals, gradient):
+def _flat_ids_and_gradient(ids, rows: int, gradient):
+    """(ids as one axis, negative ids counted from the end as jnp.take counts them; the output's
+    gradient as (ids, features))."""
+    ids_N = ids.reshape(-1)
+    return jnp.where(ids_N < 0, ids_N + rows, ids_N), gradient.reshape(-1, gradient.shape[-1])
+
+
+def _one_hot_backward(residuals, gradient):
     ids, like = residuals
     rows = like.shape[0]
-    gradient_ND = gradient.reshape(-1, gradient.shape[-1])
-    ids_N = ids.reshape(-1)
-    ids_N = jnp.where(ids_N < 0, ids_N + rows, ids_N)  # jnp.take's negative ids count from the end
+    ids_N, gradient_ND = _flat_ids_and_gradient(ids, rows, gradient)
     one_hot_NV = (ids_N[:, None] == jnp.arange(rows)[None, :]).astype(gradient_ND.dtype)
     table_gradient_VD = jnp.einsum("NV,ND->VD", one_hot_NV, gradient_ND, precision=jax.lax.Precision.HIGHEST,
                                    preferred_element_type=jnp.float32)
@@ -243,7 +248,7 @@ def _lookup_backward(residuals, gradient):
     return table_gradient_VD.astype(like.dtype), ids_gradient
 
 
-_lookup_one_hot_gradient.defvjp(_lookup_forward, _lookup_backward)
+_lookup_one_hot_gradient.defvjp(_lookup_forward, _one_hot_backward)
 
 
 @jax.custom_vjp
@@ -254,9 +259,7 @@ def _lookup_gathered_gradient(table_VD: jax.Array, ids: jax.Array) -> jax.Array:
 def _gathered_backward(residuals, gradient):
     ids, like = residuals
     rows = like.shape[0]
-    gradient_ND = gradient.reshape(-1, gradient.shape[-1])
-    ids_N = ids.reshape(-1)
-    ids_N = jnp.where(ids_N < 0, ids_N + rows, ids_N)  # jnp.take's negative ids count from the end
+    ids_N, gradient_ND = _flat_ids_and_gradient(ids, rows, gradient)
     ids_N = jnp.where((ids_N >= 0) & (ids_N < rows), ids_N, rows)  # out of range: no row (dropped below)
     n = ids_N.shape[0]
     # Each token's slot: the rank of its id among the distinct ids.
