@@ -262,14 +262,11 @@ def _gathered_backward(residuals, gradient):
     ids_N, gradient_ND = _flat_ids_and_gradient(ids, rows, gradient)
     ids_N = jnp.where((ids_N >= 0) & (ids_N < rows), ids_N, rows)  # out of range: no row (dropped below)
     n = ids_N.shape[0]
-    # Each token's slot: the rank of its id among the distinct ids.
-    order_N = jnp.argsort(ids_N, stable=True)
-    sorted_N = ids_N[order_N]
-    new_id_N = jnp.concatenate([jnp.ones((1,), jnp.int32), (sorted_N[1:] != sorted_N[:-1]).astype(jnp.int32)])
-    slot_N = jnp.zeros((n,), jnp.int32).at[order_N].set(jnp.cumsum(new_id_N) - 1, unique_indices=True)
+    # Each token's slot: the rank of its id among the distinct ids (unused slots hold `rows`).
+    distinct_N, slot_N = jnp.unique(ids_N, return_inverse=True, size=n, fill_value=rows)
     # Summed per slot in token order, as the scatter-add into the table sums each row.
     sums_ND = jnp.zeros_like(gradient_ND).at[slot_N].add(gradient_ND)
-    slot_V = jnp.full((rows,), n, jnp.int32).at[ids_N].set(slot_N, mode="drop")
+    slot_V = jnp.full((rows,), n, jnp.int32).at[distinct_N].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
     table_gradient_VD = jnp.where((slot_V < n)[:, None], sums_ND[jnp.minimum(slot_V, n - 1)],
                                   jnp.zeros((), gradient_ND.dtype))
     return table_gradient_VD.astype(like.dtype), np.zeros(ids.shape, jax.dtypes.float0)
