@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from flaxheads.data.task import TaskData
+from flaxheads.data.task import LABEL, TaskData, column_array
 
 PROBE_STRENGTHS = (0.01, 0.1, 1.0, 10.0, 100.0)
 """Candidate inverse regularisation strengths C of the logistic probe (ridge: alpha = 1 / C)."""
@@ -47,7 +47,7 @@ def head_features(model, tokenizer, task: TaskData, *, max_seq_length: int, batc
 def majority_predictions(task: TaskData) -> dict[str, np.ndarray]:
     """{split: predictions} of the majority-class baseline: the train split's most frequent class
     (regression: the train mean) for every example."""
-    labels = np.asarray(task.splits["train"]["label"])
+    labels = column_array(task.splits["train"], LABEL)
     if task.problem_type == "regression":
         constant = float(labels.mean())
     else:
@@ -63,7 +63,7 @@ def linear_probe_predictions(features: dict[str, np.ndarray], task: TaskData) ->
 
     scaler = StandardScaler().fit(features["train"])
     scaled = {name: scaler.transform(values) for name, values in features.items()}
-    train_labels = np.asarray(task.splits["train"]["label"])
+    train_labels = column_array(task.splits["train"], LABEL)
     regression = task.problem_type == "regression"
     best = None
     for strength in PROBE_STRENGTHS:
@@ -73,7 +73,7 @@ def linear_probe_predictions(features: dict[str, np.ndarray], task: TaskData) ->
             model = LogisticRegression(C=strength, solver="lbfgs", max_iter=PROBE_MAX_ITERATIONS)
         model.fit(scaled["train"], train_labels)
         predictions = {name: model.predict(values) for name, values in scaled.items()}
-        score = primary_score(predictions["validation"], np.asarray(task.splits["validation"]["label"]), regression)
+        score = primary_score(predictions["validation"], column_array(task.splits["validation"], LABEL), regression)
         if best is None or score > best[0]:
             best = (score, predictions, strength)
     return best[1], best[2]
@@ -92,7 +92,7 @@ def split_metrics(predictions: dict[str, np.ndarray], task: TaskData) -> dict[st
     """{split: {metric: value}} in the names the Trainer's records use (accuracy / pearson)."""
     regression = task.problem_type == "regression"
     name = "pearson" if regression else "accuracy"
-    return {split: {name: primary_score(values, np.asarray(task.splits[split]["label"]), regression)}
+    return {split: {name: primary_score(values, column_array(task.splits[split], LABEL), regression)}
             for split, values in predictions.items() if split in ("validation", "test")}
 
 
