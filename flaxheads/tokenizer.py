@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jax
 
+from flaxheads import quiet_imports
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, backbone_spec
 from flaxheads.conversion import checkpoint_io
 from flaxheads.conversion.hub import resolve_checkpoint
@@ -127,7 +128,7 @@ def check_room_for_text(tokenizer, max_seq_length: int, *, pairs: bool = False) 
 
 def read_tokenizer(folder: str | os.PathLike):
     """The transformers tokenizer saved in `folder`; ValueError if it holds none."""
-    import transformers
+    transformers = quiet_imports.transformers()
 
     folder = resolve_checkpoint(folder)
     if not has_vocabulary(folder):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import jax
 import tqdm
 
-from flaxheads import atomic
+from flaxheads import atomic, quiet_imports
 from flaxheads.training.run_files import METRICS_FILENAME, TENSORBOARD_DIRNAME  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
@@ -37,14 +37,10 @@ def _tensorboardx():
     """tensorboardX, imported without torch when torch is not loaded yet: its writer imports torch
     where it is installed (2.2 s of every `flaxheads train` here) only to name torch tensors among
     the types it accepts; flaxheads logs Python floats."""
-    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+    if "tensorboardX" in sys.modules:
+        return sys.modules["tensorboardX"]
+    with quiet_imports.hidden("torch"):  # tensorboardX takes the ImportError for "no torch"
         import tensorboardX
-        return tensorboardX
-    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
-    try:
-        import tensorboardX
-    finally:
-        del sys.modules["torch"]
     return tensorboardX
 
 
