@@ -119,6 +119,11 @@ def test_sigkill_then_rerun_resumes_bit_identical(mode, tiny_bert, snippets_csv,
     steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     print(mode, "checkpoints left after SIGKILL:", steps)
     assert steps == ([8, 16] if mode == "after_save" else [8])
+    # The command line never imports torch (`quiet_imports`): here `import torch` fails loudly.
+    fake_torch = tmp_path / "fake_torch" / "torch"
+    fake_torch.mkdir(parents=True)
+    (fake_torch / "__init__.py").write_text("raise RuntimeError('the flaxheads command imported torch')\n")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake_torch.parent), env.get("PYTHONPATH")]))
     resumed = subprocess.run([sys.executable, "-m", "flaxheads.cli", "train", *flags], env=env,
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
