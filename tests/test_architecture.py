@@ -12,7 +12,7 @@ PACKAGE = pathlib.Path(flaxheads.__file__).parent
 
 FLOORS: dict[str, int] = {
     "problem": 0, "thresholds": 0, "tags": 0, "atomic": 0, "version": 0, "shipped_model": 0, "compile_cache": 0,
-    "host_memory": 0,
+    "host_memory": 0, "quiet_imports": 0,
     "backbones": 1, "plotting": 1,
     "heads": 2, "lora": 2,
     "conversion": 3,
