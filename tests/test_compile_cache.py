@@ -164,7 +164,7 @@ def test_train_and_eval_programs_multiply_float32_in_float32_on_accelerators(mon
         (parallel.PmapParallel, replicated, {k: v[None] for k, v in batch.items()}),
     ):
         steps = wrapper(Layout.create(), graphdef, tx, schedule, "single_label_classification", params)
-        lowered = steps._step.lower(step_state, step_batch, jax.random.key(0), nnx.State({}))
+        lowered = steps._step.lower(step_state, step_batch, jax.random.key(0), nnx.State({}), steps.schedule_values)
         precisions = _dot_precisions(lowered.as_text())
         # forward and backward products of 2 layers, the pooler and the classifier
         assert len(precisions) > 20 and set(precisions) == {expected}, (wrapper.name, precisions)
@@ -178,3 +178,47 @@ def test_an_unknown_matmul_precision_is_refused_naming_the_choices(monkeypatch):
     monkeypatch.setenv(compile_cache.PRECISION_ENV_VAR, "tf32")
     with pytest.raises(ValueError, match="FLAXHEADS_MATMUL_PRECISION='tf32' is not one of .*tensorfloat32"):
         compile_cache.precise(lambda x: x)
+
+
+def _lowered_train_step(schedule, parallel: str = "jit") -> str:
+    """The lowered text of a tiny classifier's train step under a runner made with `schedule`."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from flaxheads.backbones import EncoderConfig
+    from flaxheads.model import ClassifierConfig, SequenceClassifier
+    from flaxheads.training.optim import make_optimizer
+    from flaxheads.training.parallel import PARALLEL
+    from flaxheads.training.sharding import Layout
+
+    encoder = EncoderConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=24, max_position_embeddings=16)
+    config = ClassifierConfig(encoder, head="pooler", num_labels=2)
+    graphdef, params = nnx.split(SequenceClassifier(config, rngs=nnx.Rngs(0)))
+    runner = PARALLEL[parallel](Layout.create(None), graphdef, make_optimizer(schedule, weight_decay=0.01), schedule,
+                                "single_label_classification", params)
+    batch = {"input_ids": np.ones((1, 2, 8), np.int32), "attention_mask": np.ones((1, 2, 8), np.int32),
+             "token_type_ids": np.zeros((1, 2, 8), np.int32), "labels": np.zeros((1, 2), np.int32),
+             "example_mask": np.ones((1, 2), np.float32)}
+    if parallel == "pmap":
+        batch = {k: v[None] for k, v in batch.items()}
+        lowered = runner._step.lower(runner.init(params), batch, jax.random.key(0), runner._frozen_replicas,
+                                     runner.schedule_values)
+    else:
+        lowered = runner._step.lower(runner.init(params), batch, jax.random.key(0), runner.frozen,
+                                     runner.schedule_values)
+    return lowered.as_text()
+
+
+@pytest.mark.parametrize("parallel", ["jit", "pmap"])
+def test_runs_with_other_learning_rates_and_lengths_share_one_train_step_program(parallel):
+    """The schedule's numbers are arguments of the train step (`optim.Schedule`), so the persistent
+    cache's key (the lowered program) is the same for a run with another `--learning_rate`,
+    `--max_steps`, number of epochs or warmup; only the kind of schedule makes another program."""
+    from flaxheads.training.optim import learning_rate_schedule
+
+    programs = {_lowered_train_step(learning_rate_schedule(*numbers), parallel)
+                for numbers in [(1e-3, 10, 1), (5e-5, 400, 40), (2e-5, 3, 0)]}
+    assert len(programs) == 1
+    assert _lowered_train_step(learning_rate_schedule(1e-3, 10, 1, "cosine"), parallel) not in programs

@@ -51,3 +51,69 @@ def test_make_optimizer_keeps_float32_state_for_bfloat16_parameters():
     updates, state = jax.jit(tx.update)(grads, state, params)
     assert {x.dtype for x in jax.tree.leaves(updates)} == {jnp.dtype(jnp.float32)}
     assert {x.dtype for x in jax.tree.leaves(state) if x.ndim} == {jnp.dtype(jnp.float32)}
+
+
+def _optax_schedule(learning_rate, total_steps, warmup_steps, kind):
+    """The schedule as optax's own functions compose it (what `learning_rate_schedule` built before
+    its numbers could be run-time arguments)."""
+    warmup_steps = min(warmup_steps, total_steps)
+    decay_steps = max(total_steps - warmup_steps, 1)
+    decay = {"linear": optax.linear_schedule(learning_rate, 0.0, decay_steps),
+             "cosine": optax.cosine_decay_schedule(learning_rate, decay_steps),
+             "constant": optax.constant_schedule(learning_rate)}[kind]
+    if warmup_steps == 0:
+        return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps), decay], [warmup_steps])
+
+
+@pytest.mark.parametrize("kind", optim.SCHEDULES)
+@pytest.mark.parametrize("learning_rate, total_steps, warmup_steps",
+                         [(2e-5, 265, 0), (1e-4, 260, 26), (3e-4, 7, 7), (5e-5, 12, 30), (1e-3, 1, 0)])
+def test_run_time_schedule_numbers_give_optax_values_to_float32_rounding(kind, learning_rate, total_steps,
+                                                                        warmup_steps):
+    schedule = optim.learning_rate_schedule(learning_rate, total_steps, warmup_steps, kind)
+    reference = _optax_schedule(learning_rate, total_steps, warmup_steps, kind)
+    counts = jnp.arange(0, total_steps + 3, dtype=jnp.int32)
+    expected = np.asarray(jax.jit(jax.vmap(reference))(counts), np.float32)
+    constants = np.asarray(jax.jit(jax.vmap(schedule))(counts))
+    traced = np.asarray(jax.jit(jax.vmap(schedule, in_axes=(0, None)))(counts, schedule.values()))
+    np.testing.assert_array_equal(constants, expected)  # without values: optax's schedules themselves
+    # optax's warmup, -lr * frac + lr, cancels near its start: a last-bit difference in `frac`
+    # (XLA may divide by a constant through its reciprocal) moves the value by ulps of lr itself
+    np.testing.assert_allclose(traced, expected, rtol=0, atol=4 * np.finfo(np.float32).eps * learning_rate)
+
+
+def test_one_compiled_update_serves_every_learning_rate_and_length_of_a_kind_of_schedule():
+    params = _params()
+    tx = optim.make_optimizer(optim.learning_rate_schedule(1e-2, 20, 3), weight_decay=0.01)
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.5, p.dtype), params)
+    state = tx.init(params)
+    update = jax.jit(lambda g, s, p, values: tx.update(g, s, p, schedule_values=values))
+    programs = {update.lower(grads, state, params, optim.learning_rate_schedule(*numbers).values()).as_text()
+                for numbers in [(1e-2, 20, 3), (3e-4, 500, 0), (2e-5, 7, 7)]}
+    assert len(programs) == 1
+    cosine = optim.learning_rate_schedule(1e-2, 20, 3, "cosine")
+    assert update.lower(grads, state, params, cosine.values()).as_text() in programs  # the numbers are the same
+    # but the program reads them with the schedule it was made with: `kind` is part of the program
+    assert jax.tree.structure(cosine.values()) == jax.tree.structure(optim.learning_rate_schedule(1, 2, 0).values())
+
+
+@pytest.mark.parametrize("kind", optim.SCHEDULES)
+def test_updates_with_run_time_schedule_numbers_equal_those_with_constants(kind):
+    params = _params()
+    schedule = optim.learning_rate_schedule(1e-2, 9, 3, kind)
+    tx = optim.make_optimizer(schedule, weight_decay=0.01)
+    rng = np.random.default_rng(1)
+    states = {"constants": (params, tx.init(params)), "values": (params, tx.init(params))}
+    constants = jax.jit(tx.update)
+    values = jax.jit(lambda g, s, p, v: tx.update(g, s, p, schedule_values=v))
+    for _ in range(6):  # through the warmup and into the decay
+        grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+        p, s = states["constants"]
+        u, s = constants(grads, s, p)
+        states["constants"] = (optax.apply_updates(p, u), s)
+        p, s = states["values"]
+        u, s = values(grads, s, p, schedule.values())
+        states["values"] = (optax.apply_updates(p, u), s)
+    for ours, theirs in zip(jax.tree.leaves(states["values"]), jax.tree.leaves(states["constants"])):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-6, atol=1e-9)

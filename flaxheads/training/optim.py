@@ -4,11 +4,13 @@ dtype (`float32_state`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 SCHEDULES = ("linear", "cosine", "constant")
@@ -16,22 +18,67 @@ SCHEDULES = ("linear", "cosine", "constant")
 
 def learning_rate_schedule(
     learning_rate: float, total_steps: int, warmup_steps: int, kind: str = "linear"
-) -> optax.Schedule:
+) -> Schedule:
     """0 -> `learning_rate` linearly over `warmup_steps`, then `kind` decay to 0 at `total_steps`
     (the shape of transformers' get_linear/cosine_schedule_with_warmup)."""
     if kind not in SCHEDULES:
         raise ValueError(f"lr_scheduler_type={kind!r}; choose one of {SCHEDULES}")
     warmup_steps = min(warmup_steps, total_steps)
-    decay_steps = max(total_steps - warmup_steps, 1)
-    warmup = optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1))
-    decay = {
-        "linear": optax.linear_schedule(learning_rate, 0.0, decay_steps),
-        "cosine": optax.cosine_decay_schedule(learning_rate, decay_steps),
-        "constant": optax.constant_schedule(learning_rate),
-    }[kind]
-    if warmup_steps == 0:
-        return decay
-    return optax.join_schedules([warmup, decay], [warmup_steps])
+    return Schedule(kind, learning_rate, warmup_steps, max(total_steps - warmup_steps, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A learning-rate schedule (`learning_rate_schedule`) whose numbers may arrive at run time.
+
+    `schedule(count)` is optax's `join_schedules([linear_schedule(0, lr, max(warmup, 1)), decay],
+    [warmup])` (or `decay` alone without warmup). `schedule(count, values)` computes the same
+    formulas from `values` (`self.values()`, or arrays of the same structure traced by jit): a
+    train step that takes them as an argument compiles to one program for every learning rate,
+    warmup and run length, where numbers folded in as constants made a run with another
+    `--learning_rate` or `--max_steps` compile its train step again (6.7 s for MiniLM on 2 cores).
+    Only `kind` shapes the program. The two agree to float32 rounding of the rate (bit for bit with
+    XLA:CPU's default options on the schedules tests/test_optimizer.py checks; with constants XLA
+    may divide through a reciprocal, which the warmup's -lr * frac + lr magnifies to a few ulps
+    of lr at other optimisation levels)."""
+
+    kind: str
+    learning_rate: float
+    warmup_steps: int
+    decay_steps: int
+
+    def values(self) -> dict[str, np.ndarray]:
+        """The numbers, as the 0-d arrays a jitted step takes (float32 rate, int32 steps)."""
+        return {"learning_rate": np.float32(self.learning_rate), "warmup_steps": np.int32(self.warmup_steps),
+                "decay_steps": np.int32(self.decay_steps)}
+
+    def __call__(self, count, values: dict | None = None):
+        if values is None:  # Python numbers: optax's own schedules, constants in a traced program
+            return self._optax()(count)
+        rate, warmup, decay = values["learning_rate"], values["warmup_steps"], values["decay_steps"]
+        # optax's formulas term for term (polynomial_schedule with power 1, cosine_decay_schedule
+        # with alpha 0 and exponent 1, join_schedules), with array numbers where optax wants ints
+        warm = (0.0 - rate) * (1 - jnp.clip(count, 0, jnp.maximum(warmup, 1)) / jnp.maximum(warmup, 1)) + rate
+        after = count - warmup
+        if self.kind == "linear":
+            decayed = rate * (1 - jnp.clip(after, 0, decay) / decay) + 0.0
+        elif self.kind == "cosine":
+            cosine = 0.5 * (1 + jnp.cos(jnp.pi * jnp.minimum(after, decay) / decay))
+            decayed = rate * ((1 - 0.0) * cosine**1.0 + 0.0)
+        else:
+            decayed = rate * jnp.ones_like(after, dtype=jnp.result_type(rate))
+        return jnp.where(count < warmup, warm, decayed)
+
+    def _optax(self) -> optax.Schedule:
+        decay = {
+            "linear": optax.linear_schedule(self.learning_rate, 0.0, self.decay_steps),
+            "cosine": optax.cosine_decay_schedule(self.learning_rate, self.decay_steps),
+            "constant": optax.constant_schedule(self.learning_rate),
+        }[self.kind]
+        if self.warmup_steps == 0:
+            return decay
+        warmup = optax.linear_schedule(0.0, self.learning_rate, max(self.warmup_steps, 1))
+        return optax.join_schedules([warmup, decay], [self.warmup_steps])
 
 
 _NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
@@ -100,10 +147,10 @@ def float32_state(inner: optax.GradientTransformation) -> optax.GradientTransfor
     def init(params):
         return inner.init(_as_float32(params))
 
-    def update(updates, state, params=None):
-        return inner.update(_as_float32(updates), state, _as_float32(params))
+    def update(updates, state, params=None, **extra_args):
+        return inner.update(_as_float32(updates), state, _as_float32(params), **extra_args)
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def make_optimizer(
@@ -139,11 +186,12 @@ def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
     learning-rate scaling) as a tree of its own; XLA:CPU then writes several of them to memory
     and reads them back: on MiniLM's 22.7M parameters that update took 55-69 ms, this one 33-36
     (one process, alternating). `mask` is a tree of bools or a function of the parameters
-    giving one (which parameters decay), as optax's."""
+    giving one (which parameters decay), as optax's. `update(..., schedule_values=v)` takes the
+    learning rate from `schedule(count, v)` (a `Schedule`'s numbers given at run time)."""
     reference = reference_adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                                 max_grad_norm=max_grad_norm, mask=mask)
 
-    def update(grads, state, params=None):
+    def update(grads, state, params=None, *, schedule_values=None):
         if params is None:
             raise ValueError(optax.NO_PARAMS_MSG)
         # the chain's state: (clipping's, adamw's) or, unclipped, (adamw's,)
@@ -151,7 +199,9 @@ def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
         g_norm = optax.tree.norm(grads) if max_grad_norm else None
         count = optax.safe_increment(adam.count)
         correction1, correction2 = 1 - b1**count, 1 - b2**count
-        step_size = -1 * schedule(schedule_state.count)
+        rate = schedule(schedule_state.count) if schedule_values is None else schedule(schedule_state.count,
+                                                                                        schedule_values)
+        step_size = -1 * rate
         decays = mask(params) if callable(mask) else mask
         leaves, treedef = jax.tree.flatten(grads)
 
@@ -178,4 +228,4 @@ def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
         inner = (adam, decay_state, schedule_state._replace(count=optax.safe_increment(schedule_state.count)))
         return updates, ((clip_state, inner) if max_grad_norm else (inner,))
 
-    return optax.GradientTransformation(reference.init, update)
+    return optax.GradientTransformationExtraArgs(reference.init, update)

@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 
 from flaxheads import compile_cache
+from flaxheads.training.optim import Schedule
 from flaxheads.training.sharding import Layout
 from flaxheads.training.step import TrainState, make_train_step
 from flaxheads.training.trainable import merge_trainable
@@ -26,6 +27,12 @@ PMAP_AXIS = "devices"
 
 def _init_fn(tx: optax.GradientTransformation) -> Callable[[nnx.State], TrainState]:
     return lambda params: TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+
+def _schedule_values(schedule) -> dict | None:
+    """The step's `schedule_values` argument: a `Schedule`'s numbers, which every run with the same
+    kind of schedule then shares one compiled step for (None for another schedule: constants)."""
+    return schedule.values() if isinstance(schedule, Schedule) else None
 
 
 def _abstract(tree: Any) -> Any:
@@ -49,10 +56,12 @@ class JitParallel:
         # device's shard only.
         self.state_shardings = layout.tree_shardings(jax.eval_shape(init, params))
         self._init = jax.jit(init, out_shardings=self.state_shardings)
+        self.schedule_values = jax.device_put(_schedule_values(schedule), layout.replicated)
         self._step = compile_cache.train_jit(
             make_train_step(graphdef, tx, schedule, problem_type, **(loss_options or {})),
             graphdef=graphdef,
-            in_shardings=(self.state_shardings, layout.batch(1), layout.replicated, frozen_shardings),
+            in_shardings=(self.state_shardings, layout.batch(1), layout.replicated, frozen_shardings,
+                          layout.replicated),
             out_shardings=(self.state_shardings, layout.replicated),
             donate_argnums=0,
         )
@@ -61,7 +70,8 @@ class JitParallel:
         return self._init(params)
 
     def step(self, state: TrainState, batch: dict[str, np.ndarray], rng: jax.Array):
-        return self._step(state, self.layout.put_batch(batch, leading_axes=1), rng, self.frozen)
+        return self._step(state, self.layout.put_batch(batch, leading_axes=1), rng, self.frozen,
+                          self.schedule_values)
 
     def checkpointable(self, state: TrainState) -> TrainState:
         return state
@@ -93,11 +103,12 @@ class PmapParallel:
         self.frozen = nnx.State({}) if frozen is None else frozen
         self._frozen_replicas = self._replicate(self.frozen)
         self._init = jax.jit(_init_fn(tx))
+        self.schedule_values = _schedule_values(schedule)
         self._step = jax.pmap(
             compile_cache.precise(make_train_step(graphdef, tx, schedule, problem_type, axis_name=PMAP_AXIS,
                                                   **(loss_options or {}))),
             axis_name=PMAP_AXIS,
-            in_axes=(0, 0, None, 0),
+            in_axes=(0, 0, None, 0, None),
             donate_argnums=0,
         )
 
@@ -110,7 +121,7 @@ class PmapParallel:
         split = {
             k: np.moveaxis(v.reshape(v.shape[0], n, v.shape[1] // n, *v.shape[2:]), 1, 0) for k, v in batch.items()
         }
-        state, metrics = self._step(state, split, rng, self._frozen_replicas)
+        state, metrics = self._step(state, split, rng, self._frozen_replicas, self.schedule_values)
         return state, jax.tree.map(lambda m: m[0], metrics)
 
     def checkpointable(self, state: TrainState) -> TrainState:

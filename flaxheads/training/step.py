@@ -88,10 +88,14 @@ def make_train_step(
     class_weights: tuple[float, ...] | None = None,
     label_smoothing: float = 0.0,
 ) -> Callable[..., tuple[TrainState, dict]]:
-    """`(state, batch, rng, frozen=None) -> (state, metrics)`.
+    """`(state, batch, rng, frozen=None, schedule_values=None) -> (state, metrics)`.
 
     `state.params` are the parameters that train; `frozen` (see `flaxheads.training.trainable`)
     the rest of the model, an input only: no gradient and no optimizer state is made for it.
+    `schedule_values` are an `optim.Schedule`'s numbers (`schedule.values()`) as arguments, so
+    that runs with another learning rate or length share the compiled step; `tx` then takes
+    them as `tx.update(..., schedule_values=...)` (`optim.make_optimizer`'s does). None: the
+    schedule's numbers are constants in the program.
 
     Every array in `batch` has a leading gradient-accumulation axis: (accum, batch, ...). Packed
     batches (with `segment_ids`) have (accum, rows, S) labels and `example_mask`, and the model
@@ -132,7 +136,8 @@ def make_train_step(
             logits, examples["labels"], problem_type, class_weights=class_weights, label_smoothing=label_smoothing)
         return jnp.sum(numerators * mask), jnp.sum(denominators * mask)
 
-    def train_step(state: TrainState, batch: dict, rng: jax.Array, frozen=None) -> tuple[TrainState, dict]:
+    def train_step(state: TrainState, batch: dict, rng: jax.Array, frozen=None,
+                   schedule_values: dict | None = None) -> tuple[TrainState, dict]:
         step_key = jax.random.fold_in(rng, state.step)
         if axis_name is not None:
             step_key = jax.random.fold_in(step_key, jax.lax.axis_index(axis_name))
@@ -165,12 +170,17 @@ def make_train_step(
         # kept in the gradients' dtype: bf16 ones (param_dtype bfloat16) stay half size until the
         # optimizer upcasts them inside its fused update; float32 ones are unchanged
         grads = jax.tree.map(lambda g: (g / count).astype(g.dtype), grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        if schedule_values is None:
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            learning_rate = schedule(state.step)
+        else:
+            updates, opt_state = tx.update(grads, state.opt_state, state.params, schedule_values=schedule_values)
+            learning_rate = schedule(state.step, schedule_values)
         params = optax.apply_updates(state.params, updates)
         metrics = {
             "loss": loss_sum / count,
             "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(state.step),
+            "learning_rate": learning_rate,
             "examples": examples,
         }
         return TrainState(state.step + 1, params, opt_state), metrics
