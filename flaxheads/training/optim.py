@@ -37,10 +37,11 @@ class Schedule:
     train step that takes them as an argument compiles to one program for every learning rate,
     warmup and run length, where numbers folded in as constants made a run with another
     `--learning_rate` or `--max_steps` compile its train step again (6.7 s for MiniLM on 2 cores).
-    Only `kind` shapes the program. The two agree to float32 rounding of the rate (bit for bit with
-    XLA:CPU's default options on the schedules tests/test_optimizer.py checks; with constants XLA
-    may divide through a reciprocal, which the warmup's -lr * frac + lr magnifies to a few ulps
-    of lr at other optimisation levels)."""
+    Only `kind` shapes the program. The two agree to float32 rounding of the rate: bit for bit
+    under XLA:CPU's default options in the settings tried (tests/test_optimizer.py's grid, run
+    without the suite's compile options); with constants XLA may divide through a reciprocal,
+    which the warmup's -lr * frac + lr magnifies to a few ulps of lr at other optimisation
+    levels."""
 
     kind: str
     learning_rate: float
@@ -199,9 +200,8 @@ def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
         g_norm = optax.tree.norm(grads) if max_grad_norm else None
         count = optax.safe_increment(adam.count)
         correction1, correction2 = 1 - b1**count, 1 - b2**count
-        rate = schedule(schedule_state.count) if schedule_values is None else schedule(schedule_state.count,
-                                                                                        schedule_values)
-        step_size = -1 * rate
+        run_time = () if schedule_values is None else (schedule_values,)
+        step_size = -1 * schedule(schedule_state.count, *run_time)
         decays = mask(params) if callable(mask) else mask
         leaves, treedef = jax.tree.flatten(grads)
 
