@@ -37,8 +37,6 @@ def _tensorboardx():
     """tensorboardX, imported without torch when torch is not loaded yet: its writer imports torch
     where it is installed (2.2 s of every `flaxheads train` here) only to name torch tensors among
     the types it accepts; flaxheads logs Python floats."""
-    if "tensorboardX" in sys.modules:
-        return sys.modules["tensorboardX"]
     with quiet_imports.hidden("torch"):  # tensorboardX takes the ImportError for "no torch"
         import tensorboardX
     return tensorboardX
