@@ -38,18 +38,20 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors; at run t
     from flaxheads.conversion.checkpoint_io import CheckpointError
     from flaxheads.conversion.loading_info import LoadingInfo
     from flaxheads.conversion.table import MULTIPLE_CHOICE, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, ShapeMismatch
-    from flaxheads.functional import ClassifierOutput, FunctionalClassifier
+    from flaxheads.tasks.classification.functional import ClassifierOutput, FunctionalClassifier
     from flaxheads.heads import HEAD_NAMES
-    from flaxheads.model import ClassifierConfig, SequenceClassifier, UntrainedModel, load_backbone, save_pretrained
-    from flaxheads.multiple_choice import MultipleChoice, MultipleChoiceConfig
+    from flaxheads.model import UntrainedModel, load_backbone, save_pretrained
+    from flaxheads.tasks.choice.model import MultipleChoice, MultipleChoiceConfig
     from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
-    from flaxheads.tasks import MODELS, PIPELINES, from_pretrained, pipeline
-    from flaxheads.text_pipeline import TextClassificationPipeline, text_classification_pipeline
-    from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
-    from flaxheads.token_pipeline import TokenClassificationPipeline, token_classification_pipeline
+    from flaxheads.tasks import MODELS, PIPELINES, TASKS, from_pretrained, pipeline
+    from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
+    from flaxheads.tasks.classification.pipeline import TextClassificationPipeline, text_classification_pipeline
+    from flaxheads.tasks.token.model import TokenClassifier, TokenClassifierConfig
+    from flaxheads.tasks.token.pipeline import TokenClassificationPipeline, token_classification_pipeline
     from flaxheads.training.config import TrainConfig
     from flaxheads.training.optim import decay_mask
-    from flaxheads.training.trainer import EvalPrediction, PredictionOutput, TrainOutput, Trainer
+    from flaxheads.tasks.runs import Trainer
+    from flaxheads.training.trainer import EvalPrediction, PredictionOutput, TrainOutput
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "flaxheads.backbones": ("BackboneOutput", "Encoder", "EncoderConfig"),
@@ -64,19 +66,20 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "flaxheads.conversion.loading_info": ("LoadingInfo",),
     "flaxheads.conversion.table": (
         "MULTIPLE_CHOICE", "SEQUENCE_CLASSIFICATION", "TOKEN_CLASSIFICATION", "ShapeMismatch"),
-    "flaxheads.functional": ("ClassifierOutput", "FunctionalClassifier"),
+    "flaxheads.tasks.classification.functional": ("ClassifierOutput", "FunctionalClassifier"),
     "flaxheads.heads": ("HEAD_NAMES",),
-    "flaxheads.model": (
-        "ClassifierConfig", "SequenceClassifier", "UntrainedModel", "load_backbone", "save_pretrained"),
-    "flaxheads.multiple_choice": ("MultipleChoice", "MultipleChoiceConfig"),
+    "flaxheads.model": ("UntrainedModel", "load_backbone", "save_pretrained"),
+    "flaxheads.tasks.choice.model": ("MultipleChoice", "MultipleChoiceConfig"),
     "flaxheads.problem": ("MULTI_LABEL", "PROBLEM_TYPES", "REGRESSION", "SINGLE_LABEL"),
-    "flaxheads.tasks": ("MODELS", "PIPELINES", "from_pretrained", "pipeline"),
-    "flaxheads.text_pipeline": ("TextClassificationPipeline", "text_classification_pipeline"),
-    "flaxheads.token_classifier": ("TokenClassifier", "TokenClassifierConfig"),
-    "flaxheads.token_pipeline": ("TokenClassificationPipeline", "token_classification_pipeline"),
+    "flaxheads.tasks": ("MODELS", "PIPELINES", "TASKS", "from_pretrained", "pipeline"),
+    "flaxheads.tasks.classification.model": ("ClassifierConfig", "SequenceClassifier"),
+    "flaxheads.tasks.classification.pipeline": ("TextClassificationPipeline", "text_classification_pipeline"),
+    "flaxheads.tasks.token.model": ("TokenClassifier", "TokenClassifierConfig"),
+    "flaxheads.tasks.token.pipeline": ("TokenClassificationPipeline", "token_classification_pipeline"),
     "flaxheads.training.config": ("TrainConfig",),
     "flaxheads.training.optim": ("decay_mask",),
-    "flaxheads.training.trainer": ("EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer"),
+    "flaxheads.tasks.runs": ("Trainer",),
+    "flaxheads.training.trainer": ("EvalPrediction", "PredictionOutput", "TrainOutput"),
 }
 """The public names by the module that defines them (the block above lists the same; a test checks)."""
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -89,10 +89,18 @@ def _flag_type(field: dataclasses.Field):
     raise TypeError(f"no flag type for {field.name}: {hint}")
 
 
+def flag_choices() -> dict[str, tuple[str, ...]]:
+    """The values each TrainConfig flag with a fixed set accepts: `CHOICES`, and the settings the
+    tasks read (`flaxheads.tasks.setting_choices`: --task, --tag_scheme, --eval_mode)."""
+    from flaxheads import tasks
+
+    return {**CHOICES, **tasks.setting_choices()}
+
+
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, same name and default, its docstring as help and, for the
-    fields in CHOICES, only those values; booleans get --x / --no_x."""
-    docs = field_docs()
+    fields in `flag_choices`, only those values; booleans get --x / --no_x."""
+    docs, choices = field_docs(), flag_choices()
     for field in dataclasses.fields(TrainConfig):
         kind = _flag_type(field)
         flag, doc = f"--{field.name}", docs[field.name].replace("%", "%%")
@@ -104,7 +112,7 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
         elif kind is tuple:  # a list of names: --lora_target_modules query value
             parser.add_argument(flag, nargs="+", default=default, help=doc)
         else:
-            parser.add_argument(flag, type=kind, default=default, choices=CHOICES.get(field.name), help=doc)
+            parser.add_argument(flag, type=kind, default=default, choices=choices.get(field.name), help=doc)
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -113,7 +121,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args) -> int:
-    from flaxheads.training.trainer import train
+    from flaxheads.tasks.runs import train
 
     config = train_config(args)
     results = train(config)
@@ -130,100 +138,29 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from flaxheads.data import load_task
-    from flaxheads.inference import evaluate
+    from flaxheads import tasks
+    from flaxheads.tasks.runs import scoring_source
+    from flaxheads.tasks.sources import load_task
 
     config = train_config(args)
-    task = load_task(**config.scoring_source())
-    print(f"problem type {task.problem_type_reason or task.problem_type}", file=sys.stderr)
-    if task.is_choices:
-        return _evaluate_choices(args, config, task)
-    result = evaluate(config.model_folder(), task, args.split, max_seq_length=args.max_seq_length,
-                      batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name,
-                      packing=config.packing, max_segments_per_row=config.max_segments_per_row,
-                      eval_mode=config.eval_mode)
-    print(json.dumps(result, indent=2))
-    return 0
-
-
-def _evaluate_choices(args, config: TrainConfig, task) -> int:
-    from flaxheads.choice_inference import evaluate_choices
-
-    result = evaluate_choices(config.model_folder(), task, args.split, max_seq_length=args.max_seq_length,
-                              batch_size=args.per_device_eval_batch_size, tokenizer_name=args.tokenizer_name)
+    data = load_task(**scoring_source(config))
+    print(f"problem type {data.described}", file=sys.stderr)
+    result = tasks.named(data.task).evaluate(config.model_folder(), data, args.split, options=dict(
+        max_seq_length=args.max_seq_length, batch_size=args.per_device_eval_batch_size,
+        tokenizer_name=args.tokenizer_name, packing=config.packing, max_segments_per_row=config.max_segments_per_row,
+        eval_mode=config.eval_mode))
     print(json.dumps(result, indent=2))
     return 0
 
 
 def _predict(args) -> int:
-    from flaxheads.choice_inference import is_multiple_choice
-    from flaxheads.inference import decision_thresholds, is_token_classifier, predict, reads_text_pairs
+    """The rows of the saved model's task (`Task.predict_command`: a text classifier's labels per
+    text, a token classifier's tags per sentence, a multiple-choice model's choice per row of
+    --input_file); a folder of no task's model is read as a text classifier (and refused as one)."""
+    from flaxheads import tasks
 
-    if is_multiple_choice(args.model_name_or_path):
-        return _predict_choices(args)
-    if is_token_classifier(args.model_name_or_path):
-        return _predict_words(args)
-    if args.stride is not None:
-        raise ValueError("stride= windows the sentences of a token classifier, and the model is a sequence "
-                         "classifier: leave --stride out")
-    texts, pairs = list(args.texts), args.text_pairs
-    if args.input_file:
-        lines = _read_lines(args.input_file)
-        if reads_text_pairs(args.model_name_or_path):
-            split = [_text_and_pair(line, number) for number, line in enumerate(lines, 1)]
-            texts += [text for text, _ in split]
-            pairs = (pairs or []) + [pair for _, pair in split]
-        else:
-            texts += lines
-    if not texts:
-        raise ValueError("nothing to predict: give texts as arguments or --input_file (one text per line)")
-    rows = predict(args.model_name_or_path, texts, text_pairs=pairs, max_seq_length=args.max_seq_length,
-                   tokenizer_name=args.tokenizer_name, packing=args.packing)
-    thresholds = decision_thresholds(args.model_name_or_path)
-    if thresholds is not None:
-        by_label, tuned = thresholds
-        print("labels: those above their decision threshold, " + (
-            "tuned on validation data (config.json): " + ", ".join(f"{n} {t:.3f}" for n, t in by_label.items())
-            if tuned else "0.5 for every label (none were tuned: train with --tune_thresholds to tune them)"),
-            file=sys.stderr)
-    return _print_rows(rows)
-
-
-def _predict_words(args) -> int:
-    """A token classifier's tags: each text (or --input_file line) is a sentence of words separated
-    by whitespace; one JSON row per sentence, {"words", "tags", "entities"}."""
-    from flaxheads.inference import predict_words
-
-    if args.text_pairs:
-        raise ValueError("text_pair= gives second texts to a sequence classifier, and the model is a token "
-                         "classifier: leave --text_pair out")
-    if args.packing:
-        raise ValueError("packing=True (--packing) does not apply to token classification: each sentence is a row "
-                         "of its own. Predict without packing")
-    lines = list(args.texts) + (_read_lines(args.input_file) if args.input_file else [])
-    if not lines:
-        raise ValueError("nothing to predict: give sentences as arguments or --input_file (one sentence per line, "
-                         "words separated by spaces)")
-    rows = predict_words(args.model_name_or_path, [line.split() for line in lines], max_seq_length=args.max_seq_length,
-                         tokenizer_name=args.tokenizer_name, stride=args.stride)
-    return _print_rows(rows)
-
-
-def _predict_choices(args) -> int:
-    """A multiple-choice model's answers: each row of --input_file (a choice file, as train reads
-    them) gets one JSON row, {"context", "label": the chosen index, "choice", "probabilities"}."""
-    from flaxheads.choice_inference import predict_choices
-
-    given = [flag for flag, on in (("texts", args.texts), ("--text_pair", args.text_pairs), ("--packing", args.packing),
-                                   ("--stride", args.stride is not None)) if on]
-    if given or not args.input_file or args.input_file == "-":
-        raise ValueError("the model is a multiple-choice model: give its examples as --input_file, a CSV, JSON or "
-                         "JSON Lines file with a context, the choices and optionally a label per row (as train reads "
-                         "them)" + (f", and leave {' and '.join(given)} out" if given else ""))
-    rows = predict_choices(args.model_name_or_path, args.input_file, max_seq_length=args.max_seq_length,
-                           tokenizer_name=args.tokenizer_name, context_column=args.context_column,
-                           question_column=args.question_column, choice_columns=args.choice_columns)
-    return _print_rows(rows)
+    kind = tasks.of_checkpoint(args.model_name_or_path) or tasks.TASKS[tasks.DEFAULT]
+    return _print_rows(kind.predict_command(args.model_name_or_path, vars(args)))
 
 
 def _report(args) -> int:
@@ -232,40 +169,6 @@ def _report(args) -> int:
     for path in regenerate(args.run_dir):
         print(path)
     return 0
-
-
-def _text_and_pair(line: str, number: int) -> tuple[str, str]:
-    if "\t" not in line:
-        raise ValueError(f"--input_file line {number} has no tab: the model was trained on text pairs, so each line "
-                         "is text<TAB>text_pair")
-    text, pair = line.split("\t", 1)
-    return text, pair
-
-
-def _read_lines(input_file: str) -> list[str]:
-    """One text per line of a UTF-8 file ("-": standard input), blank lines included, so that
-    output row i answers input line i. Only the line ending goes: "\n" or "\r\n"."""
-    if input_file == "-":
-        # A replaced sys.stdin (a StringIO in tests, say) has text but no bytes.
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
-    else:
-        with open(input_file, "rb") as f:
-            data = f.read()
-    try:
-        text = data.decode("utf-8-sig")  # -sig: a byte-order mark (Notepad) is not part of the first text
-    except UnicodeDecodeError as error:
-        if input_file == "-":
-            raise ValueError(
-                f"--input_file -: standard input is not UTF-8 (byte 0x{data[error.start]:02x} at position "
-                f"{error.start}); pipe it through `iconv -f latin-1 -t utf-8` (or -f cp1252 for Windows text)"
-            ) from None
-        from flaxheads.data.files import not_utf8_message
-
-        raise ValueError(not_utf8_message(pathlib.Path(input_file), "--input_file", data, error, 0, 0)) from None
-    lines = text.split("\n")  # not splitlines(): it also splits at \x0b, \x1c, \u2028..., which are no line ends
-    if lines[-1] == "":
-        lines.pop()  # the newline that ends the last line starts no new one
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,8 @@ from flaxheads.conversion import checkpoint_io
 from flaxheads.conversion.formats import FLAXHEADS, PYTORCH, checkpoint_files, tokenizer_files
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.loading import flat_variables, open_checkpoint, weight_format, writable_format
-from flaxheads.model import from_pretrained, save_pretrained
+from flaxheads.tasks.classification.model import from_pretrained
+from flaxheads.model import save_pretrained
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
     """Copies whatever tokenizer files `src` has into `dst`; returns their names."""

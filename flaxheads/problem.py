@@ -6,7 +6,6 @@
 | `single_label_classification`  | (B, L)        | integer class ids (B,)         | cross-entropy        |
 | `multi_label_classification`   | (B, L)        | multi-hot floats (B, L)        | binary cross-entropy |
 | `pairwise_reward`              | (B, 2)        | margins, float (B,)            | Bradley-Terry        |
-| `multiple_choice`              | (B, C)        | the right choice's index (B,)  | cross-entropy        |
 
 `pairwise_reward` trains a reward model (`num_labels=1`) on preference pairs, the format of TRL's
 `RewardTrainer`: each example is a `chosen` and a `rejected` text, scored in one forward pass, and
@@ -21,6 +20,8 @@ When `problem_type` is None it is inferred the way transformers does: `num_label
 regression, integer labels mean single-label, anything else multi-label. Without labels to look
 at (prediction), it is regression for one label and single-label classification otherwise.
 
+Problem types are what a text classifier's labels mean (transformers' `problem_type`); other
+tasks (token classification, multiple choice: `flaxheads.tasks`) have their own labels and losses.
 This module is the one home of the idea: the names, the check of a name (`require_known`,
 `check_problem_type`), the defaults (`default_problem_type`, `resolved_problem_type`,
 `infer_problem_type`), and `by_problem_type`, which picks the value for a problem type so that
@@ -44,18 +45,9 @@ HF_PROBLEM_TYPES = (REGRESSION, SINGLE_LABEL, MULTI_LABEL)
 """The problem types transformers' `PretrainedConfig.problem_type` accepts."""
 PROBLEM_TYPES = (*HF_PROBLEM_TYPES, PAIRWISE_REWARD)
 """What a sequence classifier's labels may mean."""
-TOKEN_CLASSIFICATION = "token_classification"
-"""A class per token (NER, POS: a `TokenClassifier`'s labels), -100 where a token is not scored;
-the loss is the cross entropy over the scored tokens (`token_loss_terms`). A kind of data the
-Trainer takes, not a sequence classifier's problem type, so it is not one of `PROBLEM_TYPES`."""
-MULTIPLE_CHOICE = "multiple_choice"
-"""The right one of each example's choices (SWAG, RACE: a `MultipleChoice`'s labels, the index of
-the right choice); the logits are one score per choice, (B, num_choices), and the loss their
-cross entropy, as transformers' `*ForMultipleChoice`. A kind of data, as token classification."""
-DATA_PROBLEM_TYPES = (*PROBLEM_TYPES, TOKEN_CLASSIFICATION, MULTIPLE_CHOICE)
-"""What a data set's labels may mean (`TaskData.problem_type`, `BatchFormat.problem_type`)."""
 IGNORE_INDEX = -100
-"""The label of a token the loss skips (PyTorch's `CrossEntropyLoss` ignore_index)."""
+"""The label of a token the loss skips (PyTorch's `CrossEntropyLoss` ignore_index): where a
+per-token label is padded (`data.batching`), and where a task leaves a token unscored."""
 
 T = TypeVar("T")
 
@@ -68,35 +60,22 @@ def require_known(problem_type: str) -> str:
     return problem_type
 
 
-def require_known_data(problem_type: str) -> str:
-    """`require_known`, token classification and multiple choice also allowed: what a data set's
-    labels may mean."""
-    return problem_type if problem_type in (TOKEN_CLASSIFICATION, MULTIPLE_CHOICE) else require_known(problem_type)
-
-
 _UNDEFINED = object()
 
 
-_UNSUPPORTED = {
-    PAIRWISE_REWARD: f"problem_type={PAIRWISE_REWARD!r} is not supported here; use it with chosen/rejected pairs "
-                     "to train a reward model",
-    MULTIPLE_CHOICE: "multiple-choice data is not supported here; train a flaxheads.MultipleChoice on it",
-}
-
-
 def by_problem_type(problem_type: str, *, single_label: T, multi_label: T, regression: T,
-                    pairwise_reward: T = _UNDEFINED, multiple_choice: T = _UNDEFINED) -> T:
+                    pairwise_reward: T = _UNDEFINED) -> T:
     """The argument named after `problem_type` (a value, or a function to call); ValueError as
-    `require_known` for an unknown one, and for `pairwise_reward` or `multiple_choice` where the
-    caller gives none (that use has no meaning for them). Dispatch on the problem type goes
-    through here."""
+    `require_known` for an unknown one, and for `pairwise_reward` where the caller gives none
+    (that use has no meaning for it). Dispatch on the problem type goes through here."""
     by_name = {SINGLE_LABEL: single_label, MULTI_LABEL: multi_label, REGRESSION: regression,
-               PAIRWISE_REWARD: pairwise_reward, MULTIPLE_CHOICE: multiple_choice}
+               PAIRWISE_REWARD: pairwise_reward}
     if problem_type not in by_name:
         require_known(problem_type)
     chosen = by_name[problem_type]
     if chosen is _UNDEFINED:
-        raise ValueError(_UNSUPPORTED[problem_type])
+        raise ValueError(f"problem_type={PAIRWISE_REWARD!r} is not supported here; use it with chosen/rejected pairs "
+                         "to train a reward model")
     return chosen
 
 
@@ -210,11 +189,10 @@ def _check_class_ids(labels, num_labels: int) -> None:
 
 
 def per_example_loss(logits, labels, problem_type: str) -> jax.Array:
-    """(batch,) losses; their mean equals the Hugging Face loss for the same batch. Multiple
-    choice: the cross entropy of each example's right choice under its (num_choices,) logits."""
+    """(batch,) losses; their mean equals the Hugging Face loss for the same batch."""
     per_example = by_problem_type(
-        problem_type, single_label=_cross_entropy, multi_label=_binary_cross_entropy, regression=_squared_error,
-        pairwise_reward=bradley_terry, multiple_choice=_cross_entropy,
+        problem_type, single_label=cross_entropy, multi_label=_binary_cross_entropy, regression=_squared_error,
+        pairwise_reward=bradley_terry,
     )
     return per_example(logits.astype(jnp.float32), labels)
 
@@ -236,7 +214,9 @@ def bradley_terry(rewards, margins) -> jax.Array:
     return -jax.nn.log_sigmoid(difference)
 
 
-def _cross_entropy(logits, labels) -> jax.Array:
+def cross_entropy(logits, labels) -> jax.Array:
+    """(B,) cross entropy of integer `labels` (B,) under `logits` (B, C): single-label
+    classification's loss, and multiple choice's over each example's choices."""
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
@@ -254,10 +234,7 @@ def weighted_loss_terms(logits, labels, problem_type: str, *, class_weights=None
     numerator (1 - e) w[y] (-log p_y) + e/C sum_c w_c (-log p_c), denominator w[y]; with no
     weights this is transformers' Trainer `label_smoothing_factor` (its `LabelSmoother`).
     Multi-label, as `BCEWithLogitsLoss(pos_weight=class_weights)`: the mean over labels of
-    -(w_c y log s(x) + (1 - y) log(1 - s(x))), denominator 1.
-    Token classification: `token_loss_terms` (no class weights or smoothing)."""
-    if problem_type == TOKEN_CLASSIFICATION:
-        return token_loss_terms(logits, labels)
+    -(w_c y log s(x) + (1 - y) log(1 - s(x))), denominator 1."""
     if problem_type == SINGLE_LABEL and (class_weights is not None or label_smoothing):
         log_p = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         num_classes = log_p.shape[-1]
@@ -275,18 +252,6 @@ def weighted_loss_terms(logits, labels, problem_type: str, *, class_weights=None
         return losses, jnp.ones_like(losses)
     losses = per_example_loss(logits, labels, problem_type)
     return losses, jnp.ones_like(losses)
-
-
-def token_loss_terms(logits_BTL, labels_BT) -> tuple[jax.Array, jax.Array]:
-    """(numerators, denominators), each (batch,): per example the summed float32 cross entropy of
-    its tokens whose label is not IGNORE_INDEX, and how many there are. sum(numerators * mask) /
-    sum(denominators * mask) over a batch is PyTorch's `CrossEntropyLoss(ignore_index=-100)` over
-    all its real examples' tokens, as transformers' token classifiers compute it."""
-    scored_BT = labels_BT != IGNORE_INDEX
-    losses_BT = optax.softmax_cross_entropy_with_integer_labels(
-        logits_BTL.astype(jnp.float32), jnp.where(scored_BT, labels_BT, 0).astype(jnp.int32))
-    return (jnp.sum(jnp.where(scored_BT, losses_BT, 0.0), axis=-1),
-            jnp.sum(scored_BT, axis=-1).astype(jnp.float32))
 
 
 def balanced_class_weights(labels, problem_type: str, num_labels: int) -> tuple[float, ...]:

@@ -227,7 +227,7 @@ def finished_run(tiny_bert, snippets_csv, tmp_path_factory) -> pathlib.Path:
     """A finished 4-step run of `tiny_bert` on `snippets_csv` (tests/runs.py's `four_step_config`:
     checkpoints at steps 2 and 4, the export, metrics and results). Tests must leave it as it
     is: copy it to change it."""
-    from flaxheads.training.trainer import train
+    from flaxheads.tasks.runs import train
     from runs import four_step_config
 
     out = tmp_path_factory.mktemp("finished_run")

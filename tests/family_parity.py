@@ -159,7 +159,7 @@ def check_token_cli_lifecycle(source, conll: dict, tmp_path, capsys, *, architec
 
     from flaxheads.backbones import backbone_spec
     from flaxheads.cli import main
-    from flaxheads.token_classifier import TokenClassifier
+    from flaxheads.tasks.token.model import TokenClassifier
 
     run = tmp_path / "token_run"
     assert main(["train", "--model_name_or_path", str(source), "--train_file", str(conll["train"]),

@@ -11,7 +11,7 @@ import flaxheads
 PACKAGE = pathlib.Path(flaxheads.__file__).parent
 
 FLOORS: dict[str, int] = {
-    "problem": 0, "thresholds": 0, "tags": 0, "atomic": 0, "version": 0, "shipped_model": 0, "compile_cache": 0,
+    "problem": 0, "thresholds": 0, "atomic": 0, "version": 0, "shipped_model": 0, "compile_cache": 0,
     "host_memory": 0, "quiet_imports": 0,
     "backbones": 1, "plotting": 1,
     "heads": 2, "lora": 2,
@@ -19,13 +19,12 @@ FLOORS: dict[str, int] = {
     "tokenizer": 4,
     "data": 5,
     "model": 6,
-    "token_classifier": 7, "multiple_choice": 7,
-    "training": 8,
-    "inference": 9, "functional": 9, "convert": 9,
-    "text_pipeline": 10, "token_pipeline": 10, "choice_inference": 10,
-    "study": 11, "benchmarks": 11, "tasks": 11,
-    "cli": 12,
-    "__init__": 13, "launcher": 13,
+    "training": 7,
+    "inference": 8,
+    "tasks": 9,
+    "convert": 10, "study": 10, "benchmarks": 10,
+    "cli": 11,
+    "__init__": 12, "launcher": 12,
 }
 """The floor of each top-level module or package of flaxheads (docs/architecture.md). A module may
 import its own package and strictly lower floors, never a floor above or another part of its own."""
@@ -186,4 +185,4 @@ def test_the_package_imports_its_names_lazily_and_every_one_resolves():
     assert listed == flaxheads._EXPORTS
     for name in flaxheads.__all__:
         assert getattr(flaxheads, name) is getattr(sys.modules[flaxheads._MODULE_OF.get(name, "flaxheads.version")], name)
-    assert callable(flaxheads.pipeline) and flaxheads.pipeline.__module__ == "flaxheads.tasks"
+    assert callable(flaxheads.pipeline) and flaxheads.pipeline.__module__ == "flaxheads.tasks.registry"

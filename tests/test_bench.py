@@ -19,7 +19,7 @@ from flaxheads.benchmarks.hf_flax import hf_flax_steps
 from flaxheads.benchmarks.step_shapes import ARCHS, StepBench
 from flaxheads.benchmarks.steps import published_peak, run, train_flops
 from flaxheads.cli import build_parser
-from flaxheads.model import ClassifierConfig, SequenceClassifier
+from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 
 
 def test_flaxheads_bench_takes_comma_lists_and_defaults_to_everything():

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 
 from flaxheads.training import scoring
 from flaxheads.training.config import TrainConfig
-from flaxheads.training.trainer import train
+from flaxheads.tasks.runs import train
 from runs import stopped_after_saving
 
 pytestmark = pytest.mark.slow  # tiny training runs

@@ -19,7 +19,7 @@ from flaxheads import problem
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.training import calibration
 from flaxheads.training.config import TrainConfig
-from flaxheads.training.trainer import train
+from flaxheads.tasks.runs import train
 
 
 def _overconfident(rng: np.random.Generator, n: int, k: int, scale: float):

@@ -24,6 +24,7 @@ from families import randomize_
 from flaxheads import data, problem
 from flaxheads.cli import main
 from flaxheads.training.config import TrainConfig
+from flaxheads.tasks.choice.objective import OBJECTIVE as CHOICE_OBJECTIVE
 from flaxheads.training.step import TrainState, make_eval_step, make_train_step
 
 _PEOPLE = ["A man", "The woman", "A child", "Someone"]
@@ -82,9 +83,9 @@ def test_choice_files_are_tokenised_and_batched_as_run_swag_does(tiny_bert, swag
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
     rows = [_swag_row(i) for i in range(24)]
 
-    assert task.problem_type == problem.MULTIPLE_CHOICE and task.num_labels == 4
+    assert task.task == flaxheads.MULTIPLE_CHOICE and task.problem_type is None and task.num_labels == 4
     assert "'sent1'" in task.problem_type_reason and "'sent2' + 'ending0'..'ending3'" in task.problem_type_reason
-    tokenized = data.tokenize_split(task.splits["train"], tokenizer, 24)
+    tokenized = data.tokenize_task(task, tokenizer, 24)["train"]
     expected = _run_swag_features(tokenizer, rows, 24)
     for name in ("input_ids", "attention_mask", "token_type_ids"):
         assert tokenized[name] == expected[name], name
@@ -106,7 +107,7 @@ def test_a_list_of_choices_reads_as_the_numbered_columns_do(tmp_path):
     from_columns = flaxheads.data.load_task(train_file=numbered, question_column=None, context_column="sent1",
                                             choice_columns=("ending0", "ending1", "ending2", "ending3"))
 
-    assert from_list.problem_type == problem.MULTIPLE_CHOICE
+    assert from_list.task == flaxheads.MULTIPLE_CHOICE
     assert from_list.splits["train"]["choices"] == [[r[f"ending{k}"] for k in range(4)] for r in rows]
     assert from_columns.splits["train"]["choices"] == from_list.splits["train"]["choices"]
     assert from_list.splits["train"]["label"] == from_columns.splits["train"]["label"]
@@ -125,14 +126,14 @@ def test_a_train_step_has_the_loss_and_logits_of_pytorch_bert_for_multiple_choic
     task = flaxheads.data.load_task(train_file=swag["train"])
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
     fmt = data.BatchFormat.for_task(task, tokenizer, 32)
-    batch = next(data.eval_batches(data.tokenize_split(task.splits["train"], tokenizer, 32), fmt,
+    batch = next(data.eval_batches(data.tokenize_task(task, tokenizer, 32)["train"], fmt,
                                    global_batch_size=8))
     graphdef, params = nnx.split(model)
-    step = jax.jit(make_train_step(graphdef, optax.sgd(0.0), optax.constant_schedule(0.0), problem.MULTIPLE_CHOICE))
+    step = jax.jit(make_train_step(graphdef, optax.sgd(0.0), optax.constant_schedule(0.0), CHOICE_OBJECTIVE))
     state = TrainState(jnp.zeros((), jnp.int32), params, optax.sgd(0.0).init(params))
 
     _, metrics = step(state, {k: v[None] for k, v in batch.items()}, jax.random.key(0))
-    logits = make_eval_step(graphdef, problem.MULTIPLE_CHOICE)(params, batch)["logits"]
+    logits = make_eval_step(graphdef, CHOICE_OBJECTIVE)(params, batch)["logits"]
     with torch.no_grad():
         expected = reference(**_torch_batch(batch))
 
@@ -141,7 +142,7 @@ def test_a_train_step_has_the_loss_and_logits_of_pytorch_bert_for_multiple_choic
     assert np.ptp(expected.logits.numpy(), axis=-1).max() > 0.1  # the choices' scores differ: a real comparison
     np.testing.assert_allclose(np.asarray(logits), expected.logits.numpy(), atol=1e-5)
     np.testing.assert_allclose(float(metrics["loss"]), expected.loss.item(), atol=1e-5)
-    np.testing.assert_allclose(float(flaxheads.multiple_choice.choice_loss(logits, jnp.asarray(batch["labels"]))),
+    np.testing.assert_allclose(float(flaxheads.tasks.choice.model.choice_loss(logits, jnp.asarray(batch["labels"]))),
                                expected.loss.item(), atol=1e-5)
 
 

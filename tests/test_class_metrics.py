@@ -71,7 +71,7 @@ def test_regression_has_no_class_report():
 @pytest.mark.slow
 def test_a_run_writes_the_report_of_each_scored_split_into_results_json(tiny_bert, snippets_csv, tmp_path):
     from flaxheads.training.config import TrainConfig
-    from flaxheads.training.trainer import train
+    from flaxheads.tasks.runs import train
 
     train(TrainConfig(model_name_or_path=str(tiny_bert), train_file=str(snippets_csv["train"]),
                       validation_file=str(snippets_csv["validation"]), test_file=str(snippets_csv["validation"]),

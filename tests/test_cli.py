@@ -22,11 +22,11 @@ import flaxheads
 from flaxheads.cli import build_parser, main, train_config
 from flaxheads.data.builtin import BUILTIN_DATASETS
 from flaxheads.heads import HEAD_NAMES
-from flaxheads.data.sources import TASKS
+from flaxheads.tasks.sources import TASKS
 from flaxheads.problem import PROBLEM_TYPES
-from flaxheads.tags import SCHEMES
+from flaxheads.tasks.token.tags import SCHEMES
 from flaxheads.training.config import EVAL_STRATEGIES, REPORT_TO, SAMPLING_STRATEGIES, TrainConfig
-from flaxheads.training.entity_metrics import MODES as EVAL_MODES
+from flaxheads.tasks.token.entity_metrics import MODES as EVAL_MODES
 from flaxheads.training.optim import SCHEDULES
 from flaxheads.training.parallel import PARALLEL
 

@@ -187,7 +187,7 @@ def _lowered_train_step(schedule, parallel: str = "jit") -> str:
     from flax import nnx
 
     from flaxheads.backbones import EncoderConfig
-    from flaxheads.model import ClassifierConfig, SequenceClassifier
+    from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
     from flaxheads.training.optim import make_optimizer
     from flaxheads.training.parallel import PARALLEL
     from flaxheads.training.sharding import Layout

@@ -17,7 +17,7 @@ from flax import nnx
 
 import flaxheads
 from flaxheads.backbones import EncoderConfig, GPT2Config, XLNetConfig, dropout
-from flaxheads.model import ClassifierConfig, SequenceClassifier
+from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 from flaxheads.training import step as train_steps
 from runs import cpu_devices_env
 

@@ -1,5 +1,5 @@
-"""Entity metrics (flaxheads.training.entity_metrics) and the entities they count
-(flaxheads.tags) against seqeval 1.2.2, the reference, on the same tags."""
+"""Entity metrics (flaxheads.tasks.token.entity_metrics) and the entities they count
+(flaxheads.tasks.token.tags) against seqeval 1.2.2, the reference, on the same tags."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from seqeval import scheme as seqeval_schemes
 from seqeval.metrics import accuracy_score, classification_report, f1_score
 from seqeval.metrics.sequence_labeling import get_entities
 
-from flaxheads import tags
-from flaxheads.training.entity_metrics import entity_report, token_accuracy
+from flaxheads.tasks.token import tags
+from flaxheads.tasks.token.entity_metrics import entity_report, token_accuracy
 
 SEQEVAL_SCHEMES = {"IOB1": seqeval_schemes.IOB1, "IOB2": seqeval_schemes.IOB2, "IOBES": seqeval_schemes.IOBES}
 PREFIXES = {"IOB1": "BI", "IOB2": "BI", "IOBES": "BIES"}

@@ -13,8 +13,8 @@ from flax.core import freeze
 
 import flaxheads
 from flaxheads import conversion
-from flaxheads.functional import FunctionalClassifier
-from flaxheads.model import ClassifierConfig, SequenceClassifier
+from flaxheads.tasks.classification.functional import FunctionalClassifier
+from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from flaxheads.functional import FunctionalClassifier
+from flaxheads.tasks.classification.functional import FunctionalClassifier
 from runs import cpu_devices_env
 
 pytestmark = pytest.mark.slow  # a training loop in a subprocess on 2 fake devices

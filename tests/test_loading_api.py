@@ -18,7 +18,7 @@ import transformers
 import flaxheads
 from flaxheads import convert as convert_module
 from flaxheads.conversion import checkpoint_io, loading
-from flaxheads.model import SequenceClassifier
+from flaxheads.tasks.classification.model import SequenceClassifier
 
 from families import TINY_CONFIG
 

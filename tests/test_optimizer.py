@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from flaxheads.backbones import EncoderConfig
-from flaxheads.model import ClassifierConfig, SequenceClassifier
+from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 from flaxheads.training import optim
 
 

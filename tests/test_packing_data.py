@@ -28,6 +28,8 @@ from flaxheads.data.packing import EMPTY, RowPlan, default_max_segments, segment
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.scoring import SplitScorer
 from flaxheads.training.sharding import Layout
+from flaxheads.tasks.choice.data import CHOICE_EXAMPLES
+from flaxheads.tasks.token.word_task import TOKEN_EXAMPLES
 from flaxheads.training.step import TrainState, make_train_step
 from packed_data import T, MeanEmbedding, batch_format, numbered_split
 from runs import cpu_devices_env
@@ -252,7 +254,7 @@ def test_packed_evaluation_gives_the_unpacked_metrics_and_logits_in_dataset_orde
 
 
 def test_packed_text_scorer_returns_the_unpacked_logits_in_the_texts_order(contract_model, tiny_bert):
-    from flaxheads.inference import TextScorer
+    from flaxheads.tasks.classification.inference import TextScorer
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
     texts = [f"text {i} " + "word " * (i % 5) for i in range(11)]
@@ -266,8 +268,7 @@ def test_packing_is_on_by_default_where_it_applies():
     assert cfg.packing is None
     assert [cfg.packing_applies(kind) for kind in (data.SINGLE_LABEL, data.MULTI_LABEL, problem.REGRESSION)] == [
         True] * 3
-    assert not any(cfg.packing_applies(kind) for kind in (problem.PAIRWISE_REWARD, problem.TOKEN_CLASSIFICATION,
-                                                          problem.MULTIPLE_CHOICE))
+    assert not any(cfg.packing_applies(kind) for kind in (problem.PAIRWISE_REWARD, TOKEN_EXAMPLES, CHOICE_EXAMPLES))
     assert not TrainConfig(output_dir=None, train_sampling_strategy="sequential").packing_applies(data.SINGLE_LABEL)
     assert not TrainConfig(output_dir=None, packing=False).packing_applies(data.SINGLE_LABEL)
     assert TrainConfig(output_dir=None, packing=True, train_sampling_strategy="sequential").packing_applies(
@@ -323,7 +324,7 @@ def test_a_packed_row_length_that_cannot_apply_is_refused_naming_the_fix(setting
 @pytest.mark.slow  # a minute or two on a 2-core CPU: the stand-in runs BERT once per slot
 def test_packed_trainer_run_trains_on_several_examples_per_row_and_predicts_in_dataset_order(
         contract_model, tiny_bert):
-    from flaxheads.inference import TextScorer
+    from flaxheads.tasks.classification.inference import TextScorer
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
     texts = [f"text {i} " + "word " * (i % 7) for i in range(24)]

@@ -26,7 +26,7 @@ from flaxheads import ClassifierConfig, SequenceClassifier, TokenClassifier
 from flaxheads.backbones import backbone_config_from_hf, segments
 from flaxheads.conversion import architecture_table
 from flaxheads.heads import HeadInputs, pooling
-from flaxheads.token_classifier import TokenClassifierConfig
+from flaxheads.tasks.token.model import TokenClassifierConfig
 
 PACKED = {name: row for name, row in FAMILIES.items() if row.packing is not None}
 """The families of tests/families.py, each with its config overrides for packing (`Family.packing`)."""

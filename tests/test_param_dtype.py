@@ -27,7 +27,7 @@ from flaxheads.training.optim import make_optimizer
 from flaxheads.training.parallel import JitParallel
 from flaxheads.training.sharding import Layout
 from flaxheads.training.trainable import split_trainable
-from flaxheads.training.trainer import Trainer, train
+from flaxheads.tasks.runs import Trainer, train
 from runs import assert_weights_identical, cpu_devices_env, exported_weights, stopped_after_saving, two_epoch_config
 
 BF16 = dict(param_dtype="bfloat16", max_steps=8, save_steps=4, logging_steps=2)

@@ -15,7 +15,7 @@ import transformers
 
 import flaxheads
 from flaxheads.tokenizer import PadIds, pad_token_ids
-from flaxheads.inference import TextScorer
+from flaxheads.tasks.classification.inference import TextScorer
 from flaxheads.model import UntrainedModel
 
 WORDS = "a fine film dull plot the worst story great moving gorgeous and what so ever tedious".split()

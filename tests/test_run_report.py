@@ -14,7 +14,7 @@ from PIL import Image
 from flaxheads import plotting
 from flaxheads.cli import main
 from flaxheads.training import calibration, class_metrics, run_report
-from flaxheads.training.trainer import Trainer
+from flaxheads.tasks.runs import Trainer
 
 NAMES = ["negative", "neutral", "positive"]
 

@@ -17,13 +17,14 @@ from safetensors.numpy import load_file
 
 import flaxheads
 from flaxheads.cli import main
-from flaxheads.inference import predict
+from flaxheads.tasks.classification.inference import predict
 from flaxheads.model import UntrainedModel
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.run_dir import RunConflict
 from flaxheads.training.run_lock import RunLock, RunLocked
-from flaxheads.training.trainer import NonFiniteLoss, train
+from flaxheads.training.trainer import NonFiniteLoss
+from flaxheads.tasks.runs import train
 from runs import four_step_config, stopped_after_saving
 
 pytestmark = pytest.mark.slow  # nearly every test trains, resumes or exports a run
@@ -552,7 +553,7 @@ def test_evaluate_refuses_non_finite_scores_and_reports_no_metric(trained_model,
 
 def test_evaluate_matches_classes_by_name_and_refuses_other_classes(trained_model, snippets_csv, tmp_path):
     from flaxheads.data import load_task
-    from flaxheads.inference import evaluate
+    from flaxheads.tasks.classification.inference import evaluate
 
     renamed = {split: tmp_path / f"{split}.csv" for split in snippets_csv}
     for split, path in snippets_csv.items():  # "negative" -> "zz_negative": it now sorts after "positive"

@@ -18,11 +18,11 @@ import flaxheads
 from flaxheads import problem
 from flaxheads import thresholds as thresholds_lib
 from flaxheads.cli import main
-from flaxheads.model import ClassifierConfig
+from flaxheads.tasks.classification.model import ClassifierConfig
 from flaxheads.training import class_metrics
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.config import TrainConfig
-from flaxheads.training.trainer import train
+from flaxheads.tasks.runs import train
 
 NAMES = ("politics", "sports", "tech")
 

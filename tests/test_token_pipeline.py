@@ -196,7 +196,7 @@ def test_untrained_token_head_is_refused(tiny_bert):
 
 
 def test_checkpoint_of_another_task_is_refused_naming_its_pipeline(hf_checkpoint, tagger):
-    with pytest.raises(ValueError, match=r"sequence-classification model.*flaxheads.pipeline\('text-classification'"):
+    with pytest.raises(ValueError, match=r"text-classification model.*flaxheads.pipeline\('text-classification'"):
         flaxheads.pipeline("token-classification", model=str(hf_checkpoint("BertForSequenceClassification").path))
     with pytest.raises(ValueError, match=r"token-classification model.*flaxheads.pipeline\('token-classification'"):
         flaxheads.pipeline("text-classification", model=str(tagger))

@@ -18,8 +18,8 @@ import transformers
 import flaxheads
 from flaxheads import problem
 from flaxheads.cli import main
-from flaxheads.token_classifier import token_loss
-from flaxheads.training.entity_metrics import entity_report
+from flaxheads.tasks.token.model import token_loss, token_loss_terms
+from flaxheads.tasks.token.entity_metrics import entity_report
 
 def _data_flags(conll) -> list[str]:
     return ["--train_file", str(conll["train"]), "--validation_file", str(conll["validation"]),
@@ -45,7 +45,7 @@ def test_token_loss_terms_give_pytorch_cross_entropy_with_ignore_index_over_the_
     labels[rng.random((3, 7)) < 0.4] = -100
     mask = np.array([1.0, 1.0, 0.0], np.float32)  # a filler row counts for nothing
 
-    numerators, denominators = problem.token_loss_terms(jnp.asarray(logits), jnp.asarray(labels))
+    numerators, denominators = token_loss_terms(jnp.asarray(logits), jnp.asarray(labels))
     ours = float(jnp.sum(numerators * mask) / jnp.sum(denominators * mask))
     reference = torch.nn.CrossEntropyLoss(ignore_index=-100)(torch.from_numpy(logits[:2]).reshape(-1, 5),
                                                               torch.from_numpy(labels[:2]).reshape(-1)).item()
@@ -178,6 +178,7 @@ def test_gradient_accumulation_gives_the_loss_and_gradient_of_the_whole_batch_to
     import optax
     from flax import nnx
 
+    from flaxheads.tasks.token.objective import OBJECTIVE as TOKEN_OBJECTIVE
     from flaxheads.training.step import TrainState, make_train_step
 
     model = flaxheads.TokenClassifier.from_pretrained(tiny_bert, num_labels=3, classifier_dropout=0.0)
@@ -190,7 +191,7 @@ def test_gradient_accumulation_gives_the_loss_and_gradient_of_the_whole_batch_to
     labels[1, :] = -100
     labels[1, 2] = 2
     batch = {"input_ids": ids, "attention_mask": mask, "labels": labels, "example_mask": np.ones(4, np.float32)}
-    step = jax.jit(make_train_step(graphdef, optax.sgd(1.0), optax.constant_schedule(1.0), problem.TOKEN_CLASSIFICATION))
+    step = jax.jit(make_train_step(graphdef, optax.sgd(1.0), optax.constant_schedule(1.0), TOKEN_OBJECTIVE))
     state = TrainState(jnp.zeros((), jnp.int32), params, optax.sgd(1.0).init(params))
 
     whole = step(state, {k: v[None] for k, v in batch.items()}, jax.random.key(0))
@@ -211,9 +212,9 @@ def test_the_task_is_read_from_the_data_shape_or_set_with_task(tmp_path, conll):
     texts = tmp_path / "texts.csv"
     texts.write_text("text,label\nfine film,pos\ndull film,neg\n", encoding="utf-8")
 
-    assert load_task(train_file=conll["train"]).problem_type == problem.TOKEN_CLASSIFICATION
+    assert load_task(train_file=conll["train"]).task == flaxheads.TOKEN_CLASSIFICATION
     found = load_task(train_file=words, label_all_tokens=True, stride=3)
-    assert found.words.task.label_names == ("B-ORG", "O") and found.words.label_all_tokens and found.words.stride == 3
+    assert found.source.task.label_names == ("B-ORG", "O") and found.source.label_all_tokens and found.source.stride == 3
     assert load_task(train_file=texts).problem_type == problem.SINGLE_LABEL
     with pytest.raises(ValueError, match="label_all_tokens=True label token classification data"):
         load_task(train_file=texts, label_all_tokens=True)

@@ -17,7 +17,7 @@ import flaxheads
 from flaxheads import data
 from flaxheads.model import UntrainedModel
 from flaxheads.training.checkpoints import CheckpointMismatch
-from flaxheads.training.trainer import train
+from flaxheads.tasks.runs import train
 
 
 def _rows(path: Path) -> tuple[list[str], list[str]]:

@@ -14,8 +14,9 @@ import pytest
 
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
-from flaxheads.inference import predict
-from flaxheads.training.trainer import NonFiniteLoss, train
+from flaxheads.tasks.classification.inference import predict
+from flaxheads.training.trainer import NonFiniteLoss
+from flaxheads.tasks.runs import train
 from runs import assert_weights_identical, exported_weights, stopped_after_saving, two_epoch_config
 
 pytestmark = pytest.mark.slow  # training runs

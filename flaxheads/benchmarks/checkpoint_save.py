@@ -17,7 +17,7 @@ def measure(model: str | Path | None = None, *, saves: int = 4, pause: float = 1
     import optax
     from flax import nnx
 
-    from flaxheads.model import from_pretrained
+    from flaxheads.tasks.classification.model import from_pretrained
     from flaxheads.shipped_model import minilm_path
     from flaxheads.training.checkpoints import RunCheckpoints
     from flaxheads.training.optim import make_optimizer

@@ -69,7 +69,7 @@ def random_bert_base(directory: str | Path) -> Path:
     from flax import nnx
 
     from flaxheads.backbones import EncoderConfig
-    from flaxheads.model import ClassifierConfig, SequenceClassifier
+    from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 
     config = ClassifierConfig(backbone=EncoderConfig(), head="pooler", num_labels=2)
     model = SequenceClassifier(config, param_dtype=jnp.float32, rngs=nnx.Rngs(0))

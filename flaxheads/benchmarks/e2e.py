@@ -20,7 +20,7 @@ starting it to its exit, `wall_s` what the row's speed-up compares: the whole pr
   `train_sampling_strategy="group_by_length"` and the same hyperparameters (bf16 autocast with
   dtype bfloat16), no checkpoints, then `evaluate` on validation and test.
 
-Both read the same splits (`flaxheads.data.load_task`) and tokenise them themselves. A process of
+Both read the same splits (`flaxheads.tasks.sources.load_task`) and tokenise them themselves. A process of
 this module prints one JSON line: wall seconds, train seconds, train examples/s, accuracies; the
 command's row comes from its results.json.
 """
@@ -104,7 +104,7 @@ COMMAND_FLAGS = {
 
 def load_job_task(job: E2EJob):
     """The splits both sides train and score on."""
-    from flaxheads.data import load_task
+    from flaxheads.tasks.sources import load_task
 
     task = load_task(**job.train_config().data_source())
     limits = {"train": job.max_train_samples, "validation": job.max_eval_samples, "test": job.max_eval_samples}
@@ -124,7 +124,7 @@ def run_flaxheads(job: E2EJob) -> dict[str, Any]:
 
     cache = compile_cache.enable()
     timer = compile_cache.CompileTimer().start()
-    from flaxheads.training.trainer import Trainer
+    from flaxheads.tasks.runs import Trainer
 
     with tempfile.TemporaryDirectory() as output_dir:
         cfg = dataclasses.replace(job.train_config(), output_dir=output_dir, report_to="none", disable_tqdm=True)

@@ -67,7 +67,7 @@ def checkpoint_tensors(shape: dict[str, Any], head: str | None = None) -> tuple[
     from flaxheads import conversion
     from flaxheads.conversion import rules
     from flaxheads.conversion.loading import flat_variables
-    from flaxheads.model import ClassifierConfig, SequenceClassifier
+    from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 
     table = conversion.architecture_table(shape["model_type"])
     config = ClassifierConfig.from_hf_config({**shape, "num_labels": 1}, default_head=head or table.canonical_head)

@@ -16,7 +16,7 @@ import json, sys, time
 import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from flaxheads.backbones import EncoderConfig
-from flaxheads.model import ClassifierConfig, SequenceClassifier
+from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 from flaxheads.training.optim import make_optimizer
 from flaxheads.training.parallel import JitParallel
 from flaxheads.training.sharding import Layout

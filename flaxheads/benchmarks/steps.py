@@ -121,8 +121,8 @@ def flaxheads_runners(bench: StepBench, checkpoint: str | Path | None = None, *,
 
     from flaxheads import compile_cache, conversion
     from flaxheads.backbones import backbone_config_from_hf, stacking
-    from flaxheads.model import ClassifierConfig, SequenceClassifier
-    from flaxheads.model import from_pretrained
+    from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
+    from flaxheads.tasks.classification.model import from_pretrained
     from flaxheads.training.optim import make_optimizer
     from flaxheads.training.step import TrainState, make_eval_step, make_train_step
 

@@ -32,7 +32,7 @@ from flax import nnx
 from flaxheads import compile_cache, lora
 from flaxheads.backbones import backbone_config_from_hf, stacking
 from flaxheads.conversion import architecture_table
-from flaxheads.model import ClassifierConfig, SequenceClassifier
+from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 from flaxheads.training.optim import make_optimizer
 from flaxheads.training.step import TrainState, make_train_step
 from flaxheads.training.trainable import split_trainable

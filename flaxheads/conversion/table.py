@@ -169,12 +169,14 @@ def flax_to_hf(flax_arrays: Mapping[str, np.ndarray], rules: Iterable[Rule]) -> 
     return out
 
 
-SEQUENCE_CLASSIFICATION = "sequence-classification"
+SEQUENCE_CLASSIFICATION = "text-classification"
 TOKEN_CLASSIFICATION = "token-classification"
 MULTIPLE_CHOICE = "multiple-choice"
-"""The tasks a model class serves, by transformers' pipeline names: `*ForSequenceClassification`
-(`SequenceClassifier`), `*ForTokenClassification` (`TokenClassifier`), `*ForMultipleChoice`
-(`MultipleChoice`)."""
+"""The tasks a model class serves, each by its one name, transformers' pipeline name:
+`*ForSequenceClassification` (`SequenceClassifier`) is "text-classification",
+`*ForTokenClassification` (`TokenClassifier`) "token-classification", `*ForMultipleChoice`
+(`MultipleChoice`) "multiple-choice". `flaxheads.tasks.TASKS` holds what each task is; the
+conversion tables name transformers' class of each task by these names."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,18 +11,16 @@ Several processes, each reading only its data shards: process p tokenises
 `process_index=p`, `process_count=P` and `lengths` (`example_lengths` of every example, gathered):
 `tokenize_own_shards` does this for every split of a task.
 
-Token classification (NER, POS): words and their tags, labels on subwords as run_ner.py puts them,
-long sentences as overlapping windows, and predictions back to one per word:
-
-    task = load_word_files(train_file="train.conll", validation_file="dev.conll")   # WordTask
-    split = task.splits["train"]
-    rows = tokenize_words(tokenizer, split.tokens, 128, tags=split.tags, label_names=task.label_names,
-                          stride=32, where=split.where)
-    per_word = word_predictions(predicted_ids, rows["word_ids"], rows["sentence"], [len(s) for s in split.tokens])
+The data pipeline knows no task: a task's data (`TaskData.rows`, `TaskData.example_format`) says
+how its examples become rows and what an example is in a batch. The readers of each task's own
+files live in its folder (`flaxheads.tasks.token`: word files, subword labels, windows;
+`flaxheads.tasks.choice`: choice files); their names are reachable here too, where they were
+documented (`MOVED`).
 """
 
 from flaxheads.data.batching import (
     BatchFormat,
+    ExampleFormat,
     DataPosition,
     TrainBatches,
     batches_per_epoch,
@@ -31,6 +29,7 @@ from flaxheads.data.batching import (
     epoch_order,
     eval_batches,
     example_lengths,
+    examples_of,
     num_batches,
     packed_num_rows,
     process_rows,
@@ -56,33 +55,54 @@ from flaxheads.data.shards import (
     gather_lengths,
     tokenize_own_shards,
 )
-from flaxheads.data.choices import ChoiceColumns, choice_task, load_choice_files, read_choice_file
-from flaxheads.data.sources import load_task
 from flaxheads.data.splits import split_dataset
-from flaxheads.data.subwords import IGNORE_INDEX, align_labels, tokenize_word_split, tokenize_words
-from flaxheads.data.task import MULTI_LABEL, MULTIPLE_CHOICE, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION, TaskData
+from flaxheads.data.task import MULTI_LABEL, REGRESSION, SINGLE_LABEL, RowMaker, TaskData
 from flaxheads.data.tokenization import tokenize_split, tokenize_task
-from flaxheads.data.windows import merge_windows, plan_windows, word_predictions
-from flaxheads.data.word_files import WordSplit, read_conll, read_conllu, read_word_file, read_word_records, word_split
-from flaxheads.data.word_task import (
-    WordLabelling, WordTask, load_word_files, looks_like_word_file, token_task_data, word_task, words_beside,
-)
+from flaxheads.problem import IGNORE_INDEX
+
+MOVED: dict[str, str] = {
+    **dict.fromkeys(("ChoiceColumns", "choice_task", "load_choice_files", "read_choice_file"),
+                    "flaxheads.tasks.choice.data"),
+    "load_task": "flaxheads.tasks.sources",
+    **dict.fromkeys(("align_labels", "tokenize_word_split", "tokenize_words"), "flaxheads.tasks.token.subwords"),
+    **dict.fromkeys(("merge_windows", "plan_windows", "word_predictions"), "flaxheads.tasks.token.windows"),
+    **dict.fromkeys(("WordSplit", "read_conll", "read_conllu", "read_word_file", "read_word_records", "word_split"),
+                    "flaxheads.tasks.token.word_files"),
+    **dict.fromkeys(("WordLabelling", "WordTask", "load_word_files", "looks_like_word_file", "token_task_data",
+                     "word_task", "words_beside"), "flaxheads.tasks.token.word_task"),
+}
+"""Names documented as `flaxheads.data.<name>` that now live in their task's folder, by the
+module that defines them: `flaxheads.data.load_word_files(...)` keeps working. Library code
+imports them from those modules (tests/test_architecture.py checks it): the data pipeline itself
+depends on no task."""
+
+
+def __getattr__(name: str):
+    """A name of `MOVED`, imported from its task's module on first use."""
+    if name not in MOVED:
+        raise AttributeError(f"module 'flaxheads.data' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(MOVED[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BUILTIN_DATASETS",
     "ChoiceColumns",
-    "MULTIPLE_CHOICE",
     "BatchFormat",
+    "ExampleFormat",
     "DataPosition",
     "IGNORE_INDEX",
     "InMemoryTask",
     "MULTI_LABEL",
     "OwnSplit",
     "REGRESSION",
+    "RowMaker",
     "RowPlan",
     "SINGLE_LABEL",
     "SplitData",
-    "TOKEN_CLASSIFICATION",
     "TaskData",
     "TrainBatches",
     "WordSplit",
@@ -102,6 +122,7 @@ __all__ = [
     "eval_batches",
     "eval_example_order",
     "example_lengths",
+    "examples_of",
     "fitted_row_length",
     "gather_lengths",
     "load_builtin",

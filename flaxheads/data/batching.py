@@ -34,6 +34,7 @@ import datasets
 import numpy as np
 
 from flaxheads import problem
+from flaxheads.problem import IGNORE_INDEX
 from flaxheads.data.packing import EMPTY, RowPlan, pack_sequences
 from flaxheads.data.task import SINGLE_LABEL, TaskData, column_array
 from flaxheads.data.tokenization import LABELS, LENGTH
@@ -80,24 +81,60 @@ def bucket_for(longest: int, buckets: Sequence[int]) -> int:
     )
 
 
-NOT_PACKED = {
-    problem.PAIRWISE_REWARD: "preference pairs (problem_type pairwise_reward): each pair is scored as two rows",
-    problem.TOKEN_CLASSIFICATION: "token classification: each sentence (or window of one) is a row of its own",
-    problem.MULTIPLE_CHOICE: "multiple choice: each choice is a row of its own, scored beside its example's others",
-}
-"""The data that sequence packing does not apply to, and why."""
+@dataclasses.dataclass(frozen=True)
+class ExampleFormat:
+    """What one example is in a batch, whatever the task: how many sequences it is read as, what
+    its label looks like, and whether several examples may share a packed row. A task's data
+    (`TaskData.example_format`) says it; batching follows it without knowing the task."""
+
+    grouped: bool = False
+    """Each example is a group of sequences read together, (B, G, T) in a batch: a preference
+    pair's two texts, a multiple-choice example's choices; every example of a split has G."""
+    label_dtype: str = "int32"
+    label_width: int | None = None
+    """None: one label value per example, (B,); k: k values per example, (B, k) (multi-hot rows)."""
+    token_labels: bool = False
+    """One label per token, (B, T), padded like the tokens with `IGNORE_INDEX`."""
+    unpacked_because: str = ""
+    """Why sequence packing does not apply to such examples ("" : it does)."""
+
+    def labels(self, values: list) -> np.ndarray:
+        """The batch's per-example labels: (B,) or (B, label_width) of `label_dtype`."""
+        shape = (len(values),) if self.label_width is None else (len(values), self.label_width)
+        return np.asarray(values, dtype=self.label_dtype).reshape(shape)
+
+
+def problem_type_format(problem_type: str, num_labels: int = 2) -> ExampleFormat:
+    """The examples of a text classifier's data of `problem_type` (`flaxheads.problem`): class ids
+    (B,) int32, scores (B,) float32, multi-hot rows (B, num_labels) float32, or preference pairs
+    of two texts, (B, 2, T), with a float margin each."""
+    return problem.by_problem_type(
+        problem_type,
+        single_label=ExampleFormat(),
+        regression=ExampleFormat(label_dtype="float32"),
+        multi_label=ExampleFormat(label_dtype="float32", label_width=num_labels),
+        pairwise_reward=ExampleFormat(
+            grouped=True, label_dtype="float32",
+            unpacked_because="preference pairs (problem_type pairwise_reward): each pair is scored as two rows"),
+    )
+
+
+def examples_of(task: TaskData) -> ExampleFormat:
+    """What an example of `task` is in a batch: its task's format, else its problem type's."""
+    return task.example_format or problem_type_format(task.problem_type, task.num_labels)
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchFormat:
-    """How examples become arrays: padding values, padding side, label layout."""
+    """How examples become arrays: padding values, padding side, the examples' format."""
 
     max_seq_length: int
     pad_token_id: int
     pad_token_type_id: int = 0
     padding_side: str = "right"
     """"right" for BERT, RoBERTa, GPT-2; "left" for XLNet, which reads its summary token last."""
-    problem_type: str = SINGLE_LABEL
+    problem_type: str | None = SINGLE_LABEL
+    """A text classifier's problem type, which gives `example` (None: `example_format` does)."""
     num_labels: int = 2
     """Width of multi-label rows; unused by the other problem types."""
     pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF
@@ -106,25 +143,38 @@ class BatchFormat:
     max_segments: int = 0
     """Sequence packing: > 0 makes every row exactly max_seq_length tokens holding up to this many
     examples, padded on the right (see the module docstring); 0: one example per row."""
+    example_format: ExampleFormat | None = None
+    """The examples' format when a task gives its own (`TaskData.example_format`); None: the
+    problem type's (`problem_type_format`)."""
 
     def __post_init__(self):
         if self.padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
-        problem.require_known_data(self.problem_type)
+        if self.example_format is None:
+            if self.problem_type is None:
+                raise ValueError("BatchFormat needs a problem_type or an example_format")
+            problem.require_known(self.problem_type)
         if self.max_segments < 0:
             raise ValueError(f"max_segments must be 0 (no packing) or positive, got {self.max_segments}")
-        if self.max_segments and self.problem_type in NOT_PACKED:
+        if self.max_segments and self.example.unpacked_because:
             raise ValueError(f"sequence packing (TrainConfig(packing=True), --packing) does not apply to "
-                             f"{NOT_PACKED[self.problem_type]}. Train without packing")
+                             f"{self.example.unpacked_because}. Train without packing")
         bucket_lengths(self.max_seq_length, self.pad_to_multiple_of)  # its error names a bad value
+
+    @property
+    def example(self) -> ExampleFormat:
+        """The examples' format: `example_format`, else the problem type's."""
+        if self.example_format is not None:
+            return self.example_format
+        return problem_type_format(self.problem_type, self.num_labels)
 
     @classmethod
     def for_task(cls, task: TaskData, tokenizer, max_seq_length: int, padding_side: str | None = None, *,
                  model_pad_token_id: int | None = None, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF,
                  max_segments: int = 0):
         """Pad values from `tokenizer` and the model's `model_pad_token_id` (its config's
-        pad_token_id) as `pad_token_ids` decides them, label layout from `task`; `padding_side`
-        defaults to the tokenizer's."""
+        pad_token_id) as `pad_token_ids` decides them, the examples' format from `task`;
+        `padding_side` defaults to the tokenizer's."""
         return cls(
             max_seq_length=max_seq_length,
             pad_token_id=pad_token_ids(tokenizer, model_pad_token_id).input_ids,
@@ -134,6 +184,7 @@ class BatchFormat:
             num_labels=task.num_labels,
             pad_to_multiple_of=pad_to_multiple_of,
             max_segments=max_segments,
+            example_format=task.example_format,
         )
 
     @property
@@ -512,7 +563,7 @@ def make_packed_batch(
                            fmt.max_seq_length, {name: pad for name, pad in pad_values.items() if name in records})
     batch["attention_mask"] = (batch["segment_ids"] > 0).astype(np.int32)
     if LABELS in records:
-        values = _labels(records[LABELS], fmt)
+        values = fmt.example.labels(records[LABELS])
         labels = np.zeros((*table.shape, *values.shape[1:]), values.dtype)
         labels[present] = values
         batch["labels"] = labels
@@ -571,18 +622,18 @@ def _collate(
     records: dict[str, list], padded_length: int, example_mask: np.ndarray, fmt: BatchFormat
 ) -> Batch:
     pad_values = {"input_ids": fmt.pad_token_id, "attention_mask": 0, "token_type_ids": fmt.pad_token_type_id}
-    grouped = fmt.problem_type in (problem.PAIRWISE_REWARD, problem.MULTIPLE_CHOICE)
-    pad = _pad_groups if grouped else _pad
+    example = fmt.example
+    pad = _pad_groups if example.grouped else _pad
     batch = {
         name: pad(records[name], padded_length, pad_value, fmt.padding_side)
         for name, pad_value in pad_values.items()
         if name in records
     }
-    if LABELS in records and fmt.problem_type == problem.TOKEN_CLASSIFICATION:
+    if LABELS in records and example.token_labels:
         # a label per token, padded like the tokens with the ignored label
-        batch["labels"] = pad(records[LABELS], padded_length, problem.IGNORE_INDEX, fmt.padding_side)
+        batch["labels"] = pad(records[LABELS], padded_length, IGNORE_INDEX, fmt.padding_side)
     elif LABELS in records:
-        batch["labels"] = _labels(records[LABELS], fmt)
+        batch["labels"] = example.labels(records[LABELS])
     batch["example_mask"] = example_mask
     return batch
 
@@ -603,17 +654,3 @@ def _pad_groups(groups: Sequence[Sequence[Sequence[int]]], padded_length: int, p
     example has as many) padded alike, so that one forward pass scores them all."""
     flat = _pad([sequence for group in groups for sequence in group], padded_length, pad_value, side)
     return flat.reshape(len(groups), -1, padded_length)
-
-
-def _labels(values: list, fmt: BatchFormat) -> np.ndarray:
-    """Class ids (B,) int32, scores (B,) float32, multi-hot rows (B, num_labels) float32, or the
-    right choices' indices (B,) int32."""
-    dtype, shape = problem.by_problem_type(
-        fmt.problem_type,
-        single_label=(np.int32, (len(values),)),
-        regression=(np.float32, (len(values),)),
-        multi_label=(np.float32, (len(values), fmt.num_labels)),
-        pairwise_reward=(np.float32, (len(values),)),
-        multiple_choice=(np.int32, (len(values),)),
-    )
-    return np.asarray(values, dtype=dtype).reshape(shape)

@@ -5,6 +5,7 @@ batch the train and eval steps take (see `batching` for how global batches take 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,7 +15,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from flaxheads.data.batching import example_lengths, num_batches, process_rows, process_shards, shard_bounds
-from flaxheads.data.subwords import tokenize_word_split
 from flaxheads.data.task import TaskData
 from flaxheads.data.tokenization import tokenize_split
 
@@ -26,10 +26,10 @@ class OwnSplit(NamedTuple):
     """This process's rows of the split (those of its data shards), tokenised."""
     lengths: np.ndarray
     """Token count of every example of the whole split, the same on every process."""
-    word_rows: datasets.Dataset | None = None
-    """Token classification: the `word_ids` and `sentence` of every row of the whole split (every
-    process tokenises all of it), by which each row's logits merge back into its sentence's words;
-    None for other tasks."""
+    origins: datasets.Dataset | None = None
+    """For rows made from the whole split (`RowMaker.whole_split`: windows), the origin columns
+    of every row of the whole split (token classification: `word_ids` and `sentence`), by which
+    each row's predictions merge back into its example; None for rows one per example."""
 
 
 def check_data_shards(data_shards: int, task: TaskData, train_batch: int, eval_batch: int, *,
@@ -63,14 +63,19 @@ def tokenize_own_shards(task: TaskData, tokenizer, max_seq_length: int, *, data_
     for name, split in task.splits.items():
         if splits is not None and name not in splits:
             continue
-        if task.words is not None:
-            own[name] = _own_word_rows(task, name, tokenizer, max_seq_length, data_shards)
+        if task.rows is not None and task.rows.whole_split:
+            own[name] = _own_rows_of_whole_split(task, name, tokenizer, max_seq_length, data_shards)
             counts.append(f"{len(own[name].rows)} of {len(own[name].lengths)} {name}")
             continue
         rows = process_rows(len(split), data_shards, index, count)
         # The whole split is not re-selected, so that it keeps its tokenisation cache.
         selected = split if len(rows) == len(split) else split.select(rows)
-        tokenized = tokenize_split(selected, tokenizer, max_seq_length, cache_dir=cache_dir)
+        if task.rows is None:
+            tokenized = tokenize_split(selected, tokenizer, max_seq_length, cache_dir=cache_dir)
+        else:
+            own_task = task if selected is split else dataclasses.replace(
+                task, splits=datasets.DatasetDict({**task.splits, name: selected}))
+            tokenized = task.rows.tokenize(own_task, name, tokenizer, max_seq_length, cache_dir=cache_dir)
         lengths = gather_lengths(example_lengths(tokenized), len(split), data_shards)
         own[name] = OwnSplit(tokenized, lengths)
         counts.append(f"{len(rows)} of {len(split)} {name}")
@@ -79,15 +84,16 @@ def tokenize_own_shards(task: TaskData, tokenizer, max_seq_length: int, *, data_
     return own
 
 
-def _own_word_rows(task: TaskData, split: str, tokenizer, max_seq_length: int, data_shards: int) -> OwnSplit:
-    """A token-classification split: a long sentence becomes several rows (windows), so the rows
-    are known only once the sentences are tokenised; every process tokenises them all (quick, and
-    uncached) and keeps its shards' rows of them."""
-    tokenized = tokenize_word_split(task, split, tokenizer, max_seq_length)
+def _own_rows_of_whole_split(task: TaskData, split: str, tokenizer, max_seq_length: int,
+                             data_shards: int) -> OwnSplit:
+    """A split whose rows are known only once all of it is tokenised (an example may become
+    several rows, windows): every process tokenises all of it (uncached) and keeps its shards'
+    rows of them, and the origin columns of every row."""
+    tokenized = task.rows.tokenize(task, split, tokenizer, max_seq_length)
     lengths = example_lengths(tokenized)
     rows = process_rows(len(tokenized), data_shards, jax.process_index(), jax.process_count())
     return OwnSplit(tokenized if len(rows) == len(tokenized) else tokenized.select(rows), lengths,
-                    tokenized.select_columns(["word_ids", "sentence"]))
+                    tokenized.select_columns(list(task.rows.origin_columns)))
 
 
 def gather_lengths(own_lengths: np.ndarray, num_examples: int, num_shards: int) -> np.ndarray:

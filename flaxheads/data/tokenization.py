@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import datasets
 from datasets.fingerprint import Hasher
 
-from flaxheads.data.task import CHOICES, CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskData
+from flaxheads.data.task import CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskData
 
 # Bump when the tokenised layout changes, so old cache files are not reused.
 _CACHE_VERSION = "flaxheads-tokenized-v1"
@@ -26,7 +26,10 @@ LABELS = "labels"
 def tokenize_task(
     task: TaskData, tokenizer, max_seq_length: int, *, cache_dir: str | pathlib.Path | None = None
 ) -> datasets.DatasetDict:
-    """`tokenize_split` applied to every split of `task`."""
+    """Every split of `task` tokenised: `tokenize_split`, or the task's own rows (`task.rows`)."""
+    if task.rows is not None:
+        return datasets.DatasetDict({name: task.rows.tokenize(task, name, tokenizer, max_seq_length, cache_dir=cache_dir)
+                                     for name in task.splits})
     return datasets.DatasetDict(
         {
             name: tokenize_split(split, tokenizer, max_seq_length, cache_dir=cache_dir)
@@ -45,29 +48,46 @@ def tokenize_split(
     `length` (the number of tokens, at most `max_seq_length`; pairs are truncated longest-first).
     A split of preference pairs (`chosen` and `rejected` columns) gets each text tokenised alone,
     and its `input_ids`, `attention_mask` (and `token_type_ids`) hold two sequences per example,
-    chosen then rejected; its `length` is the longer one's. A multiple-choice split (`choices`
-    column) gets each choice tokenised as the pair (context, choice), truncated longest-first, as
-    run_swag.py does: per example one sequence per choice, `length` the longest.
+    chosen then rejected; its `length` is the longer one's.
 
     The result is cached under a fingerprint of (split fingerprint, tokenizer pipeline,
     max_seq_length): in `cache_dir/tokenized-<fingerprint>.arrow` when `cache_dir` is given,
     otherwise wherever `datasets` caches the split (in memory for in-memory splits).
     Raises ValueError if `max_seq_length` exceeds the tokenizer's `model_max_length`.
     """
+    unread = [name for name in split.column_names if name not in (TEXT, TEXT_PAIR, LABEL, CHOSEN, REJECTED)]
+    if unread:
+        raise ValueError(f"the split has columns tokenize_split does not read ({', '.join(unread)}): it holds another "
+                         "task's examples (multiple choice's choices, token classification's words), whose rows the "
+                         "task makes: tokenise them with tokenize_task(task, ...)")
+    per_example = 2 if CHOSEN in split.column_names else 1
+    return tokenize_with(split, _tokenize_batch, tokenizer, max_seq_length, per_example=per_example,
+                         cache_dir=cache_dir)
+
+
+def tokenize_with(split: datasets.Dataset, encode_batch, tokenizer, max_seq_length: int, *, per_example: int = 1,
+                  cache_dir: str | pathlib.Path | None = None) -> datasets.Dataset:
+    """`split` tokenised by `encode_batch(batch, tokenizer=, max_seq_length=)` (a batch of its
+    columns -> the tokenised columns, `labels` included), as `tokenize_split` does: the label
+    column's feature kept, `per_example` sequences per example (a list of them when not 1), and
+    the result cached under a fingerprint of (split, tokenizer, max_seq_length, `encode_batch`'s
+    name) in `cache_dir` when given. The one tokenisation path of every task's rows that are one
+    per example."""
     _check_max_length(tokenizer, max_seq_length)
     # `_fingerprint` is how datasets itself identifies a split's content and history.
     fingerprint = Hasher.hash(
-        [_CACHE_VERSION, split._fingerprint, tokenizer_fingerprint(tokenizer), max_seq_length]
+        [_CACHE_VERSION, split._fingerprint, tokenizer_fingerprint(tokenizer), max_seq_length,
+         *([] if encode_batch is _tokenize_batch else [f"{encode_batch.__module__}.{encode_batch.__qualname__}"])]
     )
     cache_file_name = None
     if cache_dir is not None:
         pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
         cache_file_name = str(pathlib.Path(cache_dir) / f"tokenized-{fingerprint}.arrow")
     return split.map(
-        functools.partial(_tokenize_batch, tokenizer=tokenizer, max_seq_length=max_seq_length),
+        functools.partial(encode_batch, tokenizer=tokenizer, max_seq_length=max_seq_length),
         batched=True,
         remove_columns=split.column_names,
-        features=_tokenized_features(tokenizer, split.features[LABEL], per_example=_sequences_per_example(split)),
+        features=tokenized_features(tokenizer, split.features[LABEL], per_example=per_example),
         new_fingerprint=fingerprint,
         cache_file_name=cache_file_name,
         desc="Tokenizing",
@@ -83,8 +103,8 @@ def tokenize_texts(
     Raises ValueError if `max_seq_length` exceeds the tokenizer's `model_max_length`.
     """
     _check_max_length(tokenizer, max_seq_length)
-    columns = _encode(list(texts), None if text_pairs is None else list(text_pairs), tokenizer, max_seq_length)
-    return datasets.Dataset.from_dict(columns, features=_tokenized_features(tokenizer))
+    columns = encode(list(texts), None if text_pairs is None else list(text_pairs), tokenizer, max_seq_length)
+    return datasets.Dataset.from_dict(columns, features=tokenized_features(tokenizer))
 
 
 def _check_max_length(tokenizer, max_seq_length: int) -> None:
@@ -109,14 +129,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
     )
 
 
-def _sequences_per_example(split: datasets.Dataset) -> int:
-    """1; 2 for preference pairs; the number of choices of multiple-choice examples (every row has as many)."""
-    if CHOSEN in split.column_names:
-        return 2
-    return len(split[0][CHOICES]) if CHOICES in split.column_names and len(split) else 1
-
-
-def _tokenized_features(tokenizer, label_feature=None, *, per_example: int = 1) -> datasets.Features:
+def tokenized_features(tokenizer, label_feature=None, *, per_example: int = 1) -> datasets.Features:
     """The tokenised columns; `labels` only when a `label_feature` is given; a list of
     `per_example` sequences per example when that is not 1 (pairs, choices)."""
     ids = datasets.List(datasets.Value("int32"))
@@ -132,28 +145,23 @@ def _tokenized_features(tokenizer, label_feature=None, *, per_example: int = 1) 
 def _tokenize_batch(batch: dict[str, list], *, tokenizer, max_seq_length: int) -> dict[str, list]:
     if CHOSEN in batch:
         texts = [text for pair in zip(batch[CHOSEN], batch[REJECTED]) for text in pair]
-        columns = _encode_groups(texts, None, 2, tokenizer, max_seq_length)
-    elif CHOICES in batch:
-        # run_swag.py's pairs: the context repeated before each of its choices
-        contexts = [context for context, choices in zip(batch[TEXT], batch[CHOICES]) for _ in choices]
-        choices = [choice for example in batch[CHOICES] for choice in example]
-        columns = _encode_groups(contexts, choices, len(batch[CHOICES][0]), tokenizer, max_seq_length)
+        columns = encode_groups(texts, None, 2, tokenizer, max_seq_length)
     else:
-        columns = _encode(batch[TEXT], batch.get(TEXT_PAIR), tokenizer, max_seq_length)
+        columns = encode(batch[TEXT], batch.get(TEXT_PAIR), tokenizer, max_seq_length)
     columns[LABELS] = batch[LABEL]
     return columns
 
 
-def _encode_groups(texts: list[str], text_pairs: list[str] | None, size: int, tokenizer, max_seq_length: int
-                   ) -> dict[str, list]:
-    """`_encode` of texts that come in consecutive groups of `size`, one group per example: per
+def encode_groups(texts: list[str], text_pairs: list[str] | None, size: int, tokenizer, max_seq_length: int
+                  ) -> dict[str, list]:
+    """`encode` of texts that come in consecutive groups of `size`, one group per example: per
     example the list of its group's sequences, and `length` the longest of them."""
-    flat = _encode(texts, text_pairs, tokenizer, max_seq_length)
+    flat = encode(texts, text_pairs, tokenizer, max_seq_length)
     return {name: [max(values[i:i + size]) if name == LENGTH else values[i:i + size]
                    for i in range(0, len(values), size)] for name, values in flat.items()}
 
 
-def _encode(texts: list[str], text_pairs: list[str] | None, tokenizer, max_seq_length: int) -> dict[str, list]:
+def encode(texts: list[str], text_pairs: list[str] | None, tokenizer, max_seq_length: int) -> dict[str, list]:
     """Unpadded ids, masks (and token types) of texts, truncated to `max_seq_length`, and `length`."""
     encoded = tokenizer(
         texts,

@@ -32,7 +32,7 @@ class _Identity(nnx.Module):
 
 def head_features(model, tokenizer, task: TaskData, *, max_seq_length: int, batch_size: int = 64) -> dict[str, np.ndarray]:
     """{split: (examples, features)} the model's head hands its output layer, for every split."""
-    from flaxheads.inference import TextScorer
+    from flaxheads.tasks.classification.inference import TextScorer
 
     setattr(model.head, type(model.head).OUTPUT_LAYER, _Identity())
     scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,

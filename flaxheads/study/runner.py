@@ -189,7 +189,7 @@ def require_freeze_backbone() -> None:
 def load_study_task(spec: DataSpec, settings: StudySettings) -> TaskData:
     """`spec`'s data, split with `settings.split_seed` (built-in sets), then cut to the fixed
     random subsets of its splits that settings ask for."""
-    from flaxheads.data import load_task
+    from flaxheads.tasks.sources import load_task
     from flaxheads.training.config import TrainConfig
 
     task = load_task(**TrainConfig(output_dir=None, seed=settings.split_seed, **_data_fields(spec)).data_source())
@@ -282,9 +282,9 @@ def run_cell(cell: Cell, settings: StudySettings, task: TaskData, cell_dir: Path
 
 def _trained_cell(cell: Cell, settings: StudySettings, task: TaskData, cell_dir: Path,
                   keep_models: bool) -> dict[str, Any]:
-    from flaxheads.model import from_pretrained
+    from flaxheads.tasks.classification.model import from_pretrained
     from flaxheads.tokenizer import load_tokenizer
-    from flaxheads.training.trainer import Trainer
+    from flaxheads.tasks.runs import Trainer
 
     start = time.perf_counter()
     cfg = cell_train_config(cell, settings, cell_dir)
@@ -329,7 +329,7 @@ def _fitted_cell(cell: Cell, settings: StudySettings, task: TaskData, cell_dir: 
 
 def _initial_model(cell: Cell, settings: StudySettings, task: TaskData, cell_dir: Path):
     """(model, tokenizer) as the cell's Trainer would start from them, in eval mode."""
-    from flaxheads.model import from_pretrained
+    from flaxheads.tasks.classification.model import from_pretrained
     from flaxheads.tokenizer import load_tokenizer
 
     folder = cell_train_config(dataclasses.replace(cell, mode="finetune"), settings, cell_dir).model_folder()
@@ -343,7 +343,7 @@ def _initial_model(cell: Cell, settings: StudySettings, task: TaskData, cell_dir
 def _predictions(model, tokenizer, task: TaskData, settings: StudySettings, split: str) -> dict[str, np.ndarray]:
     """{split: predicted class ids, or scores for regression} of `model` on the task's `split`
     ({} when the task has no such split or is multi-label)."""
-    from flaxheads.inference import TextScorer
+    from flaxheads.tasks.classification.inference import TextScorer
 
     if split not in task.splits or task.problem_type not in ("single_label_classification", "regression"):
         return {}

@@ -14,8 +14,7 @@ import math
 from pathlib import Path
 
 from flaxheads.conversion.hub import resolve_checkpoint
-from flaxheads.data import sources
-from flaxheads.data.batching import NOT_PACKED, PAD_TO_MULTIPLE_OF
+from flaxheads.data.batching import PAD_TO_MULTIPLE_OF, ExampleFormat, problem_type_format
 from flaxheads.data.builtin import BUILTIN_DATASETS
 from flaxheads.data.packing import (
     check_packed_batch_rows,
@@ -24,13 +23,8 @@ from flaxheads.data.packing import (
 )
 from flaxheads.heads import HEAD_NAMES
 from flaxheads.lora import LoRAConfig
-from flaxheads.model import saved_classes
 from flaxheads.problem import PROBLEM_TYPES
 from flaxheads.shipped_model import minilm_path
-from flaxheads.tags import SCHEMES
-from flaxheads.token_classifier import saved_tags
-from flaxheads.training.entity_metrics import DEFAULT as DEFAULT_EVAL_MODE
-from flaxheads.training.entity_metrics import MODES as EVAL_MODES
 from flaxheads.training.optim import SCHEDULES
 from flaxheads.training.parallel import PARALLEL
 
@@ -129,7 +123,7 @@ class TrainConfig:
     tag_scheme: str | None = None
     """Token classification: the tags' scheme (IOB1, IOB2, IOBES, or none for tags without
     entities such as POS); default: detected from the train tags."""
-    eval_mode: str = DEFAULT_EVAL_MODE
+    eval_mode: str = "default"
     """Token classification: entity metrics as seqeval's default mode (conlleval's lenient chunks,
     run_ner.py's) or strict (only entities well formed under tag_scheme count)."""
 
@@ -425,12 +419,15 @@ class TrainConfig:
         """The train_sampling_strategy in effect."""
         return self.train_sampling_strategy or ("group_by_length" if self.group_by_length else "random")
 
-    def packing_applies(self, problem_type: str) -> bool:
-        """Whether training on data of `problem_type` packs: `packing` when set, else whether
-        packing applies to that data and the sampling is not "sequential"."""
+    def packing_applies(self, examples: ExampleFormat | str) -> bool:
+        """Whether training on data of these `examples` (an `ExampleFormat`, or a text
+        classifier's problem type, which names one) packs: `packing` when set, else whether
+        packing applies to such examples and the sampling is not "sequential"."""
         if self.packing is not None:
             return self.packing
-        return problem_type not in NOT_PACKED and self.sampling != "sequential"
+        if isinstance(examples, str):
+            examples = problem_type_format(examples)
+        return not examples.unpacked_because and self.sampling != "sequential"
 
     @property
     def tensorboard(self) -> bool:
@@ -445,7 +442,7 @@ class TrainConfig:
                           target_modules=self.lora_target_modules or ())
 
     def data_source(self) -> dict:
-        """The arguments of `flaxheads.data.load_task` that these settings give: where the data
+        """The arguments of `flaxheads.tasks.sources.load_task` that these settings give: where the data
         comes from and how its columns and labels are read."""
         return dict(
             train_file=self.train_file, validation_file=self.validation_file, test_file=self.test_file,
@@ -456,22 +453,6 @@ class TrainConfig:
             context_column=self.context_column, question_column=self.question_column,
             choice_columns=self.choice_columns,
         )
-
-    def scoring_source(self) -> dict:
-        """`data_source()` for scoring a trained model without training it (`flaxheads evaluate`,
-        do_train off): without a train_file, a token classifier's tags come from its config.json
-        (`token_classifier.saved_tags`), and a sequence classifier's classes and problem type
-        (`model.saved_classes`; a problem_type given wins), so validation or test files are read
-        alone."""
-        source = self.data_source()
-        if not self.train_file:
-            folder = self.model_folder()
-            source["label_names"] = saved_tags(folder)
-            classes = saved_classes(folder) if source["label_names"] is None else None
-            if classes is not None and (self.validation_file or self.test_file):
-                source["class_names"] = classes.names
-                source["problem_type"] = source.get("problem_type") or classes.problem_type
-        return source
 
     def model_folder(self) -> Path:
         """The model folder: `model_name_or_path` (a folder, or a hub id found in the
@@ -501,12 +482,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "eval_strategy": EVAL_STRATEGIES,
     "report_to": REPORT_TO,
     "lora_export": LORA_EXPORTS,
-    "task": sources.TASKS,
-    "tag_scheme": SCHEMES,
-    "eval_mode": EVAL_MODES,
 }
 """The valid values of each TrainConfig field that has a fixed set (None, where it is the field's
-default, means "decide for me")."""
+default, means "decide for me"). The fields a task reads alone (task, tag_scheme, eval_mode) are
+checked by the task (`flaxheads.tasks`: `Task.setting_choices`), which the command line asks too."""
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:

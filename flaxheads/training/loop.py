@@ -55,12 +55,13 @@ class TrainLoop:
 
     def __init__(self, cfg: TrainConfig, runner, state, train: data.OwnSplit, batch_format: data.BatchFormat,
                  scorer: Scorer, *, total_steps: int, global_batch: int, eval_splits: tuple[str, ...],
-                 checkpoints: RunCheckpoints | None = None, output_dir: Path | None = None, loading_info=None):
+                 checkpoints: RunCheckpoints | None = None, output_dir: Path | None = None, loading_info=None,
+                 best_metric: str):
         self.cfg, self.runner, self.state, self.scorer = cfg, runner, state, scorer
         self.total_steps, self.eval_splits = total_steps, eval_splits
         self.checkpoints, self.output_dir = checkpoints, output_dir
         self.start_time = time.perf_counter()
-        self.best = {"metric": best_metric_name(cfg, batch_format.problem_type), "value": None, "step": None,
+        self.best = {"metric": best_metric, "value": None, "step": None,
                      "evaluations_without_improvement": 0}
         """The best validation evaluation so far, and the early-stopping count (saved with every
         checkpoint, so a resumed run stops exactly where an uninterrupted one would)."""
@@ -380,7 +381,3 @@ class TrainLoop:
             self.checkpoints.close()
 
 
-def best_metric_name(cfg: TrainConfig, problem_type: str) -> str:
-    if cfg.metric_for_best_model:
-        return cfg.metric_for_best_model
-    return {data.REGRESSION: "mse", data.TOKEN_CLASSIFICATION: "f1"}.get(problem_type, "accuracy")

@@ -1,4 +1,5 @@
-"""Evaluation metrics for sequence classification and regression, in plain numpy.
+"""Evaluation metrics of a text classifier's problem types, in plain numpy; `masked_metrics`, the
+checks every task's metrics pass through.
 
 Every metric matches its scikit-learn or SciPy namesake, edge cases included, so numbers
 reported here can be compared with those of evaluation scripts built on those libraries:
@@ -44,13 +45,8 @@ METRIC_NAMES: Mapping[str, tuple[str, ...]] = {
     MULTI_LABEL: ("accuracy", "micro_f1", "macro_f1"),
     REGRESSION: ("mse", "pearson", "spearman"),
     PAIRWISE_REWARD: ("accuracy", "margin"),
-    problem.TOKEN_CLASSIFICATION: ("f1", "precision", "recall", "accuracy", "macro_f1", "macro_precision",
-                                   "macro_recall"),
-    problem.MULTIPLE_CHOICE: ("accuracy",),
 }
-"""Token classification's are entity-level (micro averages, and macro ones) with word accuracy
-(`flaxheads.training.entity_metrics.entity_report`, seqeval's numbers). Multiple choice's is the
-share of examples whose highest-scored choice is the right one (run_swag.py's accuracy)."""
+"""Other tasks name their own (`flaxheads.tasks`; a task's `Objective.metric_names`)."""
 
 class NonFiniteScores(FloatingPointError):
     """Logits or a loss that are NaN or infinite: no metric is computed from them (argmax of NaN
@@ -117,7 +113,7 @@ def probabilities(problem_type: str, logits: np.ndarray) -> np.ndarray:
     """
     to_probabilities = problem.by_problem_type(
         problem_type, single_label=_softmax, multi_label=_sigmoid, regression=_regression_values,
-        pairwise_reward=_regression_values, multiple_choice=_softmax,
+        pairwise_reward=_regression_values,
     )
     return to_probabilities(_as_float_array(logits))
 
@@ -135,7 +131,7 @@ def _sigmoid(logits: np.ndarray) -> np.ndarray:
 def predictions(problem_type: str, logits: np.ndarray, thresholds: Sequence[float] | None = None) -> np.ndarray:
     """Turns logits into hard predictions.
 
-    single-label: argmax class ids, (N, C) -> (N,) int64; multiple choice, the chosen index.
+    single-label: argmax class ids, (N, C) -> (N,) int64 (of a choice's logits, the chosen index).
     multi-label: multi-hot, probability > the label's threshold (`thresholds`; None: 0.5, that is
     `logit > 0`), (N, C) -> (N, C) int64.
     regression: the predicted values, (N,) or (N, 1) -> (N,) float64.
@@ -148,7 +144,6 @@ def predictions(problem_type: str, logits: np.ndarray, thresholds: Sequence[floa
         multi_label=lambda x: thresholds_lib.decide(x, thresholds).astype(np.int64),
         regression=lambda x: _regression_values(_as_float_array(x)),
         pairwise_reward=_reward_values,
-        multiple_choice=_argmax,
     )
     return to_predictions(logits)
 
@@ -276,12 +271,6 @@ def _pairwise_metrics(rewards: np.ndarray, labels: np.ndarray) -> dict[str, floa
     return {"accuracy": float(np.mean(difference > 0)), "margin": float(np.mean(difference))}
 
 
-def _choice_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    if logits.ndim != 2:
-        raise ValueError(f"multiple-choice logits must be (N, num_choices); got shape {logits.shape}.")
-    return {"accuracy": float(np.mean(logits.argmax(axis=-1) == labels.reshape(-1)))}
-
-
 def _example_keep(example_mask: np.ndarray | None, num_rows: int) -> np.ndarray:
     if example_mask is None:
         return np.ones(num_rows, dtype=bool)
@@ -302,8 +291,7 @@ def compute_metrics(
 
     Args:
       problem_type: "single_label_classification", "multi_label_classification" or
-        "regression" (the values of a Hugging Face config's `problem_type`), "pairwise_reward" or
-        "multiple_choice" ((N, num_choices) logits, (N,) right choices).
+        "regression" (the values of a Hugging Face config's `problem_type`), or "pairwise_reward".
       logits: (N, C) for classification; (N,) or (N, 1) for regression; (N, 2) rewards
         (chosen, rejected) for pairs. Any float dtype.
       labels: (N,) integer class ids; (N, C) multi-hot (0/1, ints or floats); (N,) or (N, 1)
@@ -318,7 +306,23 @@ def compute_metrics(
       ValueError: unknown problem type, mismatched shapes, or no unmasked rows.
       NonFiniteScores: any unmasked row has a NaN or infinite logit.
     """
-    _require_scored(problem_type)
+    problem.require_known(problem_type)
+    metrics = problem.by_problem_type(
+        problem_type,
+        single_label=_single_label_metrics,
+        multi_label=lambda logits, labels: _multi_label_metrics(logits, labels, thresholds),
+        regression=lambda logits, labels: _regression_metrics(logits, _as_float_array(labels)),
+        pairwise_reward=_pairwise_metrics,
+    )
+    return masked_metrics(metrics, logits, labels, example_mask)
+
+
+def masked_metrics(metrics, logits: np.ndarray, labels: np.ndarray, example_mask: np.ndarray | None = None
+                   ) -> dict[str, float]:
+    """`metrics(logits, labels)` (float64 logits, labels as given) over the rows whose mask is
+    non-zero, after the checks every metric needs: one row of labels per row of logits, a real
+    row at least, every real row's logits finite (else NonFiniteScores). The one gate of every
+    task's metrics."""
     logits = _as_float_array(logits)
     labels = np.asarray(labels)
     if labels.shape[:1] != logits.shape[:1]:
@@ -333,20 +337,7 @@ def compute_metrics(
             f"{bad.size} of {int(keep.sum())} examples have non-finite logits (e.g. example {int(bad[0])}); no metric "
             "is computed from NaN or infinite scores"
         )
-    metrics = problem.by_problem_type(
-        problem_type,
-        single_label=_single_label_metrics,
-        multi_label=lambda logits, labels: _multi_label_metrics(logits, labels, thresholds),
-        regression=lambda logits, labels: _regression_metrics(logits, _as_float_array(labels)),
-        pairwise_reward=_pairwise_metrics,
-        multiple_choice=_choice_metrics,
-    )
     return metrics(logits[keep], labels[keep])
-
-
-def _require_scored(problem_type: str) -> str:
-    """`problem_type` when these metrics score it (a sequence classifier's, or multiple choice)."""
-    return problem_type if problem_type == problem.MULTIPLE_CHOICE else problem.require_known(problem_type)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,9 +361,12 @@ class MetricAccumulator:
     defined for fully addressable arrays.
     """
 
-    def __init__(self, problem_type: str, thresholds: Sequence[float] | None = None):
-        self.problem_type = _require_scored(problem_type)
+    def __init__(self, problem_type: str, thresholds: Sequence[float] | None = None, *, metrics=None):
+        self.problem_type = problem_type if metrics is not None else problem.require_known(problem_type)
         self.thresholds = thresholds
+        self._metrics = metrics
+        """`(logits, labels, thresholds) -> metrics` of a task's objective (`Objective.metrics`);
+        None: `compute_metrics` of the problem type."""
         self._logits: list[np.ndarray] = []
         self._labels: list[np.ndarray] = []
         self._loss_sum = 0.0
@@ -427,10 +421,11 @@ class MetricAccumulator:
         """
         if self.num_examples == 0:
             raise ValueError("MetricAccumulator.compute() called before any unmasked example.")
-        results = compute_metrics(
-            self.problem_type, np.concatenate(self._logits), np.concatenate(self._labels),
-            thresholds=self.thresholds,
-        )
+        logits, labels = np.concatenate(self._logits), np.concatenate(self._labels)
+        if self._metrics is not None:
+            results = self._metrics(logits, labels, self.thresholds)
+        else:
+            results = compute_metrics(self.problem_type, logits, labels, thresholds=self.thresholds)
         if self._loss_weight > 0:
             results["loss"] = self._loss_sum / self._loss_weight
             if not np.isfinite(results["loss"]):

@@ -45,7 +45,7 @@ class JitParallel:
 
     name = "jit"
 
-    def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State,
+    def __init__(self, layout: Layout, graphdef, tx, schedule, objective, params: nnx.State,
                  frozen: nnx.State | None = None, *, loss_options: dict | None = None):
         self.layout = layout
         frozen = nnx.State({}) if frozen is None else frozen
@@ -58,7 +58,7 @@ class JitParallel:
         self._init = jax.jit(init, out_shardings=self.state_shardings)
         self.schedule_values = jax.device_put(_schedule_values(schedule), layout.replicated)
         self._step = compile_cache.train_jit(
-            make_train_step(graphdef, tx, schedule, problem_type, **(loss_options or {})),
+            make_train_step(graphdef, tx, schedule, objective, **(loss_options or {})),
             graphdef=graphdef,
             in_shardings=(self.state_shardings, layout.batch(1), layout.replicated, frozen_shardings,
                           layout.replicated),
@@ -96,7 +96,7 @@ class PmapParallel:
 
     name = "pmap"
 
-    def __init__(self, layout: Layout, graphdef, tx, schedule, problem_type: str, params: nnx.State,
+    def __init__(self, layout: Layout, graphdef, tx, schedule, objective, params: nnx.State,
                  frozen: nnx.State | None = None, *, loss_options: dict | None = None):
         self.layout = layout
         self.devices = jax.local_devices()
@@ -105,7 +105,7 @@ class PmapParallel:
         self._init = jax.jit(_init_fn(tx))
         self.schedule_values = _schedule_values(schedule)
         self._step = jax.pmap(
-            compile_cache.precise(make_train_step(graphdef, tx, schedule, problem_type, axis_name=PMAP_AXIS,
+            compile_cache.precise(make_train_step(graphdef, tx, schedule, objective, axis_name=PMAP_AXIS,
                                                   **(loss_options or {}))),
             axis_name=PMAP_AXIS,
             in_axes=(0, 0, None, 0, None),

@@ -106,20 +106,23 @@ def _data_identity(cfg: TrainConfig) -> dict[str, Any]:
 
 def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[str, Any], head: str,
                  global_batch_size: int, *, total_steps: int, model: str, tokenizer: str,
-                 data_identity: dict[str, Any] | None = None, objective: dict[str, Any] | None = None
+                 data_identity: dict[str, Any] | None = None, objective: dict[str, Any] | None = None,
+                 problem: str | None = None, task_identity: dict[str, dict[str, Any]] | None = None
                  ) -> dict[str, Any]:
     """{"trained": what is trained, "settings": how}: both decide whether a folder's run resumes.
 
     `model` and `tokenizer` are content fingerprints (`model_fingerprint`, `params_fingerprint`,
     `data.tokenization.tokenizer_fingerprint`); `data_identity` defaults to what cfg says of the data (files by
     the hash of their content, a data set's name); `objective` is the loss's options (class weights,
-    label smoothing) when any is set."""
+    label smoothing) when any is set; `problem` what the labels are (default: the data's problem
+    type); `task_identity` the task's own entries ({"trained": ..., "settings": ...},
+    `Task.identity`)."""
     trained = {
         "model": model,
         "tokenizer": tokenizer,
         "backbone": backbone_config,
         "head": head,
-        "problem_type": task.problem_type,
+        "problem_type": task.problem_type if problem is None else problem,
         "label_names": [task.id2label[i] for i in range(task.num_labels)],
         "data": _data_identity(cfg) if data_identity is None else data_identity,
         "max_seq_length": cfg.max_seq_length,
@@ -139,9 +142,7 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
         lora = cfg.lora and {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
                              "target_modules": list(cfg.lora.target_modules)}  # as JSON reads it back
         trained["trainable"] = {"freeze_backbone": cfg.freeze_backbone, "lora": lora or None}
-    if task.words is not None:  # how word tags became subword labels (token classification only)
-        trained["token_labels"] = {"label_all_tokens": task.words.label_all_tokens, "stride": task.words.stride,
-                                   "scheme": task.words.task.scheme}
+    trained.update((task_identity or {}).get("trained", {}))
     if objective:  # the loss's class weights (resolved) and label smoothing (recorded only when set)
         trained["objective"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(objective.items())}
     settings = {name: getattr(cfg, name) for name in TRAINING_SETTINGS}
@@ -150,8 +151,7 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
         settings["calibrate"] = True
     if cfg.tune_thresholds:
         settings["tune_thresholds"] = True
-    if task.words is not None:  # the entity metrics the best model is chosen by
-        settings["eval_mode"] = cfg.eval_mode
+    settings.update((task_identity or {}).get("settings", {}))
     return {"trained": trained, "settings": settings}
 
 

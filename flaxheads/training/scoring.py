@@ -17,6 +17,7 @@ from flaxheads import compile_cache, data, problem
 from flaxheads.model import save_pretrained
 from flaxheads.training import class_metrics
 from flaxheads.training import metrics as metrics_lib
+from flaxheads.training.objective import Objective, objective_of
 from flaxheads.training.parallel import host_copy, host_values
 from flaxheads.training.sharding import Layout
 from flaxheads.training.step import make_eval_step, per_example
@@ -50,16 +51,19 @@ class Evaluator:
     """Metrics over a whole split; every process feeds its rows and gets the global result.
     A packed `batch_format` scores packed rows; the metrics count only the examples in them."""
 
-    def __init__(self, graphdef, problem_type: str, layout: Layout, batch_format, eval_batch_size: int,
+    def __init__(self, graphdef, objective: Objective | str, layout: Layout, batch_format, eval_batch_size: int,
                  num_shards: int = 1, thresholds=None):
-        self.problem_type = problem_type
+        self.objective = objective = objective_of(objective)
+        """What the model's logits, loss and metrics are (a problem type's name: its `ProblemObjective`)."""
+        self.problem_type = getattr(objective, "problem_type", None)
+        """A text classifier's problem type (its per-class report reads it); None for another task's."""
         self.thresholds = thresholds
         """Multi-label decision thresholds per label (None: 0.5)."""
         self.num_shards = num_shards
         self.layout = layout
         self.batch_format = batch_format
         self.batch_size = eval_batch_size
-        eval_step = make_eval_step(graphdef, problem_type)
+        eval_step = make_eval_step(graphdef, objective)
 
         def step(params, batch):
             # Labels and masks (and packed rows' example indices) ride along, one entry per
@@ -72,7 +76,7 @@ class Evaluator:
                  max_batches: int | None = None) -> dict[str, float]:
         """`rows`: the split, or this process's rows of it with `lengths` of the whole split;
         `max_batches`: only the first batches (every process takes the same ones)."""
-        acc = metrics_lib.MetricAccumulator(self.problem_type, self.thresholds)
+        acc = metrics_lib.MetricAccumulator(self.problem_type, self.thresholds, metrics=self.objective.metrics)
         batches = data.eval_batches(
             rows, self.batch_format, global_batch_size=self.batch_size,
             process_index=jax.process_index(), process_count=jax.process_count(),
@@ -91,13 +95,13 @@ class SplitScorer:
     def __init__(self, graphdef: nnx.GraphDef, splits: dict[str, data.OwnSplit], batch_format: data.BatchFormat,
                  layout: Layout, *, eval_batch: int, data_shards: int = 1, unlabelled: frozenset[str] = frozenset(),
                  compute_metrics: MetricsFunction | None = None, tokenizer=None,
-                 class_names: tuple[str, ...] | None = None, thresholds=None):
+                 class_names: tuple[str, ...] | None = None, thresholds=None, objective: Objective | None = None):
         self.graphdef, self.splits, self.layout = graphdef, splits, layout
-        self.problem_type = batch_format.problem_type
         self.unlabelled, self.compute_metrics, self.tokenizer = unlabelled, compute_metrics, tokenizer
         self.class_names = class_names
-        self.evaluator = Evaluator(graphdef, self.problem_type, layout, batch_format, eval_batch, data_shards,
-                                   thresholds)
+        self.evaluator = Evaluator(graphdef, objective or batch_format.problem_type, layout, batch_format, eval_batch,
+                                   data_shards, thresholds)
+        self.problem_type = self.evaluator.problem_type
         self.reports: dict[str, dict[str, Any]] = {}
         """The per-class report (`class_metrics.report`) of the latest scoring of each split."""
 
@@ -127,7 +131,7 @@ class SplitScorer:
         logits, labels, losses = self._outputs(split, params)
         if split in self.unlabelled:
             return PredictionOutput(logits, None, {})
-        metrics = metrics_lib.compute_metrics(self.problem_type, logits, labels, thresholds=self.thresholds)
+        metrics = self.evaluator.objective.metrics(logits, labels, self.thresholds)
         metrics["loss"] = float(np.mean(losses))
         if not np.isfinite(metrics["loss"]):
             raise metrics_lib.NonFiniteScores(f"the {split} loss is {metrics['loss']} although every logit is finite "

@@ -1,7 +1,8 @@
 """The pure train and eval steps. The model is split once into (graphdef, params); the steps
 merge it back inside, so jit sees plain pytrees and compiles once per batch shape. Each step
 sets the mode it needs after merging (train: dropout on; eval: off), so the graphdef a caller
-split may be in either mode."""
+split may be in either mode. What the model's logits are and what loss they take is the task's
+`Objective` (`objective.py`); the steps know no task."""
 
 from __future__ import annotations
 
@@ -12,10 +13,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from flaxheads import problem
 from flaxheads.backbones.dropout import DropoutKeys
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+from flaxheads.training.objective import MODEL_INPUTS, Objective, objective_of  # noqa: F401 (MODEL_INPUTS re-exported)
 
 
 class TrainState(NamedTuple):
@@ -25,7 +24,7 @@ class TrainState(NamedTuple):
     opt_state: optax.OptState
 
 
-def _logits(graphdef, params, batch, *, train: bool, problem_type: str, rngs=None, frozen=None):
+def _logits(graphdef, params, batch, *, train: bool, objective: Objective, rngs=None, frozen=None):
     if frozen is not None:
         # New Variables at this trace level (no array is copied): a non-differentiated input keeps
         # the caller's, which nnx.remat (gradient checkpointing) may not update from inside grad.
@@ -35,14 +34,7 @@ def _logits(graphdef, params, batch, *, train: bool, problem_type: str, rngs=Non
         model.train()
     else:
         model.eval()
-    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-    # (B, 2, T) preference pairs; a multiple-choice model reads its (B, C, T) choices itself
-    if inputs["input_ids"].ndim == 3 and problem_type != problem.MULTIPLE_CHOICE:
-        return _pair_rewards(model, inputs, rngs)
-    if "segment_ids" in batch:  # packed rows: (B, S, C) logits, S static from the mask's shape
-        return model(**inputs, segment_ids=batch["segment_ids"], num_segments=batch["example_mask"].shape[-1],
-                     rngs=rngs)
-    return model(**inputs, rngs=rngs)
+    return objective.logits(model, batch, rngs)
 
 
 PER_EXAMPLE = ("labels", "example_mask", "example_index")
@@ -65,28 +57,14 @@ def per_example_logits(logits: jax.Array, batch: dict) -> jax.Array:
     return logits.reshape(-1, logits.shape[-1]) if "segment_ids" in batch else logits
 
 
-def _pair_rewards(model, inputs: dict, rngs):
-    """(B, 2) rewards `(r_chosen, r_rejected)` of a batch of preference pairs, whose inputs are
-    (B, 2, T): both texts of every pair in one forward pass of 2B rows."""
-    pairs, _, length = inputs["input_ids"].shape
-    # (B, 2, T) -> (2B, T): rows 2b and 2b + 1 are pair b's chosen and rejected text.
-    flat = {k: v.reshape(2 * pairs, length) for k, v in inputs.items()}
-    logits = model(**flat, rngs=rngs)
-    if logits.shape[-1] != 1:
-        raise ValueError(f"preference pairs need a reward model with num_labels=1, got num_labels={logits.shape[-1]}; "
-                         "load the model with from_pretrained(..., num_labels=1)")
-    return logits.reshape(pairs, 2)
-
-
 def make_train_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
-    problem_type: str,
+    objective: Objective | str,
     *,
     axis_name: str | None = None,
-    class_weights: tuple[float, ...] | None = None,
-    label_smoothing: float = 0.0,
+    **loss_options,
 ) -> Callable[..., tuple[TrainState, dict]]:
     """`(state, batch, rng, frozen=None, schedule_values=None) -> (state, metrics)`.
 
@@ -110,30 +88,22 @@ def make_train_step(
     of loss and gradients are then summed over `axis_name` before dividing (a pmean weighted by
     real examples, which equals the plain pmean when every device has the same count).
 
-    Token classification: logits (accum, batch, T, C), labels (accum, batch, T) with -100 where a
-    token is not scored; the loss (and gradient) is the mean cross entropy over the scored tokens
-    of the real examples of all micro-batches (and devices), as PyTorch's
-    `CrossEntropyLoss(ignore_index=-100)` over the whole global batch at once.
-
-    Multiple choice: inputs (accum, batch, C, T), logits (accum, batch, C), labels the right
-    choices' indices; the loss is the mean cross entropy over the choices (`choice_loss`).
-
-    `class_weights` and `label_smoothing` shape the training loss (`problem.weighted_loss_terms`):
-    the gradient is then that of sum(numerators) / sum(denominators) over the real examples of the
-    whole global batch, as PyTorch's weighted cross-entropy over the same batch.
+    `objective` (`objective.Objective`, or a problem type's name with `loss_options`, its
+    `ProblemObjective`) gives the logits and the loss terms: the gradient is that of
+    sum(numerators) / sum(denominators) over the real examples of the whole global batch. A
+    problem type's plain loss has denominators 1 (the mean over examples); with `class_weights`
+    or `label_smoothing` it is PyTorch's weighted cross-entropy over the same batch; token
+    classification's numerators are each example's summed token losses and its denominators its
+    scored tokens, so the step's loss is the mean over the global batch's real tokens.
     """
+    objective = objective_of(objective, **loss_options)
 
     def summed_loss(params, micro_batch, key, frozen):
-        logits = _logits(graphdef, params, micro_batch, train=True, problem_type=problem_type,
-                         rngs=DropoutKeys(key), frozen=frozen)
+        logits = _logits(graphdef, params, micro_batch, train=True, objective=objective, rngs=DropoutKeys(key),
+                         frozen=frozen)
         logits, examples = per_example_logits(logits, micro_batch), per_example(micro_batch)
         mask = examples["example_mask"]
-        # Token classification: numerators the examples' summed token losses, denominators their
-        # scored tokens, so the step's loss is the mean over the global batch's real tokens.
-        if class_weights is None and not label_smoothing and problem_type != problem.TOKEN_CLASSIFICATION:
-            return jnp.sum(problem.per_example_loss(logits, examples["labels"], problem_type) * mask), jnp.sum(mask)
-        numerators, denominators = problem.weighted_loss_terms(
-            logits, examples["labels"], problem_type, class_weights=class_weights, label_smoothing=label_smoothing)
+        numerators, denominators = objective.loss_terms(logits, examples["labels"])
         return jnp.sum(numerators * mask), jnp.sum(denominators * mask)
 
     def train_step(state: TrainState, batch: dict, rng: jax.Array, frozen=None,
@@ -165,8 +135,9 @@ def make_train_step(
         examples = jnp.sum(batch["example_mask"])
         if axis_name is not None:
             grads, loss_sum, weight_sum, examples = jax.lax.psum((grads, loss_sum, weight_sum, examples), axis_name)
-        # Unweighted, the example count: the mean over real examples.
-        count = jnp.maximum(weight_sum, 1e-12) if class_weights is not None else jnp.maximum(weight_sum, 1.0)
+        # The summed denominators: a count of examples (or scored tokens), or class weights, which
+        # may sum below 1. A batch without any gives a zero loss and gradient either way.
+        count = jnp.maximum(weight_sum, 1e-12)
         # kept in the gradients' dtype: bf16 ones (param_dtype bfloat16) stay half size until the
         # optimizer upcasts them inside its fused update; float32 ones are unchanged
         grads = jax.tree.map(lambda g: (g / count).astype(g.dtype), grads)
@@ -188,20 +159,19 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(graphdef: nnx.GraphDef, problem_type: str) -> Callable[[nnx.State, dict], dict[str, Any]]:
-    """`(params, batch) -> {"logits", "loss"}` per example, deterministic (no dropout); for packed
-    rows one entry per slot, (B * S, ...) as `per_example` flattens a batch (mask them with its
-    `example_mask`). Token classification: (B, T, C) logits, "loss" each example's summed token
-    losses and "scored_tokens" how many tokens they are (`problem.token_loss_terms`)."""
+def make_eval_step(graphdef: nnx.GraphDef, objective: Objective | str) -> Callable[[nnx.State, dict], dict[str, Any]]:
+    """`(params, batch) -> {"logits", "loss", ...}` per example, deterministic (no dropout): the
+    logits and, for a labelled batch, the objective's `eval_outputs` (a problem type's name: its
+    `ProblemObjective`); for packed rows one entry per slot, (B * S, ...) as `per_example`
+    flattens a batch (mask them with its `example_mask`)."""
+    objective = objective_of(objective)
 
     def eval_step(params, batch):
-        logits = per_example_logits(_logits(graphdef, params, batch, train=False, problem_type=problem_type), batch)
+        logits = per_example_logits(_logits(graphdef, params, batch, train=False, objective=objective), batch)
         examples = per_example(batch)
         out = {"logits": logits}
-        if "labels" in examples and problem_type == problem.TOKEN_CLASSIFICATION:
-            out["loss"], out["scored_tokens"] = problem.token_loss_terms(logits, examples["labels"])
-        elif "labels" in examples:
-            out["loss"] = problem.per_example_loss(logits, examples["labels"], problem_type)
+        if "labels" in examples:
+            out.update(objective.eval_outputs(logits, examples["labels"]))
         return out
 
     return eval_step

@@ -1,6 +1,9 @@
-"""Fine-tuning: `Trainer`, the library API (a model object and data held in Python), and
-`train(cfg)`, the function behind `flaxheads train`, a thin layer that loads the model, tokenizer
-and data a `TrainConfig` names and runs the same Trainer.
+"""Fine-tuning: `Trainer`, which trains a model of any task on data held in Python, as
+`flaxheads train` does. What differs between tasks (fitting the model's config to the data, the
+loss, the scorer, predictions, what the run identity records) is asked of the task's `Task`
+(`flaxheads.tasks`), which the Trainer is given as `kind`: this module knows no task.
+`flaxheads.Trainer` (`tasks/runs.py`) finds the kind from the model, and `train(cfg)` there loads
+the model, tokenizer and data a `TrainConfig` names.
 
 What a run writes. With `args.output_dir` set, a training run owns that folder as `flaxheads
 train` does (`run_dir`): it refuses a folder holding another run or a foreign model (unless
@@ -27,41 +30,30 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads import data, lora, problem
+from flaxheads import data, lora
 from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import stacking
 from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
-from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretrained, require_trained
-from flaxheads.multiple_choice import MultipleChoice, MultipleChoiceConfig
-from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
-from flaxheads.tokenizer import check_room_for_text, fitting_max_length, for_model, load_tokenizer
-from flaxheads.training import calibration, run_dir, run_report, token_scoring
-from flaxheads.training import metrics as metrics_lib
+from flaxheads.model import PretrainedModel
+from flaxheads.tokenizer import fitting_max_length, for_model
+from flaxheads.training import calibration, run_dir, run_report
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
-from flaxheads.training.distributed import initialize as initialize_distributed
 from flaxheads.training.loop import NonFiniteLoss, TrainLoop, print0, sync
 from flaxheads.training.optim import learning_rate_schedule, make_optimizer
 from flaxheads.training.parallel import PARALLEL, host_copy
 from flaxheads.training.run_lock import RunLock
-from flaxheads.training.scoring import (
-    EvalPrediction,
-    MetricsFunction,
-    PredictionOutput,
-    SplitScorer,
-    describe_predictions,
-    format_choice_predictions,
-    format_predictions,
-)
+from flaxheads.training.scoring import EvalPrediction, MetricsFunction, PredictionOutput, SplitScorer
 from flaxheads.training.sharding import Layout
+from flaxheads.training.task_protocol import TaskKind
 from flaxheads.training.trainable import split_trainable
 
-__all__ = ["EvalPrediction", "NonFiniteLoss", "PredictionOutput", "TrainOutput", "Trainer", "train"]
+__all__ = ["EvalPrediction", "NonFiniteLoss", "PredictionOutput", "TrainOutput", "Trainer"]
 
 
 class TrainOutput(NamedTuple):
-    model: SequenceClassifier | None
+    model: PretrainedModel | None
     """The trained classifier (the given one when do_train is False); None for a finished run found
     in output_dir: its model is exported there (`flaxheads.from_pretrained(output_dir)`)."""
     metrics: dict[str, Any]
@@ -74,72 +66,8 @@ class TrainOutput(NamedTuple):
     tags; else None."""
 
 
-def fit_config_to_task(config: ClassifierConfig, task: data.TaskData) -> ClassifierConfig:
-    """The model's config with the data's problem type and class names, or ValueError naming
-    what to change when the model cannot learn these labels."""
-    reason = task.problem_type_reason or task.problem_type
-    if task.is_choices != isinstance(config, MultipleChoiceConfig):
-        if task.is_choices:
-            raise ValueError(f"the data reads as {reason}, which a multiple-choice model learns, and the model is a "
-                             f"{config.task} model: load it with flaxheads.MultipleChoice.from_pretrained(...)")
-        raise ValueError(f"the model is a multiple-choice model and the data reads as {reason}: give it choices "
-                         "(task=flaxheads.data.choice_task(...) or load_choice_files(...)), or load the model for "
-                         "its task (flaxheads.from_pretrained, flaxheads.TokenClassifier.from_pretrained)")
-    if task.is_choices:
-        return config  # one score per choice: no labels to fit, however many choices
-    tokens = task.problem_type == data.TOKEN_CLASSIFICATION
-    if tokens and not isinstance(config, TokenClassifierConfig):
-        raise ValueError(f"the data reads as {reason}, which a token classifier learns, and the model is a sequence "
-                         "classifier: load it with flaxheads.from_pretrained(..., task='token-classification')")
-    if not tokens and isinstance(config, TokenClassifierConfig):
-        raise ValueError(f"the model is a token classifier and the data reads as {reason}: give it word tags "
-                         "(task=flaxheads.data.token_task_data(flaxheads.data.load_word_files(...))), or load a "
-                         "sequence classifier (flaxheads.from_pretrained)")
-    if tokens:
-        return _fit_token_config(config, task)
-    if config.num_labels != task.num_labels:
-        raise ValueError(
-            f"the model has {config.num_labels} labels but the data has {task.num_labels} ({reason}). Load the "
-            f"model with from_pretrained(..., num_labels={task.num_labels}) (and ignore_mismatched_sizes=True "
-            "when its checkpoint has a trained head of another size), or, for class ids the train data does not "
-            f"all use, pass TrainConfig(num_labels={config.num_labels})"
-        )
-    if config.problem_type not in (None, task.problem_type):
-        raise ValueError(
-            f"the model is set up for {config.problem_type} but the data reads as {reason}. Pass "
-            f"TrainConfig(problem_type={config.problem_type!r}) to read the labels so, or load the model with "
-            f"from_pretrained(..., problem_type={task.problem_type!r})"
-        )
-    names = tuple(task.id2label[i] for i in range(task.num_labels))
-    default = tuple(data.task.default_id2label(task.num_labels).values())
-    if names == default:
-        names = config.labels
-    elif config.labels not in (None, default, names):
-        raise ValueError(
-            f"the model's classes are {list(config.labels)} but the data's are {list(names)} (class ids by "
-            "the sorted names of the train labels): give the data the model's classes, or load the model with "
-            f"from_pretrained(..., id2label={list(names)}) to relabel its head"
-        )
-    return dataclasses.replace(config, problem_type=task.problem_type, labels=names, text_pair=task.has_text_pair)
-
-
-def _fit_token_config(config: TokenClassifierConfig, task: data.TaskData) -> TokenClassifierConfig:
-    names = tuple(task.id2label[i] for i in range(task.num_labels))
-    if config.num_labels != task.num_labels:
-        raise ValueError(
-            f"the model has {config.num_labels} labels but the data has {task.num_labels} tags ({', '.join(names)}). "
-            f"Load the model with TokenClassifier.from_pretrained(..., id2label={list(names)}) (and "
-            "ignore_mismatched_sizes=True when its checkpoint has a trained head of another size)")
-    default = tuple(data.task.default_id2label(task.num_labels).values())
-    if config.labels not in (None, default, names):
-        raise ValueError(f"the model's tags are {list(config.labels)} but the data's are {list(names)} (the sorted "
-                         "train tags): load the model with from_pretrained(..., id2label=[...the data's tags...]) to "
-                         "relabel its head")
-    return dataclasses.replace(config, labels=names)
-
-
 class Trainer:
-    """Fine-tunes a `SequenceClassifier` on data held in Python, as `flaxheads train` does.
+    """Fine-tunes a model of any task on data held in Python, as `flaxheads train` does.
 
         trainer = flaxheads.Trainer(model, TrainConfig(output_dir=None, max_steps=100),
                                     train_dataset=(texts, labels), eval_dataset=dev, tokenizer=tokenizer)
@@ -154,9 +82,13 @@ class Trainer:
     model (`num_labels=1`): rows with `args.chosen_column` and `args.rejected_column` texts (and
     no text column, or `problem_type="pairwise_reward"`), or `(chosen_texts, rejected_texts)`
     tuples with that problem type; the metrics are pair accuracy and mean reward margin.
-    Token classification: a `TokenClassifier` with `task=flaxheads.data.token_task_data(word_task)`
-    (`flaxheads train` reads CoNLL and word JSON / CSV files so); its metrics are entity-level
-    (`training.token_scoring`) and its predictions per sentence, per word.
+    Another task's data goes in as `task=` (token classification: a `TokenClassifier` with
+    `task=flaxheads.data.token_task_data(word_task)`, whose metrics are entity-level and whose
+    predictions are per sentence, per word; multiple choice: a `MultipleChoice` with
+    `task=flaxheads.data.choice_task(...)`).
+
+    `kind` is the model's task (`flaxheads.tasks.Task`): what differs between tasks is asked of
+    it. `flaxheads.Trainer` finds it from the model; this class is the task-free machinery.
 
     The model's num_labels and problem_type must fit the data (ValueError naming what to change);
     the trained model carries the data's class names. `args.do_train` False only scores and
@@ -166,27 +98,28 @@ class Trainer:
     evaluation's metrics.
     """
 
-    def __init__(self, model: SequenceClassifier, args: TrainConfig | None = None, *, train_dataset=None,
+    def __init__(self, model: PretrainedModel, args: TrainConfig | None = None, *, train_dataset=None,
                  eval_dataset=None, test_dataset=None, tokenizer, compute_metrics: MetricsFunction | None = None,
-                 task: data.TaskData | None = None):
+                 task: data.TaskData | None = None, kind: TaskKind):
         self.args = args = args if args is not None else TrainConfig(output_dir=None, dataset=None)
+        self.kind = kind
+        """The model's task (`flaxheads.tasks.Task`): its config fitting, loss, scorer, predictions."""
         self.tokenizer, self.compute_metrics = for_model(tokenizer, model.config.backbone), compute_metrics
         self.data = self._load_data(model.config, task, train_dataset, eval_dataset, test_dataset)
         self.task = task = self.data.task
+        """The data (`TaskData`) the run trains and scores on."""
         if args.packing is None:  # decided by the data: on wherever it applies
-            self.args = args = dataclasses.replace(args, packing=args.packing_applies(task.problem_type))
+            self.args = args = dataclasses.replace(args, packing=args.packing_applies(data.examples_of(task)))
         self.model_class = type(model)
-        """What the run trains and exports: `SequenceClassifier`, or `TokenClassifier` for word tags."""
-        print0(f"problem type {task.problem_type_reason or task.problem_type}")
+        """What the run trains and exports: the given model's class."""
+        print0(f"problem type {task.described}")
         imbalance = data.labels.imbalance_warning(task) if args.do_train else None
         if imbalance:
             print0(f"warning: {imbalance}", file=sys.stderr)
         if args.do_train and "train" not in self.data.given:
             raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
                              "TrainConfig(do_train=False)")
-        check_best_model_settings(args, task, self.data.given, self.data.unlabelled)
-        if task.words is not None:
-            token_scoring.check_eval_mode(args.eval_mode, task.words)
+        check_best_model_settings(args, kind.metric_names(task), task, self.data.given, self.data.unlabelled)
         if args.do_predict and "test" not in self.data.given:
             raise ValueError("do_predict=True predicts the test split, but the data has none: give a test_file (or a "
                              "test_dataset), or leave do_predict out")
@@ -197,19 +130,14 @@ class Trainer:
             raise ValueError(f"parallel={args.parallel!r}: choose one of {sorted(PARALLEL)}")
         self.layout = Layout.create(args.mesh)
         self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
-        if task.problem_type != "pairwise_reward":
-            check_room_for_text(self.tokenizer, self.max_seq_length, pairs=task.has_text_pair or task.is_choices)
+        kind.check_settings(args, task, tokenizer=self.tokenizer, max_seq_length=self.max_seq_length)
         self.batch_format = data.BatchFormat.for_task(
             task, self.tokenizer, self.max_seq_length, model_pad_token_id=model.config.backbone.pad_token_id,
             pad_to_multiple_of=args.pad_to_multiple_of,
             max_segments=segments_per_row(args.packing, args.max_segments_per_row, self.max_seq_length))
-        self.config = fit_config_to_task(model.config, task)
-        if args.do_train and getattr(self.config, "thresholds", None) is not None:
-            print0("note: the model's decision thresholds are dropped: they were tuned for the weights this run "
-                   "trains further (tune_thresholds=True tunes new ones)", file=sys.stderr)
-            self.config = dataclasses.replace(self.config, thresholds=None)
-        self.loss_options = loss_options(args, task)
-        """The training loss's class weights and label smoothing (`problem.weighted_loss_terms`)."""
+        self.config = kind.fit_config(model.config, task, args)
+        self.loss_options = kind.loss_options(args, task)
+        """The training loss's options (a text classifier's class weights and label smoothing)."""
         check_param_dtype(model, args.param_dtype)
         self.graphdef, self.params = _split_with_config(_prepared(model, args), self.config)
         self.output_dir = Path(args.output_dir) if args.output_dir else None
@@ -235,56 +163,20 @@ class Trainer:
         """The files the final export wrote in output_dir, for run.json."""
         self._scorer: SplitScorer | None = None
 
-    @classmethod
-    def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None) -> Trainer:
-        """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names (or `task`,
-        data loaded by the caller), the model placed on the mesh as it loads."""
-        src = cfg.model_folder()
-        if task is None:
-            task = data.load_task(**(cfg.data_source() if cfg.do_train else cfg.scoring_source()))
-        tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
-        layout = Layout.create(cfg.mesh)
-        labels = {"num_labels": task.num_labels, "id2label": [task.id2label[i] for i in range(task.num_labels)]}
-        if task.problem_type == data.TOKEN_CLASSIFICATION:
-            if cfg.head is not None:
-                raise ValueError(f"head={cfg.head!r} picks a sequence classifier's head, and the data is token "
-                                 "classification, whose head is the family's own (a Linear on every token): leave "
-                                 "head out")
-            loader, head_settings = TokenClassifier.from_pretrained, labels
-        elif task.is_choices:  # its family's one-output head; the loader refuses another
-            loader, head_settings = MultipleChoice.from_pretrained, {"head": cfg.head}
-        else:
-            loader, head_settings = from_pretrained, {**labels, "head": cfg.head, "problem_type": task.problem_type}
-        model, loading_info = loader(
-            src, pad_token_id=pad_token_id, **head_settings,
-            classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, param_dtype=cfg.param_dtype, seed=cfg.seed,
-            ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
-            placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
-        )
-        if not cfg.do_train:
-            require_trained(loading_info, model, src, fix="do_train is off: train it (do_train=True) or pass a trained "
-                            "model folder as model_name_or_path")
-        trainer = cls(model, cfg, task=task, tokenizer=tokenizer)
-        trainer.model_name = cfg.model_name_or_path or "shipped all-MiniLM-L6-v2"
-        trainer.model_identity = run_dir.model_fingerprint(src)
-        trainer.data_identity = None
-        trainer.loading_info = loading_info
-        return trainer
-
     # -- data -----------------------------------------------------------------------------------
 
-    def _load_data(self, config: ClassifierConfig, task, train, validation, test) -> data.InMemoryTask:
+    def _load_data(self, config, task, train, validation, test) -> data.InMemoryTask:
         if task is not None:
             if any(split is not None for split in (train, validation, test)):
                 raise ValueError("pass either task= or train_dataset/eval_dataset/test_dataset, not both")
             return data.InMemoryTask(task, frozenset(), tuple(task.splits))
-        return data.load_in_memory(
-            {"train": train, "validation": validation, "test": test}, **self._column_args(config))
+        return self.kind.in_memory({"train": train, "validation": validation, "test": test},
+                                   self._column_args(config))
 
-    def _column_args(self, config: ClassifierConfig) -> dict[str, Any]:
+    def _column_args(self, config) -> dict[str, Any]:
         args = self.args
         return dict(text_column=args.text_column, text_pair_column=args.text_pair_column,
-                    label_column=args.label_column, problem_type=args.problem_type or config.problem_type,
+                    label_column=args.label_column, problem_type=args.problem_type or getattr(config, "problem_type", None),
                     num_labels=args.num_labels, chosen_column=args.chosen_column,
                     rejected_column=args.rejected_column)
 
@@ -297,9 +189,10 @@ class Trainer:
         """Global train batches per epoch. Packed, the count of rows depends on the examples'
         token counts, so the train split is tokenised here, before the output folder is claimed
         (in memory, not in its cache), and kept for training."""
-        if not self.batch_format.packed and self.task.words is None:
+        if not self.batch_format.packed and self.kind.one_row_per_example(self.task):
             return data.num_batches(len(self.task.splits["train"]), self.global_batch)
-        # A token-classification sentence longer than max_seq_length gives several rows (windows).
+        # An example may give several rows (a token-classification sentence longer than
+        # max_seq_length: windows), known once the split is tokenised.
         self._tokenized_train = self._own_splits(["train"], cache=False)["train"]
         if self.batch_format.packed:
             self.train_format = self._packed_train_format(self._tokenized_train.lengths)
@@ -344,18 +237,13 @@ class Trainer:
                                        ) if rest else {}
         return {**{name: early[name] for name in names if name in early}, **own}
 
-    def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str], *,
-                    words: data.WordLabelling | None = None) -> SplitScorer:
-        """The scorer of `splits`; token classification: of their sentences in `words` (default: the task's)."""
-        class_names = None if self.task.is_choices else self.config.label_names  # choices are no classes
-        options = dict(eval_batch=self.eval_batch, class_names=class_names,
-                       data_shards=self.args.data_shards, unlabelled=unlabelled,
-                       compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
-        if self.task.words is not None:
-            return token_scoring.TokenSplitScorer(self.graphdef, splits, self.batch_format, self.layout, **options,
-                                                  words=words or self.task.words, eval_mode=self.args.eval_mode)
-        return SplitScorer(self.graphdef, splits, self._packed_eval_format(splits), self.layout, **options,
-                           thresholds=getattr(self.config, "thresholds", None))
+    def _scorer_for(self, splits: dict[str, data.OwnSplit], unlabelled: frozenset[str], *, source=None) -> SplitScorer:
+        """The scorer of `splits` (the task's); `source`: another data source than the run's (data
+        given to evaluate, `TaskData.source`)."""
+        return self.kind.scorer(self.graphdef, splits, self._packed_eval_format(splits), self.layout,
+                                data_task=self.task, config=self.config, args=self.args, source=source,
+                                eval_batch=self.eval_batch, data_shards=self.args.data_shards, unlabelled=unlabelled,
+                                compute_metrics=self.compute_metrics, tokenizer=self.tokenizer)
 
     def _packed_eval_format(self, splits: dict[str, data.OwnSplit]) -> data.BatchFormat:
         """Packed evaluation rows as long as the longest example of `splits` needs (one shape for
@@ -513,8 +401,8 @@ class Trainer:
                             adam_b1=args.adam_beta1, adam_b2=args.adam_beta2, adam_eps=args.adam_epsilon)
         trainable, frozen = split_trainable(self.params, freeze_backbone=args.freeze_backbone)
         print0(lora.trainable_summary(trainable, frozen))
-        runner = PARALLEL[args.parallel](self.layout, self.graphdef, tx, schedule, self.task.problem_type,
-                                         trainable, frozen, loss_options=self.loss_options)
+        runner = PARALLEL[args.parallel](self.layout, self.graphdef, tx, schedule,
+                                         self.kind.objective(self.task, self.loss_options), trainable, frozen)
         state = runner.init(trainable)
         self.params = None  # the weights live in the train state now: one copy in memory, not two
         checkpoints = None
@@ -525,7 +413,8 @@ class Trainer:
                             if name in splits and name not in self.data.unlabelled)
         return TrainLoop(args, runner, state, splits["train"], self.train_format, scorer, total_steps=total,
                          global_batch=self.global_batch, eval_splits=eval_splits, checkpoints=checkpoints,
-                         output_dir=self.output_dir, loading_info=self.loading_info)
+                         output_dir=self.output_dir, loading_info=self.loading_info,
+                         best_metric=args.metric_for_best_model or self.kind.default_metric(self.task))
 
     def _scores_without_training(self, splits: dict[str, data.OwnSplit]) -> dict[str, Any]:
         start = time.perf_counter()
@@ -552,7 +441,8 @@ class Trainer:
         return run_dir.run_identity(self.args, self.task, self.config.backbone.to_hf_config(), self.config.head,
                                     self.global_batch, total_steps=self.total_steps, model=self.model_identity,
                                     tokenizer=self._tokenizer_identity, data_identity=self.data_identity,
-                                    objective=self.loss_options)
+                                    objective=self.loss_options, problem=self.kind.problem_name(self.task),
+                                    task_identity=self.kind.identity(self.task, self.args))
 
     @functools.cached_property
     def _tokenizer_identity(self) -> str:
@@ -588,14 +478,14 @@ class Trainer:
     # -- evaluate and predict -------------------------------------------------------------------
 
     @property
-    def model(self) -> SequenceClassifier:
-        """The classifier with the current weights (the trained ones after `train()`)."""
+    def model(self) -> PretrainedModel:
+        """The model with the current weights (the trained ones after `train()`)."""
         return nnx.merge(self.graphdef, self.params)
 
     def evaluate(self, dataset=None) -> dict[str, float]:
         """Metrics (and loss, and compute_metrics' entries) of the current weights on `dataset`
-        (any form the constructor takes; token classification: sentences with their tags, as
-        `data.words_beside` reads them), or on the eval_dataset."""
+        (any form the constructor takes, or as the task reads data held in Python: token
+        classification's sentences with their tags, `data.words_beside`), or on the eval_dataset."""
         if dataset is None:
             return self._scorer_of("validation", None).scores("validation", self.params)
         return self._scorer_of("validation", dataset).scores("validation", self.params)
@@ -607,13 +497,10 @@ class Trainer:
         return self._scorer_of("test", dataset).predict("test", self.params)
 
     def predicted_labels(self, logits) -> list:
-        """Per row of `logits`: label name, list of label names (multi-label) or score; token
-        classification: per sentence (its words' logits), the list of its words' tags."""
-        if self.task.words is not None:
-            return token_scoring.predicted_tags(logits, self.config.label_names)
-        if self.task.is_choices:
-            return [int(i) for i in metrics_lib.predictions(self.task.problem_type, logits)]
-        return describe_predictions(self.task.problem_type, logits, self.config.label_names, self.config.thresholds)
+        """Per row of `logits`: what the model predicts, as the task says (a text classifier: label
+        name, list of label names (multi-label) or score; token classification: per sentence, its
+        words' tags; multiple choice: the chosen index)."""
+        return self.kind.predicted(logits, self.config, self.task)
 
     def _predictions(self) -> list:
         predicted = self.predicted_labels(self._scorer.predict("test", self.params).predictions)
@@ -622,13 +509,7 @@ class Trainer:
         return predicted
 
     def _write_predictions(self, predicted: list) -> None:
-        if self.task.words is not None:
-            text = token_scoring.format_word_predictions(predicted)
-        elif self.task.is_choices:
-            text = format_choice_predictions(predicted, self.task.splits["test"][data.task.CHOICES])
-        else:
-            text = format_predictions(predicted)
-        written = run_dir.write_predictions(self.output_dir, text,
+        written = run_dir.write_predictions(self.output_dir, self.kind.format_predictions(predicted, self.task),
                                             overwrite=self.args.overwrite_output_dir)
         print(f"predictions for the test split written to {written}")
 
@@ -640,40 +521,32 @@ class Trainer:
             if self._scorer is not None and split in self._scorer.splits:
                 return self._scorer
             return self._scorer_for(self._own_splits([split]), self.data.unlabelled)
-        if self.task.is_choices:
-            raise NotImplementedError("evaluate(dataset) and predict(dataset) take texts; for multiple choice give "
-                                      "the Trainer the data as task= (flaxheads.data.choice_task) and call them "
-                                      "without a dataset")
-        if self.task.words is not None:
-            extra = data.words_beside(self.task, split, dataset)
-        else:
-            extra = data.load_in_memory({split: dataset}, beside=self.data.source_train,
-                                        **self._column_args(self.config))
+        extra = self.kind.data_for(self.data, split, dataset, self._column_args(self.config))
         if extra.task.id2label != self.task.id2label:
             raise ValueError(f"the data's classes {list(extra.task.id2label.values())} are not the trainer's "
                              f"{list(self.task.id2label.values())}")
         tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
                                              data_shards=self.args.data_shards, splits=(split,))
-        return self._scorer_for(tokenized, extra.unlabelled, words=extra.task.words)
+        return self._scorer_for(tokenized, extra.unlabelled, source=extra.task.source)
 
 
-def check_best_model_settings(args: TrainConfig, task: data.TaskData, given, unlabelled=frozenset()) -> None:
-    """ValueError naming the setting when metric_for_best_model is not a metric this task reports,
-    or load_best_model_at_end / early stopping / calibrate / tune_thresholds have no validation data
-    to follow, or calibrate / tune_thresholds do not fit the problem type or a run without training."""
-    reported = (*metrics_lib.METRIC_NAMES[task.problem_type], "loss")
+def check_best_model_settings(args: TrainConfig, metric_names, task: data.TaskData, given,
+                              unlabelled=frozenset()) -> None:
+    """ValueError naming the setting when metric_for_best_model is not one of `metric_names` (the
+    metrics the task reports) or "loss", or load_best_model_at_end / early stopping / calibrate /
+    tune_thresholds have no (labelled) validation data to follow, or calibrate / tune_thresholds
+    are asked of a run that trains nothing. Whether calibrate / tune_thresholds fit the data is
+    the task's to say (`Task.check_settings`)."""
+    reported = (*metric_names, "loss")
     if args.metric_for_best_model is not None and args.metric_for_best_model not in reported:
         raise ValueError(f"metric_for_best_model={args.metric_for_best_model!r} is not a metric of "
-                         f"{task.problem_type}: choose one of {', '.join(reported)}")
+                         f"{task.problem_type or task.task}: choose one of {', '.join(reported)}")
     following = [name for name, on in (("load_best_model_at_end=True", args.load_best_model_at_end),
                                        ("early_stopping_patience", args.early_stopping_patience is not None)) if on]
     if following and args.do_train and "validation" not in given:
         raise ValueError(f"{' and '.join(following)} follow the validation split, and the data has none: give a "
                          "validation_file (an eval_dataset), or leave them out")
     if args.tune_thresholds:
-        if task.problem_type != data.MULTI_LABEL:
-            raise ValueError(f"tune_thresholds=True tunes the decision thresholds of {data.MULTI_LABEL}, and the "
-                             f"data reads as {task.problem_type}: leave tune_thresholds out")
         if not args.do_train:
             raise ValueError("tune_thresholds=True tunes the thresholds of the model a run trains and exports, and "
                              "do_train=False trains none: leave tune_thresholds out, or train")
@@ -684,41 +557,12 @@ def check_best_model_settings(args: TrainConfig, task: data.TaskData, given, unl
         if not args.do_train:
             raise ValueError("calibrate=True calibrates the model a run trains and exports, and do_train=False "
                              "trains none: leave calibrate out, or train")
-        calibration.check_problem_type(task.problem_type)
         if "validation" not in given or "validation" in unlabelled:
             raise ValueError("calibrate=True fits its temperature on the labelled validation split, and the data "
                              "has none: give a validation_file (an eval_dataset) with labels, or leave calibrate out")
 
 
-def loss_options(args: TrainConfig, task: data.TaskData) -> dict[str, Any]:
-    """The training loss's options the settings give for this data: {"class_weights": weights in
-    class-id order (resolved from the train split for "balanced")} and {"label_smoothing": f},
-    each only when set. ValueError naming the setting when it does not fit the problem type or
-    the number of classes."""
-    options: dict[str, Any] = {}
-    if args.label_smoothing_factor:
-        if task.problem_type != data.SINGLE_LABEL:
-            raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor} smooths single-label targets, but "
-                             f"the data reads as {task.problem_type}: leave it out")
-        options["label_smoothing"] = float(args.label_smoothing_factor)
-    if args.class_weights is None:
-        return options
-    if task.problem_type not in (data.SINGLE_LABEL, data.MULTI_LABEL):
-        raise ValueError(f"class_weights={args.class_weights!r} weights classes, but the data reads as "
-                         f"{task.problem_type}, which has none: leave class_weights out")
-    weights = args.class_weight_values()
-    if weights is None:
-        weights = problem.balanced_class_weights(task.splits["train"][data.task.LABEL], task.problem_type,
-                                                 task.num_labels)
-    if len(weights) != task.num_labels:
-        names = [task.id2label[i] for i in range(task.num_labels)]
-        raise ValueError(f"class_weights={args.class_weights!r} gives {len(weights)} weight(s) but the data has "
-                         f"{task.num_labels} classes ({', '.join(names)}, in this order): give one weight per class")
-    options["class_weights"] = tuple(weights)
-    return options
-
-
-def check_param_dtype(model: SequenceClassifier, param_dtype: str) -> None:
+def check_param_dtype(model: PretrainedModel, param_dtype: str) -> None:
     """ValueError unless every floating parameter of `model` (LoRA adapters aside: float32 by
     design) is stored in `param_dtype`, the dtype the run identity records and resumes with."""
     params = nnx.to_flat_state(nnx.state(model, nnx.Param))
@@ -732,7 +576,7 @@ def check_param_dtype(model: SequenceClassifier, param_dtype: str) -> None:
         )
 
 
-def _prepared(model: SequenceClassifier, args: TrainConfig) -> SequenceClassifier:
+def _prepared(model: PretrainedModel, args: TrainConfig) -> PretrainedModel:
     """`model` as `args` train it: with LoRA adapters (`args.lora`), per-layer rematerialisation
     (`args.gradient_checkpointing`) and scanned layers (`args.scan_layers`); a new module tree over
     the same weights when any is asked for, so the caller's model is left as it is."""
@@ -747,7 +591,7 @@ def _prepared(model: SequenceClassifier, args: TrainConfig) -> SequenceClassifie
     return model
 
 
-def _split_with_config(model: SequenceClassifier, config: ClassifierConfig):
+def _split_with_config(model: PretrainedModel, config):
     """(graphdef, params) of `model` with `config` in place of its own; `model` is left as it is."""
     graphdef, params = nnx.split(model)
     if config == model.config:
@@ -755,25 +599,3 @@ def _split_with_config(model: SequenceClassifier, config: ClassifierConfig):
     copy = nnx.merge(graphdef, params)
     copy.config = config
     return nnx.split(copy)
-
-
-def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
-    """Fine-tunes, checkpoints and exports into `cfg.output_dir`.
-
-    The same command again resumes from the newest checkpoint (a damaged one is set aside with a
-    warning), or returns the recorded results of the finished run with "already_complete": True.
-    Returns {"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float}.
-
-    Raises ValueError for bad data or settings; RunConflict for an output_dir that is (inside)
-    the model folder or holds a model no run wrote there; CheckpointMismatch, naming each
-    differing setting, for an output_dir of another run; RunLocked while another run uses it;
-    NonFiniteLoss (naming the step and the checkpoint to continue from) when the loss stops
-    being finite; UntrainedModel when do_train is off and the model has no trained classifier.
-    """
-    initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
-    if cfg.output_dir is None:
-        raise ValueError("train() needs output_dir=: it writes its checkpoints and model there (flaxheads.Trainer "
-                         "trains in memory with output_dir=None)")
-    run_dir.refuse_output_inside_model(cfg.output_dir, cfg.model_folder())
-    output = Trainer.from_config(cfg).train()
-    return output.metrics

@@ -1,6 +1,6 @@
 """Evaluation and prediction with a saved multiple-choice model: what `flaxheads evaluate |
-predict` do with multiple-choice data and models (`inference` holds the classifiers'). Both read
-examples as training does (`data.choices`) and refuse weights that were never trained.
+predict` do with multiple-choice data and models. Both read examples as training does
+(`tasks.choice.data`) and refuse weights that were never trained.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from flax import nnx
 
 from flaxheads import data, problem
 from flaxheads.conversion.table import MULTIPLE_CHOICE
-from flaxheads.inference import checkpoint_task, load_trained, require_model_folder
-from flaxheads.multiple_choice import MultipleChoice
-from flaxheads.tokenizer import check_room_for_text, fitting_max_length, load_tokenizer
+from flaxheads.inference import checkpoint_task, open_trained
+from flaxheads.tasks.choice.data import CHOICE_EXAMPLES, CHOICE_ROWS, CHOICES, read_choice_file
+from flaxheads.tasks.choice.model import MultipleChoice
+from flaxheads.tasks.choice.objective import OBJECTIVE
+from flaxheads.tokenizer import check_room_for_text
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.scoring import PredictionOutput, SplitScorer
 from flaxheads.training.sharding import Layout
@@ -34,7 +36,7 @@ def is_multiple_choice(model_dir: str | os.PathLike) -> bool:
 def evaluate_choices(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 128,
                      batch_size: int = 64, tokenizer_name: str | None = None) -> dict[str, float]:
     """{"accuracy", "loss"} of a saved (trained) multiple-choice model on `split` of
-    multiple-choice data (`data.load_choice_files`), as `flaxheads train` reports them."""
+    multiple-choice data (`tasks.choice.data.load_choice_files`), as `flaxheads train` reports them."""
     if split not in task.splits:
         raise ValueError(f"the data has no {split!r} split; it has {sorted(task.splits)}")
     return _scored(model_dir, task, split, max_seq_length=max_seq_length, batch_size=batch_size,
@@ -48,39 +50,39 @@ def predict_choices(model_dir: str | Path, path: str | os.PathLike, *, max_seq_l
     "choice": the text read as that choice, "probabilities": one per choice}. Raises
     UntrainedModel for a model never trained, and FloatingPointError naming a row whose scores
     are not finite."""
-    rows, read = data.read_choice_file(path, **columns)
+    rows, read = read_choice_file(path, **columns)
     if data.task.LABEL in rows.column_names:
         rows = rows.remove_columns(data.task.LABEL)
     # The scorer takes labelled splits: a placeholder label, and the split marked unlabelled.
     rows = rows.add_column(data.task.LABEL, [0] * len(rows), feature=datasets.Value("int64"))
-    num_choices = len(rows[0][data.task.CHOICES])
-    task = data.TaskData(datasets.DatasetDict({"train": rows, "test": rows}), problem.MULTIPLE_CHOICE, num_choices,
-                         read.choice_names(num_choices))
+    num_choices = len(rows[0][CHOICES])
+    task = data.TaskData(datasets.DatasetDict({"train": rows, "test": rows}), None, num_choices,
+                         read.choice_names(num_choices), rows=CHOICE_ROWS, task=MULTIPLE_CHOICE,
+                         example_format=CHOICE_EXAMPLES)
     logits = _scored(model_dir, task, "test", max_seq_length=max_seq_length, batch_size=batch_size,
                      tokenizer_name=tokenizer_name, unlabelled=True).predictions
     bad = np.flatnonzero(~np.isfinite(logits).all(axis=-1))
     if bad.size:
         raise FloatingPointError(f"the model in {model_dir} gives non-finite scores for {path}, row {bad[0] + 1}; no "
                                  "choice is reported")
-    probabilities = metrics_lib.probabilities(problem.MULTIPLE_CHOICE, logits)
-    return [{"context": row[data.task.TEXT], "label": int(np.argmax(p)), "choice": row[data.task.CHOICES][np.argmax(p)],
+    probabilities = metrics_lib.probabilities(problem.SINGLE_LABEL, logits)  # a softmax over each row's choices
+    return [{"context": row[data.task.TEXT], "label": int(np.argmax(p)), "choice": row[CHOICES][np.argmax(p)],
              "probabilities": [float(x) for x in p]} for row, p in zip(rows, probabilities)]
 
 
 def _scored(model_dir, task: data.TaskData, split: str, *, max_seq_length: int, batch_size: int,
             tokenizer_name: str | None, unlabelled: bool = False) -> PredictionOutput:
-    require_model_folder(model_dir)
-    tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
-    model = load_trained(model_dir, pad_token_id=pad_token_id, model_class=MultipleChoice)
-    max_seq_length = fitting_max_length(model.config.backbone, max_seq_length)
+    model, tokenizer, max_seq_length = open_trained(model_dir, MultipleChoice, max_seq_length=max_seq_length,
+                                                    tokenizer_name=tokenizer_name)
     check_room_for_text(tokenizer, max_seq_length, pairs=True)
-    rows = data.tokenize_split(task.splits[split], tokenizer, max_seq_length)
+    rows = CHOICE_ROWS.tokenize(task, split, tokenizer, max_seq_length)
     batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length,
                                              model_pad_token_id=model.config.backbone.pad_token_id)
     model.eval()
     graphdef, params = nnx.split(model)
     scorer = SplitScorer(graphdef, {split: data.OwnSplit(rows, data.example_lengths(rows))}, batch_format,
-                         Layout.create(), eval_batch=batch_size, unlabelled=frozenset({split} if unlabelled else ()))
+                         Layout.create(), eval_batch=batch_size, unlabelled=frozenset({split} if unlabelled else ()),
+                         objective=OBJECTIVE)
     return scorer.predict(split, params)
 
 

@@ -13,7 +13,7 @@ This module is the one home of the idea: the names (`SCHEMES`), parsing (`split_
 detection (`detect_scheme`), validation (`check_tags`, `check_known_tags`), run_ner.py's
 B-to-I map (`b_to_i_label_ids`), and the entities a tag sequence holds, in seqeval's two modes
 (`lenient_entities`: conlleval's chunking, seqeval's default; `strict_entities`: seqeval's
-`mode='strict'` with a scheme). `flaxheads.training.entity_metrics` counts those entities.
+`mode='strict'` with a scheme). `flaxheads.tasks.token.entity_metrics` counts those entities.
 
 Messages count sentences and words from 1; `where(sentence, word)` callbacks (0-based
 arguments) let a caller name a file and line instead.

@@ -40,8 +40,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from flaxheads.inference import TokenScorer, pipeline_model
-from flaxheads.token_classifier import TokenClassifier
+from flaxheads.tasks.token.inference import TokenScorer
+from flaxheads.inference import pipeline_model
+from flaxheads.tasks.token.model import TokenClassifier
 from flaxheads.tokenizer import longest_input
 
 AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")

@@ -3,7 +3,7 @@
 A sentence whose subword tokens do not fit in `max_seq_length` (less the special tokens) is cut
 into windows of whole words (`plan_windows`) rather than truncated: each window holds as many
 words as fit, and the next one starts early enough to repeat the previous window's last words, as
-many as fit in `stride` tokens. (`flaxheads.data.subwords.tokenize_words` gives a single word
+many as fit in `stride` tokens. (`flaxheads.tasks.token.subwords.tokenize_words` gives a single word
 longer than a window a window alone, cut to the window's length.)
 
 A word inside several windows takes its prediction from the one where it has the most context:
@@ -88,7 +88,7 @@ def merge_windows(token_values: Sequence, word_ids: Sequence[WordIds], num_words
     if len(missing):
         raise ValueError(
             f"word {missing[0] + 1} of {num_words} is in no window (none of its tokens is there): the windows do not "
-            "cover the sentence. Tokenise with flaxheads.data.subwords.tokenize_words, which never truncates"
+            "cover the sentence. Tokenise with flaxheads.tasks.token.subwords.tokenize_words, which never truncates"
         )
     return merged
 

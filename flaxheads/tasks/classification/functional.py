@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx, traverse_util
 
 from flaxheads.backbones.dropout import DropoutKeys
-from flaxheads.model import SequenceClassifier
+from flaxheads.tasks.classification.model import SequenceClassifier
 
 Params = dict[str, Any]
 """{"backbone": {"layers": {"0": {"attention": {"query": {"kernel": array, ...}}}}}, "head": ...}"""

@@ -15,11 +15,13 @@ from collections.abc import Mapping, Sequence
 
 import datasets
 
-from flaxheads import problem
-from flaxheads import tags as tags_lib
+from flaxheads.tasks.token import tags as tags_lib
+from flaxheads.conversion.table import TOKEN_CLASSIFICATION
+from flaxheads.data.batching import ExampleFormat
 from flaxheads.data.in_memory import InMemoryTask
+from flaxheads.tasks.token.subwords import tokenize_word_split
 from flaxheads.data.task import LABEL, TaskData
-from flaxheads.data.word_files import (
+from flaxheads.tasks.token.word_files import (
     CONLL_SUFFIXES, RECORD_SUFFIXES, TOKENS_COLUMN, WordSplit, read_word_file, word_split, words_in_memory,
 )
 
@@ -34,7 +36,7 @@ class WordTask:
     label_names: tuple[str, ...]
     """The tag of each label id: as given, else the train split's distinct tags, sorted."""
     scheme: str
-    """One of `flaxheads.tags.SCHEMES`."""
+    """One of `flaxheads.tasks.token.tags.SCHEMES`."""
     scheme_reason: str = ""
     """Why the scheme is what it is: "set by scheme", or what detection saw."""
 
@@ -53,7 +55,7 @@ def load_word_files(
     test_file: str | pathlib.Path | None = None, label_names: Sequence[str] | None = None, scheme: str | None = None,
     **read_options,
 ) -> WordTask:
-    """Each given file read as one split (`flaxheads.data.word_files.read_word_file`, which
+    """Each given file read as one split (`flaxheads.tasks.token.word_files.read_word_file`, which
     takes `read_options` such as `tag_column` or `tags_column`), then `word_task` (without a
     train_file, `label_names` are needed: a trained model's tags)."""
     files = {"train": train_file, "validation": validation_file, "test": test_file}
@@ -67,9 +69,9 @@ def word_task(splits: Mapping[str, WordSplit], *, label_names: Sequence[str] | N
     """`splits` checked as one task. The label names are `label_names` (then the train split may
     be left out: the first split stands in for it), else the sorted distinct tags of the train
     split; the scheme is `scheme`, else detected from the train tags and label names
-    (`flaxheads.tags.detect_scheme`). Raises ValueError for a missing train split, a tag of
+    (`flaxheads.tasks.token.tags.detect_scheme`). Raises ValueError for a missing train split, a tag of
     any split outside the label names (validation and test may not hold tags train lacks), and a
-    tag sequence the scheme does not allow (`flaxheads.tags.check_tags`), naming file, sentence,
+    tag sequence the scheme does not allow (`flaxheads.tasks.token.tags.check_tags`), naming file, sentence,
     line and word."""
     if "train" not in splits:
         if label_names is None or not splits:
@@ -118,16 +120,41 @@ def default_stride(max_seq_length: int, special_tokens: int) -> int:
     return max(0, min(max_seq_length // 4, max_seq_length - special_tokens - 1))
 
 
+PROBLEM = "token_classification"
+"""How messages name what token-classification labels are (a tag per word)."""
+TOKEN_EXAMPLES = ExampleFormat(
+    token_labels=True,
+    unpacked_because="token classification: each sentence (or window of one) is a row of its own")
+"""An example is a row of tokens with a label per token (-100 where not scored)."""
+
+
+class WordRows:
+    """Token-classification rows (`TaskData.rows`): each sentence tokenised with its words' tags
+    on its subwords, a long one cut into windows (`subwords.tokenize_word_split`); each row keeps
+    the `word_ids` and `sentence` that merge its predictions back into words."""
+
+    whole_split = True
+    origin_columns = ("word_ids", "sentence")
+
+    def tokenize(self, task: TaskData, split: str, tokenizer, max_seq_length: int, *, cache_dir=None):
+        return tokenize_word_split(task, split, tokenizer, max_seq_length)
+
+
+WORD_ROWS = WordRows()
+
+
 def token_task_data(task: WordTask, *, label_all_tokens: bool = False, stride: int | None = None) -> TaskData:
     """`task` as the `TaskData` the Trainer takes: per split a `tokens` column (words) and a
-    `label` column (tag ids), problem type token classification, the tags as id2label."""
+    `label` column (tag ids), task token classification, the tags as id2label; its `source` is the
+    `WordLabelling` (the word task and how its tags go onto subwords)."""
     splits = datasets.DatasetDict({
         name: datasets.Dataset.from_dict({TOKENS: split.tokens, LABEL: task.tag_ids(name)})
         for name, split in task.splits.items()
     })
-    return TaskData(splits, problem.TOKEN_CLASSIFICATION, task.num_labels, dict(enumerate(task.label_names)),
-                    problem_type_reason=f"{problem.TOKEN_CLASSIFICATION}: word tags, scheme {task.scheme_reason}",
-                    words=WordLabelling(task, label_all_tokens, stride))
+    return TaskData(splits, None, task.num_labels, dict(enumerate(task.label_names)),
+                    problem_type_reason=f"{PROBLEM}: word tags, scheme {task.scheme_reason}",
+                    rows=WORD_ROWS, task=TOKEN_CLASSIFICATION, example_format=TOKEN_EXAMPLES,
+                    source=WordLabelling(task, label_all_tokens, stride))
 
 
 def words_beside(task: TaskData, split: str, sentences) -> InMemoryTask:
@@ -136,7 +163,7 @@ def words_beside(task: TaskData, split: str, sentences) -> InMemoryTask:
     `task`'s tags, scheme and subword labelling. Without tags the split is unlabelled: to predict,
     not score. ValueError as `word_split` and `word_task` check (a tag outside `task`'s, naming the
     sentence and word)."""
-    labelling = task.words
+    labelling = task.source
     names, scheme = labelling.task.label_names, labelling.task.scheme
     tokens, tags, class_names = words_in_memory(sentences)
     if tags is None:
@@ -172,5 +199,5 @@ def looks_like_word_file(path: str | pathlib.Path, text_column: str = "text") ->
     return f'"{TOKENS_COLUMN}"' in first[:4096] and f'"{text_column}"' not in first[:4096]
 
 
-__all__ = ["TOKENS", "WordLabelling", "WordTask", "default_stride", "load_word_files", "looks_like_word_file",
+__all__ = ["PROBLEM", "TOKENS", "TOKEN_EXAMPLES", "WORD_ROWS", "WordLabelling", "WordRows", "WordTask", "default_stride", "load_word_files", "looks_like_word_file",
            "token_task_data", "word_task", "words_beside"]

@@ -3,11 +3,11 @@
 `align_labels` is run_ner.py's `tokenize_and_align_labels` loop for one sentence: special tokens
 get -100 (ignored by the loss), a word's first subword gets the word's label, and its later
 subwords get -100, or with `label_all_tokens` the word's label again, B-X turned into I-X where
-I-X is a label (run_ner.py's `b_to_i_label`, `flaxheads.tags.b_to_i_label_ids`).
+I-X is a label (run_ner.py's `b_to_i_label`, `flaxheads.tasks.token.tags.b_to_i_label_ids`).
 
 `tokenize_words` tokenises sentences of words with a fast tokenizer (`is_split_into_words=True`)
 and, where run_ner.py truncates a long sentence and loses its last words, cuts it into
-overlapping windows of whole words (`flaxheads.data.windows`), one row each.
+overlapping windows of whole words (`flaxheads.tasks.token.windows`), one row each.
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from collections.abc import Sequence
 
 import datasets
 
-from flaxheads import tags as tags_lib
+from flaxheads.tasks.token import tags as tags_lib
+from flaxheads.problem import IGNORE_INDEX
 from flaxheads.data.task import TaskData
 from flaxheads.data.tokenization import _check_max_length
-from flaxheads.data.windows import WordIds, plan_windows
-
-IGNORE_INDEX = -100
-"""The label of tokens the loss skips (PyTorch's and transformers' ignore index)."""
-
+from flaxheads.tasks.token.windows import WordIds, plan_windows
 
 def align_labels(word_labels: Sequence[int], word_ids: WordIds, *, label_all_tokens: bool = False,
                  b_to_i: Sequence[int] | None = None) -> list[int]:
@@ -52,7 +49,7 @@ def tokenize_words(
 ) -> dict[str, list]:
     """Rows of token ids for sentences of words, at most `max_seq_length` tokens each, special
     tokens included: one row per sentence, or one per window of a sentence that does not fit
-    (windows overlap by up to `stride` tokens of whole words; `flaxheads.data.windows`).
+    (windows overlap by up to `stride` tokens of whole words; `flaxheads.tasks.token.windows`).
 
     Returns columns, one entry per row, rows of a sentence consecutive: `input_ids`,
     `attention_mask`, `token_type_ids` (when the tokenizer's model takes them), `word_ids` (per
@@ -185,7 +182,7 @@ def tokenize_word_split(task: TaskData, split: str, tokenizer, max_seq_length: i
     `length`, `word_ids` (-1 for special tokens) and `sentence`. A sentence longer than
     `max_seq_length` tokens gives several rows (windows), so a split may have more rows than
     sentences. Errors name the file, sentence and word (`WordSplit.where`)."""
-    labelling = task.words
+    labelling = task.source
     words = labelling.task.splits[split]
     stride = labelling.stride_for(max_seq_length, tokenizer.num_special_tokens_to_add(pair=False))
     columns = tokenize_words(tokenizer, words.tokens, max_seq_length, tags=words.tags,

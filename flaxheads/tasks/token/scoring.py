@@ -1,9 +1,9 @@
 """Scores and predictions of a token classifier over its tokenised splits, at the word level:
 what the Trainer's loop asks of its scorer (`Scorer`) for token classification.
 
-A split's rows are sentences, or windows of the long ones (`data.subwords.tokenize_word_split`);
+A split's rows are sentences, or windows of the long ones (`subwords.tokenize_word_split`);
 each row's logits are trimmed to its tokens, merged back to one logit row per word
-(`data.word_predictions`: the word's first subword, in the window where it has the most
+(`windows.word_predictions`: the word's first subword, in the window where it has the most
 context), and the words' tags are scored against the file's with `entity_metrics.entity_report`
 (seqeval's numbers). The loss is the mean cross entropy over every scored token of the split, as
 the train step's over a batch.
@@ -18,8 +18,10 @@ import jax
 import numpy as np
 
 from flaxheads import data
-from flaxheads import tags as tags_lib
-from flaxheads.training import entity_metrics
+from flaxheads.tasks.token import entity_metrics
+from flaxheads.tasks.token import tags as tags_lib
+from flaxheads.tasks.token.windows import word_predictions
+from flaxheads.tasks.token.word_task import WordLabelling
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.parallel import host_values
 from flaxheads.training.scoring import EvalPrediction, Evaluator, PredictionOutput, SplitScorer
@@ -32,7 +34,7 @@ class TokenSplitScorer(SplitScorer):
     recall and F1 (micro, and macro_*), word accuracy and the token loss, and keeps the whole
     `entity_report` (per type, averages with support) in `reports[split]`."""
 
-    def __init__(self, *args, words: data.WordLabelling, eval_mode: str = entity_metrics.DEFAULT, **kwargs):
+    def __init__(self, *args, words: WordLabelling, eval_mode: str = entity_metrics.DEFAULT, **kwargs):
         super().__init__(*args, **kwargs)
         self.words, self.eval_mode = words, eval_mode
         check_eval_mode(eval_mode, words)
@@ -45,9 +47,9 @@ class TokenSplitScorer(SplitScorer):
 
     def predict(self, split: str, params) -> PredictionOutput:
         row_logits, loss = self._row_outputs(split, params)
-        rows = self.splits[split].word_rows
+        rows = self.splits[split].origins
         sentences = self.words.task.splits[split]
-        word_logits = data.word_predictions(row_logits, list(rows["word_ids"]), list(rows["sentence"]),
+        word_logits = word_predictions(row_logits, list(rows["word_ids"]), list(rows["sentence"]),
                                             [len(words) for words in sentences.tokens])
         if split in self.unlabelled:
             return PredictionOutput(word_logits, None, {})
@@ -74,7 +76,7 @@ class TokenSplitScorer(SplitScorer):
         return row_outputs(self.evaluator, self.layout, params, own.rows, own.lengths, max_batches=max_batches)
 
 
-def check_eval_mode(eval_mode: str, words: data.WordLabelling) -> None:
+def check_eval_mode(eval_mode: str, words: WordLabelling) -> None:
     """ValueError for strict entity metrics on tags without a scheme (POS tags, say)."""
     if eval_mode == entity_metrics.STRICT and words.task.scheme == tags_lib.NO_SCHEME:
         raise ValueError(f"eval_mode='strict' counts the entities well formed under a tag scheme, and the tags "

@@ -22,14 +22,13 @@ import numpy as np
 import optax
 from flax import nnx
 
+from flaxheads.problem import IGNORE_INDEX
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, segments
 from flaxheads.conversion.table import TOKEN_CLASSIFICATION
 from flaxheads.heads import TOKEN_HEADS, HeadConfig, HeadInputs
 from flaxheads.model import (FLAXHEADS_CONFIG_KEY, LabelNames, PretrainedModel, resolve_labels, saved_label_names,
                              saved_task_config)
 
-IGNORE_INDEX = -100
-"""The label of a token the loss skips (padding, a word's later sub-tokens), as PyTorch's `CrossEntropyLoss`."""
 
 TOKEN_DROPOUT: dict[str, Callable[[Any], float]] = {
     "distilbert": lambda b: b.dropout,  # DistilBertForTokenClassification: config.dropout
@@ -212,11 +211,23 @@ def token_loss(logits_BTL: jax.Array, labels_BT: jax.Array, *, ignore_index: int
         if bad.size:
             raise ValueError(f"token label {int(bad[0])} is outside [0, {num_labels}) and is not {ignore_index} "
                              "(ignored); fix the labels or num_labels")
+    numerators, denominators = token_loss_terms(logits_BTL, labels_BT, ignore_index=ignore_index)
+    return jnp.sum(numerators) / jnp.maximum(jnp.sum(denominators), 1.0)
+
+
+def token_loss_terms(logits_BTL: jax.Array, labels_BT: jax.Array, *, ignore_index: int = IGNORE_INDEX
+                     ) -> tuple[jax.Array, jax.Array]:
+    """(numerators, denominators), each (batch,): per example the summed float32 cross entropy of
+    its tokens whose label is not `ignore_index`, and how many there are. sum(numerators * mask) /
+    sum(denominators * mask) over a batch is PyTorch's `CrossEntropyLoss(ignore_index=-100)` over
+    all its real examples' tokens, as transformers' token classifiers compute it: the one loss of
+    token classification (`token_loss`, and the train step's through the task's objective)."""
     scored_BT = labels_BT != ignore_index
     losses_BT = optax.softmax_cross_entropy_with_integer_labels(
-        logits_BTL.astype(jnp.float32), jnp.where(scored_BT, labels_BT, 0))
-    count = jnp.sum(scored_BT)
-    return jnp.sum(jnp.where(scored_BT, losses_BT, 0.0)) / jnp.maximum(count, 1).astype(jnp.float32)
+        logits_BTL.astype(jnp.float32), jnp.where(scored_BT, labels_BT, 0).astype(jnp.int32))
+    return (jnp.sum(jnp.where(scored_BT, losses_BT, 0.0), axis=-1),
+            jnp.sum(scored_BT, axis=-1).astype(jnp.float32))
 
 
-__all__ = ["IGNORE_INDEX", "TOKEN_DROPOUT", "TokenClassifier", "TokenClassifierConfig", "saved_tags", "token_loss"]
+__all__ = ["IGNORE_INDEX", "TOKEN_DROPOUT", "TokenClassifier", "TokenClassifierConfig", "saved_tags", "token_loss",
+           "token_loss_terms"]

@@ -37,10 +37,17 @@ from collections.abc import Mapping, Sequence
 
 import datasets
 
-from flaxheads import problem
+from flaxheads.conversion.table import MULTIPLE_CHOICE
+from flaxheads.data.batching import ExampleFormat
 from flaxheads.data.files import read_split
 from flaxheads.data.in_memory import SplitData, as_dataset
-from flaxheads.data.task import CHOICES, LABEL, TEXT, TaskData
+from flaxheads.data.task import LABEL, TEXT, TaskData
+from flaxheads.data.tokenization import encode_groups, tokenize_with
+
+CHOICES = "choices"
+"""Each example's choices, the second text of each, in a canonical split."""
+PROBLEM = "multiple_choice"
+"""How messages name what multiple-choice labels are (the right choice's index)."""
 
 CONTEXT_COLUMNS = ("sent1", "context", "question", "premise", "startphrase")
 """The context column when none is given: the first of these a file has (SWAG's first)."""
@@ -262,9 +269,41 @@ def choice_task(splits: Mapping[str, SplitData | None], *, context_column: str |
                                  f"({columns.describe(num_choices)}); its columns are {split.column_names}. Give "
                                  "every split the train data's columns")
             canonical[name] = canonical_choices(split, columns, where=where[name], num_choices=num_choices)
-    return TaskData(datasets.DatasetDict(canonical), problem.MULTIPLE_CHOICE, num_choices,
-                    columns.choice_names(num_choices),
-                    problem_type_reason=f"{problem.MULTIPLE_CHOICE}: {columns.describe(num_choices)}")
+    return TaskData(datasets.DatasetDict(canonical), None, num_choices, columns.choice_names(num_choices),
+                    problem_type_reason=f"{PROBLEM}: {columns.describe(num_choices)}", rows=CHOICE_ROWS,
+                    task=MULTIPLE_CHOICE, example_format=CHOICE_EXAMPLES)
+
+
+CHOICE_EXAMPLES = ExampleFormat(
+    grouped=True,
+    unpacked_because="multiple choice: each choice is a row of its own, scored beside its example's others")
+"""An example is its choices, (B, C, T) in a batch, with the right choice's index as label."""
+
+
+class ChoiceRows:
+    """Multiple-choice rows (`TaskData.rows`): each choice tokenised as the pair (context,
+    choice), truncated longest-first, as run_swag.py does: per example one sequence per choice,
+    `length` the longest; cached as `tokenization.tokenize_split` caches."""
+
+    whole_split = False
+    origin_columns = ()
+
+    def tokenize(self, task: TaskData, split: str, tokenizer, max_seq_length: int, *, cache_dir=None):
+        rows = task.splits[split]
+        return tokenize_with(rows, _encode_choices, tokenizer, max_seq_length,
+                             per_example=len(rows[0][CHOICES]) if len(rows) else 1, cache_dir=cache_dir)
+
+
+CHOICE_ROWS = ChoiceRows()
+
+
+def _encode_choices(batch: dict[str, list], *, tokenizer, max_seq_length: int) -> dict[str, list]:
+    # run_swag.py's pairs: the context repeated before each of its choices
+    contexts = [context for context, choices in zip(batch[TEXT], batch[CHOICES]) for _ in choices]
+    choices = [choice for example in batch[CHOICES] for choice in example]
+    columns = encode_groups(contexts, choices, len(batch[CHOICES][0]), tokenizer, max_seq_length)
+    columns["labels"] = batch[LABEL]
+    return columns
 
 
 def load_choice_files(*, train_file: str | pathlib.Path, validation_file: str | pathlib.Path | None = None,
@@ -327,6 +366,6 @@ def _first_record_columns(path: pathlib.Path) -> list[str] | None:
     return list(record) if isinstance(record, dict) else None
 
 
-__all__ = ["CONTEXT_COLUMNS", "LIST_COLUMNS", "NUMBERED_CHOICES", "QUESTION_COLUMNS", "ChoiceColumns",
+__all__ = ["CHOICES", "CHOICE_EXAMPLES", "CHOICE_ROWS", "CONTEXT_COLUMNS", "LIST_COLUMNS", "NUMBERED_CHOICES", "QUESTION_COLUMNS", "ChoiceColumns",
            "canonical_choices", "choice_task", "find_choice_columns", "load_choice_files", "looks_like_choice_file",
            "read_choice_file"]

@@ -174,7 +174,17 @@ def choice_loss(logits_BC: jax.Array, labels_B: jax.Array) -> jax.Array:
         bad = values[(values < 0) | (values >= num_choices)]
         if bad.size:
             raise ValueError(f"choice {int(bad[0])} is outside [0, {num_choices}) for {num_choices} choices")
-    return jnp.mean(problem.per_example_loss(logits_BC, labels_B, problem.MULTIPLE_CHOICE))
+    numerators, _ = choice_loss_terms(logits_BC, labels_B)
+    return jnp.mean(numerators)
 
 
-__all__ = ["CHOICE_DROPOUT", "MultipleChoice", "MultipleChoiceConfig", "SUMMARY_DEFAULTS", "choice_loss"]
+def choice_loss_terms(logits_BC: jax.Array, labels_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(numerators, denominators), each (batch,): the float32 cross entropy of each example's
+    right choice, and ones: the one loss of multiple choice (`choice_loss`, and the train step's
+    through the task's objective)."""
+    losses = problem.cross_entropy(logits_BC.astype(jnp.float32), labels_B)
+    return losses, jnp.ones_like(losses)
+
+
+__all__ = ["CHOICE_DROPOUT", "MultipleChoice", "MultipleChoiceConfig", "SUMMARY_DEFAULTS", "choice_loss",
+           "choice_loss_terms"]

@@ -17,8 +17,9 @@ import numpy as np
 
 from flaxheads import problem
 from flaxheads import thresholds as thresholds_lib
-from flaxheads.inference import TextScorer, pipeline_model
-from flaxheads.model import SequenceClassifier
+from flaxheads.tasks.classification.inference import TextScorer
+from flaxheads.inference import pipeline_model
+from flaxheads.tasks.classification.model import SequenceClassifier
 from flaxheads.tokenizer import longest_input
 
 FUNCTIONS = ("softmax", "sigmoid", "none")

@@ -8,7 +8,7 @@ either of seqeval's modes:
   run_ner.py reports through `evaluate`'s seqeval): an I-PER after O still starts an entity.
 - `mode="strict"`: seqeval's `mode='strict'` with a `scheme` (IOB1, IOB2 or IOBES): only
   well-formed entities count. Without a scheme it is detected from the true tags
-  (`flaxheads.tags.detect_scheme`, which, unlike seqeval's `auto_detect`, can answer IOB1: pass
+  (`flaxheads.tasks.token.tags.detect_scheme`, which, unlike seqeval's `auto_detect`, can answer IOB1: pass
   the scheme to compare with seqeval on IOB1 data).
 
 Ratios whose denominator is 0 are 0, as seqeval's default `zero_division` gives them (without
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from flaxheads import tags as tags_lib
+from flaxheads.tasks.token import tags as tags_lib
 
 DEFAULT = "default"
 STRICT = "strict"
@@ -91,7 +91,7 @@ def _check_same_shape(true_tags, predicted_tags) -> None:
         if len(true) != len(predicted):
             raise ValueError(
                 f"sentence {sentence + 1} has {len(true)} true tags and {len(predicted)} predicted ones: give one "
-                "predicted tag per word (take each word's first subword, see flaxheads.data.subwords)"
+                "predicted tag per word (take each word's first subword, see flaxheads.tasks.token.subwords)"
             )
 
 

@@ -1,0 +1,104 @@
+"""A run of any task: `Trainer` (what `flaxheads.Trainer` is: the task-free trainer of
+`training.trainer`, given the model's task), `Trainer.from_config` (the model, tokenizer and data
+a `TrainConfig` names, the model folder opened once) and `train(cfg)`, the function behind
+`flaxheads train`.
+
+What a run writes: see `training.trainer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flaxheads import data, tasks
+from flaxheads.model import require_trained
+from flaxheads.tasks.sources import load_task
+from flaxheads.tokenizer import load_tokenizer
+from flaxheads.training import run_dir
+from flaxheads.training import trainer as training
+from flaxheads.training.config import TrainConfig
+from flaxheads.training.distributed import initialize as initialize_distributed
+from flaxheads.training.sharding import Layout
+
+
+class Trainer(training.Trainer):
+    __doc__ = training.Trainer.__doc__
+
+    def __init__(self, model, args: TrainConfig | None = None, *, train_dataset=None, eval_dataset=None,
+                 test_dataset=None, tokenizer, compute_metrics=None, task: data.TaskData | None = None):
+        kind = tasks.of_model(model)
+        if task is not None and task.task != kind.name:
+            theirs = tasks.named(task.task)
+            raise ValueError(
+                f"the data reads as {task.described}, which a {theirs.noun} learns, and the model is a {kind.noun}: "
+                f"load it with flaxheads.{theirs.model_class.__name__}.from_pretrained(...) (flaxheads.from_pretrained"
+                f"(path, task={theirs.name!r})), or give it {kind.name} data")
+        super().__init__(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         test_dataset=test_dataset, tokenizer=tokenizer, compute_metrics=compute_metrics, task=task,
+                         kind=kind)
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None) -> Trainer:
+        """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names (or `task`,
+        data loaded by the caller), the model loaded for the data's task and placed on the mesh as it
+        loads."""
+        src = cfg.model_folder()
+        if task is None:
+            task = load_task(**(cfg.data_source() if cfg.do_train else scoring_source(cfg)))
+        kind = tasks.named(task.task)
+        tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
+        layout = Layout.create(cfg.mesh)
+        model, loading_info = kind.model_class.from_pretrained(
+            src, pad_token_id=pad_token_id, **kind.load_settings(task, cfg),
+            classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, param_dtype=cfg.param_dtype, seed=cfg.seed,
+            ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
+            placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
+        )
+        if not cfg.do_train:
+            require_trained(loading_info, model, src, fix="do_train is off: train it (do_train=True) or pass a trained "
+                            "model folder as model_name_or_path")
+        trainer = cls(model, cfg, task=task, tokenizer=tokenizer)
+        trainer.model_name = cfg.model_name_or_path or "shipped all-MiniLM-L6-v2"
+        trainer.model_identity = run_dir.model_fingerprint(src)
+        trainer.data_identity = None
+        trainer.loading_info = loading_info
+        return trainer
+
+
+def scoring_source(cfg: TrainConfig) -> dict[str, Any]:
+    """`cfg.data_source()` for scoring a trained model without training it (`flaxheads evaluate`,
+    do_train off): without a train_file, the labels come from the trained model's config.json (a
+    token classifier's tags, a sequence classifier's classes and problem type: the task the
+    folder's model serves says which, `Task.scoring_source`), so validation or test files are
+    read alone."""
+    source = cfg.data_source()
+    if cfg.train_file:
+        return source
+    folder = cfg.model_folder()
+    kind = tasks.of_checkpoint(folder)
+    return source if kind is None else kind.scoring_source(folder, source)
+
+
+def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
+    """Fine-tunes, checkpoints and exports into `cfg.output_dir`.
+
+    The same command again resumes from the newest checkpoint (a damaged one is set aside with a
+    warning), or returns the recorded results of the finished run with "already_complete": True.
+    Returns {"validation": metrics, "test": metrics, "steps": int, "best": {...}, "seconds": float}.
+
+    Raises ValueError for bad data or settings; RunConflict for an output_dir that is (inside)
+    the model folder or holds a model no run wrote there; CheckpointMismatch, naming each
+    differing setting, for an output_dir of another run; RunLocked while another run uses it;
+    NonFiniteLoss (naming the step and the checkpoint to continue from) when the loss stops
+    being finite; UntrainedModel when do_train is off and the model has no trained classifier.
+    """
+    initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
+    if cfg.output_dir is None:
+        raise ValueError("train() needs output_dir=: it writes its checkpoints and model there (flaxheads.Trainer "
+                         "trains in memory with output_dir=None)")
+    run_dir.refuse_output_inside_model(cfg.output_dir, cfg.model_folder())
+    output = Trainer.from_config(cfg).train()
+    return output.metrics
+
+
+__all__ = ["Trainer", "scoring_source", "train"]
