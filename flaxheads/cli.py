@@ -139,13 +139,14 @@ def _train(args) -> int:
 
 def _evaluate(args) -> int:
     from flaxheads import tasks
-    from flaxheads.tasks.runs import scoring_source
+    from flaxheads.tasks.runs import open_model, scoring_source
     from flaxheads.tasks.sources import load_task
 
     config = train_config(args)
-    data = load_task(**scoring_source(config))
+    model_folder = open_model(config)
+    data = load_task(**scoring_source(config, model_folder))
     print(f"problem type {data.described}", file=sys.stderr)
-    result = tasks.named(data.task).evaluate(config.model_folder(), data, args.split, options=dict(
+    result = tasks.named(data.task).evaluate(model_folder, data, args.split, options=dict(
         max_seq_length=args.max_seq_length, batch_size=args.per_device_eval_batch_size,
         tokenizer_name=args.tokenizer_name, packing=config.packing, max_segments_per_row=config.max_segments_per_row,
         eval_mode=config.eval_mode))
@@ -158,9 +159,11 @@ def _predict(args) -> int:
     text, a token classifier's tags per sentence, a multiple-choice model's choice per row of
     --input_file); a folder of no task's model is read as a text classifier (and refused as one)."""
     from flaxheads import tasks
+    from flaxheads.inference import open_model_folder
 
-    kind = tasks.of_checkpoint(args.model_name_or_path) or tasks.TASKS[tasks.DEFAULT]
-    return _print_rows(kind.predict_command(args.model_name_or_path, vars(args)))
+    model_folder = open_model_folder(args.model_name_or_path)
+    kind = tasks.of_checkpoint(model_folder) or tasks.TASKS[tasks.DEFAULT]
+    return _print_rows(kind.predict_command(model_folder, vars(args)))
 
 
 def _report(args) -> int:

@@ -18,8 +18,8 @@ import numpy as np
 from flax import nnx
 
 from flaxheads.backbones import backbone_spec
-from flaxheads.conversion import architecture_table, checkpoint_io
-from flaxheads.conversion.hub import resolve_checkpoint
+from flaxheads.conversion import architecture_table
+from flaxheads.conversion.model_folder import Checkpoint, open_checkpoint
 from flaxheads.model import PretrainedModel, require_trained
 from flaxheads.tokenizer import fitting_max_length, load_tokenizer, model_pad_token_id, pad_token_ids, read_tokenizer
 from flaxheads.training import run_files
@@ -31,6 +31,16 @@ def require_model_folder(model_dir: str | os.PathLike) -> None:
     reason = run_files.not_a_model(model_dir) if Path(model_dir).is_dir() else None
     if reason:
         raise ValueError(reason)
+
+
+def open_model_folder(model_dir: str | os.PathLike | Checkpoint) -> Checkpoint:
+    """The model folder `model_dir` names, opened once (`model_folder.open_checkpoint`; an opened one
+    as it is), after `require_model_folder`'s check: what every command that answers with a saved
+    model reads, and passes along instead of the path."""
+    if isinstance(model_dir, Checkpoint):
+        return model_dir
+    require_model_folder(model_dir)
+    return open_checkpoint(model_dir)
 
 
 def load_trained(model_dir: str | os.PathLike, *, model_class: type[PretrainedModel],
@@ -64,7 +74,7 @@ def open_trained(model_dir: str | os.PathLike, model_class: type[PretrainedModel
     from a folder starts with. Raises ValueError for a run folder that has not exported (or one of
     its checkpoints), a folder without the model's tokenizer; UntrainedModel for a head never
     trained. `options` go to `from_pretrained` (a sequence classifier's num_labels, problem_type)."""
-    require_model_folder(model_dir)
+    model_dir = open_model_folder(model_dir)
     tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
     model = load_trained(model_dir, model_class=model_class, pad_token_id=pad_token_id, **options)
     fitted = None if max_seq_length is None else fitting_max_length(model.config.backbone, max_seq_length)
@@ -95,15 +105,15 @@ def pipeline_model(model, tokenizer, model_class: type[PretrainedModel]) -> tupl
             )
         tokenizer = read_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
         return model, tokenizer, "the model"
-    require_model_folder(model)
-    theirs = checkpoint_task(model)
+    model = open_model_folder(model)
+    theirs = model.task
     if theirs not in (None, model_class.config_class.task):
         raise ValueError(other_task(f"{model} holds a {theirs} model", theirs, task))
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
         tokenizer, pad_token_id = load_tokenizer(model, tokenizer)
     else:
         pad_token_id = model_pad_token_id(model, tokenizer)
-    return load_trained(Path(model), model_class=model_class, pad_token_id=pad_token_id), tokenizer, \
+    return load_trained(model, model_class=model_class, pad_token_id=pad_token_id), tokenizer, \
         f"the model in {model}"
 
 
@@ -119,10 +129,9 @@ def checkpoint_task(model_dir: str | os.PathLike) -> str | None:
     """The task of the transformers class config.json's `architectures` name
     (its name in `flaxheads.tasks.TASKS`); None for a bare or pretraining
     checkpoint, whose head any task would start anew."""
-    config = checkpoint_io.read_config(resolve_checkpoint(model_dir))
-    table = architecture_table(config.get("model_type"))
-    return next((task for architecture in config.get("architectures") or ()
-                 if (task := table.task_of(architecture)) is not None), None)
+    checkpoint = open_checkpoint(model_dir)
+    architecture_table(checkpoint.config.get("model_type"))  # ValueError naming the families flaxheads reads
+    return checkpoint.task
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -167,6 +176,6 @@ UNBOUNDED_START = 128
 """The smallest bucket when texts are not cut: longer texts get the next power of two."""
 
 
-__all__ = ["Trained", "UNBOUNDED", "UNBOUNDED_START", "check_batch_size", "checkpoint_task", "eval_copy", "load_trained",
+__all__ = ["Trained", "open_model_folder", "UNBOUNDED", "UNBOUNDED_START", "check_batch_size", "checkpoint_task", "eval_copy", "load_trained",
            "open_trained", "other_task", "padding", "pipeline_model", "refuse_non_finite", "require_model_folder",
            "rows_per_batch"]

@@ -23,6 +23,7 @@ from flaxheads.backbones import build_backbone
 from flaxheads.conversion import loading, peft
 from flaxheads.conversion.loading import load_backbone
 from flaxheads.conversion.loading_info import LoadingInfo
+from flaxheads.conversion.model_folder import open_checkpoint
 from flaxheads.heads import HEADS, HeadBuilder, HeadInputs, build_head
 
 FLAXHEADS_CONFIG_KEY = "flaxheads"
@@ -79,14 +80,11 @@ def resolve_labels(
 def saved_config(model_dir) -> dict[str, Any] | None:
     """config.json of the model saved in `model_dir`; None for a folder that is not a readable
     model of a family flaxheads knows (loading it says what is wrong, in its own words)."""
-    from flaxheads.conversion import TABLES, checkpoint_io
-    from flaxheads.conversion.hub import resolve_checkpoint
-
     try:
-        hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+        checkpoint = open_checkpoint(model_dir)  # a Checkpoint opened by the caller is not read again
     except (OSError, ValueError):
         return None
-    return hf if hf.get("model_type") in TABLES else None
+    return checkpoint.config if checkpoint.known_family else None
 
 
 def saved_task(hf: Mapping[str, Any]) -> str | None:

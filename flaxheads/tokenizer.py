@@ -17,8 +17,7 @@ import jax
 
 from flaxheads import quiet_imports
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, backbone_spec
-from flaxheads.conversion import checkpoint_io
-from flaxheads.conversion.hub import resolve_checkpoint
+from flaxheads.conversion.model_folder import folder_of, open_checkpoint
 
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
                     "tokenizer.model")
@@ -77,8 +76,9 @@ def load_tokenizer(model_dir: str | os.PathLike, tokenizer_name: str | os.PathLi
     Raises ValueError naming `tokenizer_name=` for a folder without tokenizer files, and for a
     tokenizer whose ids do not fit the model's vocabulary (it is not the model's tokenizer).
     """
-    model_dir = resolve_checkpoint(model_dir)  # a folder, or a hub id in the huggingface_hub cache
-    backbone = backbone_config_from_hf(checkpoint_io.read_config(model_dir))
+    checkpoint = open_checkpoint(model_dir)  # a folder, or a hub id in the huggingface_hub cache; read once
+    model_dir = checkpoint.folder
+    backbone = backbone_config_from_hf(checkpoint.config)
     if tokenizer_name:
         tokenizer = read_tokenizer(tokenizer_name)
     elif not has_vocabulary(model_dir):
@@ -88,7 +88,7 @@ def load_tokenizer(model_dir: str | os.PathLike, tokenizer_name: str | os.PathLi
             "trained with as tokenizer_name=, or save it next to the model (tokenizer.save_pretrained)"
         )
     else:
-        tokenizer = read_tokenizer(model_dir)
+        tokenizer = read_tokenizer(checkpoint)
     check_tokenizer_fits(tokenizer, backbone, f"the model in {model_dir}")
     tokenizer = for_model(tokenizer, backbone)
     tokenizer.padding_side = backbone_spec(backbone.model_type).padding_side
@@ -130,7 +130,7 @@ def read_tokenizer(folder: str | os.PathLike):
     """The transformers tokenizer saved in `folder`; ValueError if it holds none."""
     transformers = quiet_imports.transformers()
 
-    folder = resolve_checkpoint(folder)
+    folder = folder_of(folder)
     if not has_vocabulary(folder):
         raise ValueError(f"{folder} holds no tokenizer (none of {', '.join(VOCABULARY_FILES)}); pass the folder "
                          "of the tokenizer the model was trained with")
@@ -159,7 +159,7 @@ def check_tokenizer_fits(tokenizer, backbone: BackboneConfig, model: str) -> Non
 
 def model_pad_token_id(model_dir: str | os.PathLike, tokenizer) -> int | None:
     """The pad_token_id to load the model in `model_dir` with, to read `tokenizer`'s batches."""
-    backbone = backbone_config_from_hf(checkpoint_io.read_config(resolve_checkpoint(model_dir)))
+    backbone = backbone_config_from_hf(open_checkpoint(model_dir).config)
     return pad_token_ids(tokenizer, backbone.pad_token_id).model
 
 

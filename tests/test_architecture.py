@@ -4,6 +4,7 @@ describes, no module imports itself back through others, and every registry is o
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 
 import flaxheads
@@ -186,3 +187,84 @@ def test_the_package_imports_its_names_lazily_and_every_one_resolves():
     for name in flaxheads.__all__:
         assert getattr(flaxheads, name) is getattr(sys.modules[flaxheads._MODULE_OF.get(name, "flaxheads.version")], name)
     assert callable(flaxheads.pipeline) and flaxheads.pipeline.__module__ == "flaxheads.tasks.registry"
+
+
+TASK_NAMES = {"text-classification", "token-classification", "multiple-choice", "question-answering",
+              "sequence-classification", "token_classification", "multiple_choice", "question_answering"}
+"""Every spelling a task's name has had, and transformers' pipeline names of the next ones."""
+TASK_CONSTANTS = {"SEQUENCE_CLASSIFICATION", "TEXT_CLASSIFICATION", "TOKEN_CLASSIFICATION", "MULTIPLE_CHOICE",
+                  "QUESTION_ANSWERING"}
+TASK_CLASSES = {"SequenceClassifier", "TokenClassifier", "MultipleChoice", "ClassifierConfig",
+                "TokenClassifierConfig", "MultipleChoiceConfig"}
+TASK_ATTRIBUTES = {"is_choices", "words"}
+"""Ways code once told one task's data from another's."""
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    """The names, attribute names and string constants an expression holds (a tuple's too)."""
+    found = set()
+    for part in ast.walk(node):
+        if isinstance(part, ast.Name):
+            found.add(part.id)
+        elif isinstance(part, ast.Attribute):
+            found.add(part.attr)
+        elif isinstance(part, ast.Constant) and isinstance(part.value, str):
+            found.add(part.value)
+    return found
+
+
+def task_branches(source: str) -> list[str]:
+    """Each place `source` tells tasks apart by name or type: a comparison with a task's name (a
+    constant or a string), isinstance / issubclass with a task's model class, a test of
+    `.is_choices` or `.words`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            named = set().union(*(_names_in(operand) for operand in (node.left, *node.comparators)))
+            if named & (TASK_NAMES | TASK_CONSTANTS):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "issubclass") and len(node.args) == 2:
+            if _names_in(node.args[1]) & TASK_CLASSES:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Attribute) and node.attr in TASK_ATTRIBUTES:
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_code_outside_the_tasks_branches_on_a_task():
+    """Outside flaxheads/tasks/, nothing compares a task's name, tests a task's model class or asks
+    which task's data it holds: what differs between tasks is asked of the task's `Task`."""
+    outside = [f for f in sorted(PACKAGE.rglob("*.py")) if "tasks" not in f.relative_to(PACKAGE).parts]
+    branches = {str(f.relative_to(PACKAGE)): found for f in outside
+                if (found := task_branches(f.read_text(encoding="utf-8")))}
+
+    assert not branches, branches
+
+
+def test_the_task_branch_check_sees_each_kind_of_branch():
+    probe = ("if task == TOKEN_CLASSIFICATION: pass\nif name in ('multiple-choice', 'x'): pass\n"
+             "if isinstance(model, flaxheads.TokenClassifier): pass\nif data.is_choices: pass\n"
+             "problem = problem_type == 'token_classification'\n")
+
+    assert [line.split(":")[0] for line in task_branches(probe)] == ["line 1", "line 2", "line 3", "line 4", "line 5"]
+    assert task_branches("if head == 'pooler': pass\nkind = TASKS[data.task]\n") == []
+
+
+def test_the_library_imports_the_names_that_moved_to_a_task_from_its_task():
+    """`flaxheads.data.MOVED` keeps documented names reachable as `flaxheads.data.<name>`; the
+    library itself imports them from their task's module, so the data pipeline depends on no task."""
+    from flaxheads import data
+
+    used = []
+    for file in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in data.MOVED and ast.unparse(node.value) in ("data", "flaxheads.data"):
+                used.append(f"{file.relative_to(PACKAGE)}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom) and node.module == "flaxheads.data":
+                used += [f"{file.relative_to(PACKAGE)}:{node.lineno} {alias.name}" for alias in node.names
+                         if alias.name in data.MOVED]
+
+    assert not used, used
+    for name, module in data.MOVED.items():
+        assert getattr(data, name) is getattr(importlib.import_module(module), name)

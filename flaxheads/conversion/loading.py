@@ -1,14 +1,13 @@
 """Checkpoints in, checkpoints out: `from_pretrained`, `load_backbone`, `save_pretrained`.
 
-The one home of loading and saving. A checkpoint folder is opened once (`open_checkpoint`: its
-config.json and the weight format found) and passed on. The loader is generic over the model
-class (`cls.config_class` reads config.json), so the model module imports this one and never
-the other way round.
+The one home of loading and saving. A checkpoint folder is opened once
+(`model_folder.open_checkpoint`: its config.json and the weight format found) and passed on.
+The loader is generic over the model class (`cls.config_class` reads config.json), so the model
+module imports this one and never the other way round.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -23,61 +22,10 @@ from flaxheads import atomic, conversion
 from flaxheads.backbones import backbone_config_from_hf, build_backbone, dropout
 from flaxheads.conversion import checkpoint_io, formats, rules
 from flaxheads.conversion.checkpoint_io import CheckpointError, TensorReader
-from flaxheads.conversion.hub import resolve_checkpoint
-from flaxheads.conversion.loading_info import LoadingInfo
 from flaxheads.conversion.formats import WeightFormat
-from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION, Rule, ShapeMismatch, expand, flax_to_hf, hf_to_flax
-
-def weight_format(folder: str | os.PathLike) -> WeightFormat | None:
-    """The first of `conversion.WEIGHT_FORMATS` whose files `folder` holds; None when it holds none."""
-    for fmt in conversion.WEIGHT_FORMATS.values():
-        if fmt.found_in(folder):
-            return fmt
-    return None
-
-
-@dataclasses.dataclass
-class Checkpoint:
-    """A checkpoint folder, read once: its config.json and its weights."""
-
-    folder: Path
-    config: dict[str, Any]
-    """config.json as read; treat as read-only (loaders copy it before applying overrides)."""
-    format: WeightFormat | None
-    """None: the folder holds no weights (an error once they are asked for)."""
-
-    @functools.cached_property
-    def reader(self) -> TensorReader:
-        """The weights, opened on first use (so config errors come first, as they are cheaper to fix)."""
-        if self.format is None:
-            expected = [name for fmt in conversion.WEIGHT_FORMATS.values() for name in fmt.files]
-            raise CheckpointError(
-                f"{self.folder} has no weights: expected one of {expected}. flaxheads never starts a "
-                "backbone from random weights; point it at a directory saved with save_pretrained"
-            )
-        return self.format.open(self.folder)
-
-
-def open_checkpoint(
-    path: str | os.PathLike | Checkpoint,
-    *,
-    revision: str | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    token: str | bool | None = None,
-    local_files_only: bool = False,
-) -> Checkpoint:
-    """The checkpoint `path` names (a folder, or what `resolve_checkpoint` resolves), with its
-    config.json read; a `Checkpoint` is returned as it is.
-
-    Raises FileNotFoundError for a path that names no checkpoint, CheckpointError for a missing
-    or invalid config.json."""
-    if isinstance(path, Checkpoint):
-        return path
-    folder = resolve_checkpoint(
-        path, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
-    )
-    return Checkpoint(folder, checkpoint_io.read_config(folder), weight_format(folder))
-
+from flaxheads.conversion.loading_info import LoadingInfo
+from flaxheads.conversion.model_folder import Checkpoint, open_checkpoint, weight_format  # noqa: F401 (re-exported)
+from flaxheads.conversion.table import Rule, ShapeMismatch, expand, flax_to_hf, hf_to_flax
 
 # ---------------------------------------------------------------------------------------------
 # Loading
@@ -434,12 +382,10 @@ def from_pretrained(
 
 def _with_nsp_classifier(checkpoint: Checkpoint, table, config, head_rules: list[Rule], base: str) -> list[Rule]:
     """`head_rules` with the classifier's taken from the pretraining NSP head."""
-    if config.task != SEQUENCE_CLASSIFICATION:
-        raise ValueError(f"init_classifier_from_nsp=True is for sequence classifiers, not {config.task} models")
-    if config.head != "pooler" or config.num_labels != 2 or not table.nsp_classifier:
+    if config.head != "pooler" or getattr(config, "num_labels", None) != 2 or not table.nsp_classifier:
         raise ValueError(
             "init_classifier_from_nsp=True needs head='pooler', num_labels=2 and a BERT checkpoint; got "
-            f"head={config.head!r}, num_labels={config.num_labels}, model_type={table.model_type!r}"
+            f"head={config.head!r}, num_labels={getattr(config, 'num_labels', None)}, model_type={table.model_type!r}"
         )
     nsp = rules.nsp_rules(table, base)
     if checkpoint.format.holds_pretraining_heads:

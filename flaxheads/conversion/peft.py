@@ -27,6 +27,8 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 """peft's prefix of every key in an adapter file (the PeftModel's path to the transformers model)."""
+PEFT_TASK_TYPES = {SEQUENCE_CLASSIFICATION: "SEQ_CLS"}
+"""peft's task type of each task flaxheads writes adapter folders of (by the task's name)."""
 PEFT_CLASSIFIER_MODULES = ("classifier", "score")
 """The modules peft's SEQ_CLS task always adds to modules_to_save."""
 
@@ -95,10 +97,10 @@ def peft_adapter(model: nnx.Module, *, base_model_name_or_path: str | None = Non
     if config is None:
         raise ValueError("the model has no LoRA adapters; save it with save_pretrained instead")
     table = architecture_table(model.config.backbone.model_type)
-    if model.config.task != SEQUENCE_CLASSIFICATION:
+    if model.config.task not in PEFT_TASK_TYPES:
         raise ValueError(
-            f"flaxheads writes peft adapters of task type SEQ_CLS only, and this is a {model.config.task} model: "
-            "save it merged (model.save_pretrained(path))"
+            f"flaxheads writes peft adapters of task type {', '.join(PEFT_TASK_TYPES.values())} only, and this is a "
+            f"{model.config.task} model: save it merged (model.save_pretrained(path))"
         )
     if not table.is_canonical(model.config.head):
         raise ValueError(
@@ -123,7 +125,7 @@ def peft_adapter(model: nnx.Module, *, base_model_name_or_path: str | None = Non
     tensors.update({PEFT_PREFIX + name: array for name, array in head_tensors.items()})
     adapter_config = {
         "peft_type": "LORA",
-        "task_type": "SEQ_CLS",
+        "task_type": PEFT_TASK_TYPES[model.config.task],
         "base_model_name_or_path": base_model_name_or_path,
         "r": config.r,
         "lora_alpha": config.alpha,

@@ -38,9 +38,10 @@ def head_rules(table: ArchitectureTable, head: str, head_param_paths: list[str],
                task: str = SEQUENCE_CLASSIFICATION) -> list[Rule]:
     """`head_param_paths` are relative to the head ('classifier.kernel'). A table names every
     parameter its head may have; one built without an optional part (XLNet's summary projection
-    with summary_use_proj=False) keeps only the rules for the parameters it has. A `task` other
-    than sequence classification has its transformers class's rules (`ArchitectureTable.tasks`)."""
-    table_rules = table.heads.get(head) if task == SEQUENCE_CLASSIFICATION else table.task(task).rules
+    with summary_use_proj=False) keeps only the rules for the parameters it has. The rules are the
+    task's transformers class's (`ArchitectureTable.head_rules`); a head it has none for is stored
+    in flaxheads' own layout."""
+    table_rules = table.head_rules(task, head)
     if table_rules:
         rules = [r for r in table_rules if r.flax in set(head_param_paths)]
     else:

@@ -10,6 +10,7 @@ is converted only if a rule names it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import string
@@ -181,14 +182,23 @@ conversion tables name transformers' class of each task by these names."""
 
 @dataclasses.dataclass(frozen=True)
 class TaskTable:
-    """transformers' class for a task other than sequence classification, and its head's tensors."""
+    """transformers' class for a task on one family, and its head's tensors: a row of
+    `ArchitectureTable.tasks` (text classification's row is made from the table's `heads`)."""
 
     architecture: str
-    """`BertForTokenClassification`, `RobertaForMultipleChoice`, ..."""
+    """`BertForSequenceClassification`, `BertForTokenClassification`, `RobertaForMultipleChoice`, ..."""
     head: str
-    """The flaxheads head that computes the class's head (`heads.TOKEN_HEADS` / `heads.CHOICE_HEADS`)."""
+    """The flaxheads head that computes the class's head (`heads.HEADS`, `heads.TOKEN_HEADS`,
+    `heads.CHOICE_HEADS`)."""
     rules: tuple[Rule, ...]
     """The head's tensors; flax paths relative to the model's `head`, `{base}` as in `backbone`."""
+    other_heads: Mapping[str, tuple[Rule, ...]] = dataclasses.field(default_factory=dict)
+    """Where the task's model may have another head than the class's (text classification: any
+    head of `heads.HEADS`), the rules of those that have some; the others are stored in
+    flaxheads' own layout (`head_layout`)."""
+    other_architecture: str | None = None
+    """The transformers class an export with another head names (the bare model, whose backbone
+    transformers loads); None: the task's head is its class's alone."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,39 +231,54 @@ class ArchitectureTable:
     """Each index the `backbone` rules name -> the backbone config field that counts its values,
     outermost first (ALBERT names a shared layer by group `{g}`, then layer `{j}` in the group)."""
     tasks: Mapping[str, TaskTable] = dataclasses.field(default_factory=dict)
-    """TOKEN_CLASSIFICATION / MULTIPLE_CHOICE -> the family's transformers class for it; a task
-    transformers has no class for on this family is absent."""
+    """Each other task (by its name: TOKEN_CLASSIFICATION, MULTIPLE_CHOICE, ...) -> the family's
+    transformers class for it; a task transformers has no class for on this family is absent.
+    Text classification's row is made from `classification_architecture`, `canonical_head` and
+    `heads` (`task_tables`)."""
 
     def is_canonical(self, head: str) -> bool:
         """Whether transformers' `*ForSequenceClassification` holds exactly this head."""
         return head == self.canonical_head
 
+    @functools.cached_property
+    def task_tables(self) -> Mapping[str, TaskTable]:
+        """Every task this family has a transformers class for, by the task's name: the row the
+        text-classification heads make, and `tasks`."""
+        text = TaskTable(self.classification_architecture, self.canonical_head,
+                         tuple(self.heads.get(self.canonical_head, ())), other_heads=self.heads,
+                         other_architecture=self.base_architecture)
+        return {SEQUENCE_CLASSIFICATION: text, **self.tasks}
+
     def task(self, task: str) -> TaskTable:
         """The family's table for `task`; ValueError when transformers has no class for it."""
-        if task not in self.tasks:
-            have = sorted(self.tasks) or "none"
+        if task not in self.task_tables:
+            have = sorted(self.task_tables)
             raise ValueError(
-                f"model_type {self.model_type!r} has no {task} model in transformers (its tasks besides "
-                f"{SEQUENCE_CLASSIFICATION}: {have}), so flaxheads has none either"
+                f"model_type {self.model_type!r} has no {task} model in transformers (its tasks: {', '.join(have)}), "
+                "so flaxheads has none either"
             )
-        return self.tasks[task]
+        return self.task_tables[task]
 
     def default_head(self, task: str) -> str:
         """The head transformers' class for `task` computes (ValueError as `task`)."""
-        return self.canonical_head if task == SEQUENCE_CLASSIFICATION else self.task(task).head
+        return self.task(task).head
 
     def architecture(self, task: str, head: str) -> str:
         """The transformers class an export of a `task` model with `head` names in config.json."""
-        if task != SEQUENCE_CLASSIFICATION:
-            return self.task(task).architecture
-        return self.classification_architecture if self.is_canonical(head) else self.base_architecture
+        table = self.task(task)
+        if head == table.head or table.other_architecture is None:
+            return table.architecture
+        return table.other_architecture
+
+    def head_rules(self, task: str, head: str) -> tuple[Rule, ...] | None:
+        """The rules of a `task` model's `head` (None: stored in flaxheads' own layout)."""
+        table = self.task(task)
+        return table.rules if head == table.head else table.other_heads.get(head)
 
     def task_of(self, architecture: str) -> str | None:
         """The task of this family's transformers class `architecture`; None for a class of no
         task (the bare model, a pretraining head)."""
-        if architecture == self.classification_architecture:
-            return SEQUENCE_CLASSIFICATION
-        return next((task for task, t in self.tasks.items() if t.architecture == architecture), None)
+        return next((task for task, t in self.task_tables.items() if t.architecture == architecture), None)
 
     def index_counts(self, backbone_config: Any) -> dict[str, int]:
         """How many values each index of the backbone rules takes for a model of `backbone_config`."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from flaxheads.model import saved_config
+from flaxheads.inference import open_model_folder, other_task
+from flaxheads.model import PretrainedModel, saved_config
 from flaxheads.tasks.base import Task
 from flaxheads.tasks.choice.task import TASK as MULTIPLE_CHOICE
 from flaxheads.tasks.classification.task import TASK as TEXT_CLASSIFICATION
@@ -97,7 +98,18 @@ def pipeline(task: str = DEFAULT, model=None, tokenizer=None, **options):
     if chosen is None or not chosen.has_pipeline():
         names = [n for name in with_pipelines for n in (name, *TASKS[name].aliases)]
         raise ValueError(f"flaxheads.pipeline answers task={' or '.join(map(repr, names))}, not {task!r}")
+    if model is not None and not isinstance(model, PretrainedModel):
+        model = open_model_folder(model)  # read once: the task's pipeline takes the opened folder
+        theirs = of_checkpoint(model)
+        if theirs is not None and theirs is not chosen:
+            raise ValueError(other_task(f"{model} holds a {theirs.name} model", theirs.name, task,
+                                        has_pipeline=theirs.has_pipeline()))
+    elif model is not None and model.config.task != chosen.name and model.config.task in TASKS:
+        theirs = TASKS[model.config.task]
+        raise ValueError(other_task(f"model= is a {type(model).__name__}", theirs.name, task,
+                                    has_pipeline=theirs.has_pipeline()))
     return chosen.pipeline(model, tokenizer, **options)
+
 
 def setting_choices() -> dict[str, tuple[str, ...]]:
     """The valid values of the `TrainConfig` settings that tasks read (`task` itself, and each

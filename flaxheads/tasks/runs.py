@@ -11,7 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from flaxheads import data, tasks
+from flaxheads.conversion.model_folder import Checkpoint
+from flaxheads.inference import open_model_folder
 from flaxheads.model import require_trained
+from flaxheads.shipped_model import minilm_path
 from flaxheads.tasks.sources import load_task
 from flaxheads.tokenizer import load_tokenizer
 from flaxheads.training import run_dir
@@ -38,13 +41,14 @@ class Trainer(training.Trainer):
                          kind=kind)
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None) -> Trainer:
+    def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None, *,
+                    model_folder: Checkpoint | None = None) -> Trainer:
         """The Trainer of `flaxheads train`: the model, tokenizer and data `cfg` names (or `task`,
         data loaded by the caller), the model loaded for the data's task and placed on the mesh as it
-        loads."""
-        src = cfg.model_folder()
+        loads. `model_folder`: cfg's model folder opened already (`open_model`), else opened here."""
+        src = open_model(cfg) if model_folder is None else model_folder
         if task is None:
-            task = load_task(**(cfg.data_source() if cfg.do_train else scoring_source(cfg)))
+            task = load_task(**(cfg.data_source() if cfg.do_train else scoring_source(cfg, src)))
         kind = tasks.named(task.task)
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
         layout = Layout.create(cfg.mesh)
@@ -59,13 +63,19 @@ class Trainer(training.Trainer):
                             "model folder as model_name_or_path")
         trainer = cls(model, cfg, task=task, tokenizer=tokenizer)
         trainer.model_name = cfg.model_name_or_path or "shipped all-MiniLM-L6-v2"
-        trainer.model_identity = run_dir.model_fingerprint(src)
+        trainer.model_identity = run_dir.model_fingerprint(src.folder)
         trainer.data_identity = None
         trainer.loading_info = loading_info
         return trainer
 
 
-def scoring_source(cfg: TrainConfig) -> dict[str, Any]:
+def open_model(cfg: TrainConfig) -> Checkpoint:
+    """The model folder `cfg` names (`model_name_or_path`, else the shipped MiniLM), opened once
+    (`inference.open_model_folder`): what a command reads of it comes from this object."""
+    return open_model_folder(cfg.model_name_or_path or minilm_path())
+
+
+def scoring_source(cfg: TrainConfig, model_folder: Checkpoint) -> dict[str, Any]:
     """`cfg.data_source()` for scoring a trained model without training it (`flaxheads evaluate`,
     do_train off): without a train_file, the labels come from the trained model's config.json (a
     token classifier's tags, a sequence classifier's classes and problem type: the task the
@@ -74,9 +84,8 @@ def scoring_source(cfg: TrainConfig) -> dict[str, Any]:
     source = cfg.data_source()
     if cfg.train_file:
         return source
-    folder = cfg.model_folder()
-    kind = tasks.of_checkpoint(folder)
-    return source if kind is None else kind.scoring_source(folder, source)
+    kind = tasks.of_checkpoint(model_folder)
+    return source if kind is None else kind.scoring_source(model_folder, source)
 
 
 def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
@@ -96,9 +105,10 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     if cfg.output_dir is None:
         raise ValueError("train() needs output_dir=: it writes its checkpoints and model there (flaxheads.Trainer "
                          "trains in memory with output_dir=None)")
-    run_dir.refuse_output_inside_model(cfg.output_dir, cfg.model_folder())
-    output = Trainer.from_config(cfg).train()
+    model_folder = open_model(cfg)
+    run_dir.refuse_output_inside_model(cfg.output_dir, model_folder.folder)
+    output = Trainer.from_config(cfg, model_folder=model_folder).train()
     return output.metrics
 
 
-__all__ = ["Trainer", "scoring_source", "train"]
+__all__ = ["Trainer", "open_model", "scoring_source", "train"]

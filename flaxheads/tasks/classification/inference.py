@@ -13,13 +13,12 @@ import numpy as np
 from flax import nnx
 
 from flaxheads import compile_cache, data, problem
-from flaxheads.conversion import architecture_table, checkpoint_io
-from flaxheads.conversion.hub import resolve_checkpoint
+from flaxheads.conversion import architecture_table
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import tokenize_texts
 from flaxheads.inference import (
     UNBOUNDED, UNBOUNDED_START, check_batch_size, eval_copy, open_trained, padding, refuse_non_finite,
-    require_model_folder, rows_per_batch,
+    open_model_folder, rows_per_batch,
 )
 from flaxheads.model import FLAXHEADS_CONFIG_KEY
 from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
@@ -89,8 +88,7 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, text_pairs: Iterable
 def reads_text_pairs(model_dir: str | os.PathLike) -> bool:
     """Whether the classifier saved in `model_dir` was trained on text pairs (config.json's
     "flaxheads" section says so)."""
-    require_model_folder(model_dir)
-    config = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    config = open_model_folder(model_dir).config
     return bool((config.get(FLAXHEADS_CONFIG_KEY) or {}).get("text_pair"))
 
 
@@ -98,8 +96,7 @@ def decision_thresholds(model_dir: str | os.PathLike) -> tuple[dict[str, float],
     """For a multi-label classifier saved in `model_dir`: ({label name: threshold}, whether they
     were tuned) as predict applies them (config.json's "flaxheads" section, else 0.5 each); None
     for other problem types."""
-    require_model_folder(model_dir)
-    hf = checkpoint_io.read_config(resolve_checkpoint(model_dir))
+    hf = open_model_folder(model_dir).config
     config = ClassifierConfig.from_hf_config(hf, default_head=architecture_table(hf.get("model_type")).canonical_head)
     thresholds = config.decision_thresholds()
     return None if thresholds is None else (thresholds, config.thresholds is not None)
