@@ -23,7 +23,7 @@ from flaxheads.conversion.electra import ELECTRA
 from flaxheads.conversion.formats import FLAXHEADS, HF_FLAX, PYTORCH, WeightFormat
 from flaxheads.conversion.gpt2 import GPT2
 from flaxheads.conversion.modernbert import MODERNBERT
-from flaxheads.conversion.table import ArchitectureTable
+from flaxheads.conversion.table import ArchitectureTable, TaskTable
 from flaxheads.conversion.xlnet import XLNET
 
 TABLES: dict[str, ArchitectureTable] = {
@@ -36,6 +36,18 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (PYTORCH, FLAXHEAD
 """Every weight format by name, in the order a checkpoint folder is searched for them."""
 
 
+def add_task_rows(task: str, rows: dict[str, TaskTable]) -> None:
+    """Each family's (`model_type`'s) transformers class for `task`, from a task registered beside
+    the built-in ones (`flaxheads.tasks.register`): one row per family in its table's `tasks`.
+    ValueError for a family flaxheads has no table of, and for a row that would replace another
+    task's."""
+    for model_type, row in rows.items():
+        table = architecture_table(model_type)
+        if table.task_tables.get(task, row) != row:
+            raise ValueError(f"{model_type!r} already has a {task} row: register the task under another name")
+        table.tasks[task] = row
+
+
 def architecture_table(model_type: str | None) -> ArchitectureTable:
     """The table of `model_type`; ValueError naming the supported ones otherwise."""
     try:
@@ -46,4 +58,5 @@ def architecture_table(model_type: str | None) -> ArchitectureTable:
         ) from None
 
 
-__all__ = ["TABLES", "WEIGHT_FORMATS", "ArchitectureTable", "WeightFormat", "architecture_table"]
+__all__ = ["TABLES", "WEIGHT_FORMATS", "ArchitectureTable", "TaskTable", "WeightFormat", "add_task_rows",
+           "architecture_table"]

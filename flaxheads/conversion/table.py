@@ -10,7 +10,6 @@ is converted only if a rule names it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
 import string
@@ -240,7 +239,7 @@ class ArchitectureTable:
         """Whether transformers' `*ForSequenceClassification` holds exactly this head."""
         return head == self.canonical_head
 
-    @functools.cached_property
+    @property
     def task_tables(self) -> Mapping[str, TaskTable]:
         """Every task this family has a transformers class for, by the task's name: the row the
         text-classification heads make, and `tasks`."""

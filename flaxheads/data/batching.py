@@ -94,7 +94,7 @@ class ExampleFormat:
     label_width: int | None = None
     """None: one label value per example, (B,); k: k values per example, (B, k) (multi-hot rows)."""
     token_labels: bool = False
-    """One label per token, (B, T), padded like the tokens with `IGNORE_INDEX`."""
+    """One label per token, (B, T) of `label_dtype`, padded like the tokens with `IGNORE_INDEX`."""
     unpacked_because: str = ""
     """Why sequence packing does not apply to such examples ("" : it does)."""
 
@@ -631,15 +631,16 @@ def _collate(
     }
     if LABELS in records and example.token_labels:
         # a label per token, padded like the tokens with the ignored label
-        batch["labels"] = pad(records[LABELS], padded_length, IGNORE_INDEX, fmt.padding_side)
+        batch["labels"] = pad(records[LABELS], padded_length, IGNORE_INDEX, fmt.padding_side, example.label_dtype)
     elif LABELS in records:
         batch["labels"] = example.labels(records[LABELS])
     batch["example_mask"] = example_mask
     return batch
 
 
-def _pad(sequences: Sequence[Sequence[int]], padded_length: int, pad_value: int, side: str) -> np.ndarray:
-    padded = np.full((len(sequences), padded_length), pad_value, dtype=np.int32)
+def _pad(sequences: Sequence[Sequence[int]], padded_length: int, pad_value: int, side: str,
+         dtype: str = "int32") -> np.ndarray:
+    padded = np.full((len(sequences), padded_length), pad_value, dtype=dtype)
     for row, sequence in enumerate(sequences):
         if side == "right":
             padded[row, : len(sequence)] = sequence
@@ -648,9 +649,9 @@ def _pad(sequences: Sequence[Sequence[int]], padded_length: int, pad_value: int,
     return padded
 
 
-def _pad_groups(groups: Sequence[Sequence[Sequence[int]]], padded_length: int, pad_value: int, side: str
-                ) -> np.ndarray:
+def _pad_groups(groups: Sequence[Sequence[Sequence[int]]], padded_length: int, pad_value: int, side: str,
+                dtype: str = "int32") -> np.ndarray:
     """(B, G, T): each example's G sequences (a preference pair's two, or its choices; every
     example has as many) padded alike, so that one forward pass scores them all."""
-    flat = _pad([sequence for group in groups for sequence in group], padded_length, pad_value, side)
+    flat = _pad([sequence for group in groups for sequence in group], padded_length, pad_value, side, dtype)
     return flat.reshape(len(groups), -1, padded_length)

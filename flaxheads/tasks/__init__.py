@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 
 _REGISTRY_NAMES = ("DEFAULT", "MODELS", "PIPELINES", "TASKS", "Task", "from_pretrained", "named", "of_checkpoint",
-                   "of_model", "pipeline", "register", "setting_choices")
+                   "of_model", "pipeline", "register", "setting_choices", "unregister")
 
 
 def __getattr__(name: str):

@@ -49,6 +49,10 @@ class Task:
     """What its `settings` do, for messages ("label token classification data")."""
     noun: ClassVar[str] = "model"
     """What its model is called in messages ("token classifier")."""
+    conversion_rows: ClassVar[Mapping[str, Any]] = {}
+    """A task registered beside the built-in ones: each family's transformers class for it
+    (`conversion.TaskTable` by `model_type`), which `register` adds to the conversion tables. The
+    built-in tasks' rows are in the tables themselves (`conversion/<family>.py`)."""
 
     def holds(self, hf: Mapping[str, Any]) -> bool:
         """Whether a saved config.json (`model.saved_config`) is of this task's model: its

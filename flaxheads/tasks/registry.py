@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from flaxheads import conversion
 from flaxheads.inference import open_model_folder, other_task
 from flaxheads.model import PretrainedModel, saved_config
 from flaxheads.tasks.base import Task
@@ -29,7 +30,17 @@ def register(task: Task) -> Task:
     clash = next((name for name in (task.name, *task.aliases) if name in taken), None)
     if clash is not None:
         raise ValueError(f"task name {clash!r} is taken by {taken[clash]!r}: give {task!r} another name")
+    conversion.add_task_rows(task.name, dict(task.conversion_rows))
     TASKS[task.name] = task
+    return task
+
+
+def unregister(name: str) -> Task:
+    """Takes the task `name` out of `TASKS` and its rows out of the conversion tables (a task
+    registered for a while: a test's, say); KeyError for a task that is not registered."""
+    task = TASKS.pop(name)
+    for model_type in task.conversion_rows:
+        conversion.TABLES[model_type].tasks.pop(name, None)
     return task
 
 
@@ -121,4 +132,4 @@ def setting_choices() -> dict[str, tuple[str, ...]]:
 
 
 __all__ = ["DEFAULT", "MODELS", "PIPELINES", "TASKS", "Task", "from_pretrained", "named", "of_checkpoint", "of_model",
-           "pipeline", "register", "setting_choices"]
+           "pipeline", "register", "setting_choices", "unregister"]

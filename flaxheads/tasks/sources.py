@@ -65,12 +65,17 @@ def load_task(
 
 
 def task_of_source(source: dict) -> tasks.Task:
-    """The task `source` (`load_task`'s arguments) names (`task=`), else the first task that
-    reads its files or settings (`Task.reads`), else text classification."""
+    """The task `source` (`load_task`'s arguments) names (`task=`), else the one task that reads
+    its files or settings (`Task.reads`), else text classification. ValueError naming them when
+    several tasks read the data: `task=` says which."""
     if source.get("task") is not None:
         return tasks.named(source["task"])
-    return next((task for name, task in tasks.TASKS.items() if name != tasks.DEFAULT and task.reads(source)),
-                tasks.TASKS[tasks.DEFAULT])
+    readers = [task for name, task in tasks.TASKS.items() if name != tasks.DEFAULT and task.reads(source)]
+    if len(readers) > 1:
+        names = " and ".join(task.name for task in readers)
+        raise ValueError(f"the data reads as {names} data alike: pass task= (--task) with the one it is, one of "
+                         f"{', '.join(repr(task.name) for task in readers)}")
+    return readers[0] if readers else tasks.TASKS[tasks.DEFAULT]
 
 
 def task_names() -> tuple[str, ...]:
