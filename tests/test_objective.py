@@ -135,3 +135,37 @@ def test_class_weights_are_part_of_the_run_identity(tiny_bert):
     assert "objective" not in identity()
     assert identity(class_weights="balanced")["objective"] == {"class_weights": [2.0, 2 / 3]}
     assert identity(label_smoothing_factor=0.1)["objective"] == {"label_smoothing": 0.1}
+
+
+@pytest.mark.parametrize("task_name, terms", [("token-classification", "token_loss_terms"),
+                                               ("multiple-choice", "choice_loss_terms")])
+def test_each_task_has_one_loss_path_its_model_and_its_train_step_share(task_name, terms, monkeypatch):
+    """A task's model `.loss` and its objective (what the train step computes) both go through one
+    function of the task's loss terms: the same object in both modules, and replaced in either
+    module, the one that looks it up there changes."""
+    import importlib
+
+    import jax.numpy as jnp
+
+    from flaxheads import tasks
+
+    task = tasks.TASKS[task_name]
+    model_module = importlib.import_module(task.model_class.__module__)
+    objective_module = importlib.import_module(type(task.objective(None, {})).__module__)
+    if task_name == "token-classification":
+        logits = jnp.asarray(RNG.normal(size=(2, 5, 3)), jnp.float32)
+        labels = jnp.asarray([[0, 2, -100, 1, 1], [2, -100, -100, 0, 1]])
+    else:
+        logits, labels = jnp.asarray(LOGITS), jnp.asarray(LABELS)
+    model = task.model_class.__new__(task.model_class)  # `.loss` reads no parameter
+    numerators, denominators = task.objective(None, {}).loss_terms(logits, labels)
+    mean = float(numerators.sum() / denominators.sum())
+
+    assert getattr(objective_module, terms) is getattr(model_module, terms)
+    assert float(model.loss(logits, labels)) == pytest.approx(mean)
+    one = getattr(model_module, terms)
+    doubled = lambda *args, **kwargs: (2 * one(*args, **kwargs)[0], one(*args, **kwargs)[1])  # noqa: E731
+    monkeypatch.setattr(model_module, terms, doubled)
+    monkeypatch.setattr(objective_module, terms, doubled)
+    assert float(model.loss(logits, labels)) == pytest.approx(2 * mean)
+    assert float(task.objective(None, {}).loss_terms(logits, labels)[0].sum()) == pytest.approx(2 * float(numerators.sum()))

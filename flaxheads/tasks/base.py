@@ -15,7 +15,6 @@ carry one label each and whose model is a `PretrainedModel` loaded by `from_pret
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -193,11 +192,6 @@ class Task:
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"
-
-
-def note(message: str) -> None:
-    """A message for the person running the command (stderr)."""
-    print(message, file=sys.stderr)
 
 
 def given_settings(source: Mapping[str, Any], names: Sequence[str]) -> list[str]:
