@@ -716,3 +716,21 @@ def test_column_array_reads_what_numpy_reads_through_arrow():
         assert got.dtype == expected.dtype and got.shape == expected.shape, name
         np.testing.assert_array_equal(got, expected, err_msg=name)
     np.testing.assert_array_equal(column_array(dataset, "label"), [4, 1, 5, 2])
+
+
+def test_an_evaluation_pass_fits_its_batch_to_a_split_smaller_than_one_batch():
+    from flaxheads import data
+
+    fmt = BatchFormat(max_seq_length=32, pad_token_id=0)
+    packed = BatchFormat(max_seq_length=32, pad_token_id=0, max_segments=4)
+
+    assert data.fitted_batch_size(np.full(3, 10), fmt, global_batch_size=64, unit=1) == 4
+    assert data.fitted_batch_size(np.full(3, 10), fmt, global_batch_size=64, unit=2) == 4
+    assert data.fitted_batch_size(np.full(9, 10), fmt, global_batch_size=64, unit=2, num_shards=2) == 16
+    assert data.fitted_batch_size(np.full(64, 10), fmt, global_batch_size=64, unit=1) == 64
+    assert data.fitted_batch_size(np.full(100, 10), fmt, global_batch_size=64, unit=1) == 64  # needs two batches anyway
+    assert data.fitted_batch_size(np.full(12, 8), packed, global_batch_size=64, unit=1) == 4  # 4 segments a row: 3 rows
+    rows = _rows_of_lengths([5, 9, 7])
+    size = data.fitted_batch_size(data.example_lengths(rows), fmt, global_batch_size=64, unit=1)
+    fitted = list(eval_batches(rows, fmt, global_batch_size=size))
+    assert len(fitted) == 1 and fitted[0]["input_ids"].shape[0] == 4 and fitted[0]["example_mask"].sum() == 3

@@ -421,6 +421,22 @@ def batches_per_epoch(lengths: np.ndarray, batch_format: BatchFormat, *, global_
     return _packed_num_batches(plans, global_batch_size // num_shards)
 
 
+def fitted_batch_size(lengths: np.ndarray, batch_format: BatchFormat, *, global_batch_size: int, unit: int,
+                      num_shards: int = 1) -> int:
+    """The global batch an evaluation pass over a split whose examples have `lengths` tokens takes:
+    `global_batch_size`, or, when the whole split fits in one batch, the smallest multiple of
+    `unit` (what divides over the devices and data shards) times a power of two that still holds
+    it, so that a split of 3 examples is not padded to a batch of 64 (with 4 choices each, 256
+    sequences; the same logits either way, one more compiled shape)."""
+    if batches_per_epoch(lengths, batch_format, global_batch_size=global_batch_size, num_shards=num_shards) > 1:
+        return global_batch_size
+    size = unit
+    while size < global_batch_size and batches_per_epoch(lengths, batch_format, global_batch_size=size,
+                                                         num_shards=num_shards) > 1:
+        size *= 2
+    return min(size, global_batch_size)
+
+
 def packed_num_rows(lengths: np.ndarray, batch_format: BatchFormat, *, num_shards: int = 1) -> int:
     """Packed rows that a split whose examples have `lengths` tokens fills, over all its shards."""
     plans = _shard_plans(np.asarray(lengths), batch_format, shard_bounds(len(lengths), num_shards))

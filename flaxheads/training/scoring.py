@@ -6,6 +6,7 @@ what `TrainLoop` asks of its owner (`Scorer`), and what `Trainer.evaluate / pred
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -72,13 +73,21 @@ class Evaluator:
 
         self.step = compile_cache.forward_jit(step, graphdef=graphdef, out_shardings=layout.replicated)
 
+    def batch_size_for(self, lengths: np.ndarray) -> int:
+        """The global batch a pass over a split with `lengths` takes (`data.fitted_batch_size`:
+        `batch_size`, fewer for a split that fills less than one batch)."""
+        unit = math.lcm(self.num_shards, jax.device_count())
+        return data.fitted_batch_size(lengths, self.batch_format, global_batch_size=self.batch_size, unit=unit,
+                                      num_shards=self.num_shards)
+
     def __call__(self, params, rows, lengths: np.ndarray | None = None, *,
                  max_batches: int | None = None) -> dict[str, float]:
         """`rows`: the split, or this process's rows of it with `lengths` of the whole split;
         `max_batches`: only the first batches (every process takes the same ones)."""
         acc = metrics_lib.MetricAccumulator(self.problem_type, self.thresholds, metrics=self.objective.metrics)
+        lengths = data.example_lengths(rows) if lengths is None else lengths
         batches = data.eval_batches(
-            rows, self.batch_format, global_batch_size=self.batch_size,
+            rows, self.batch_format, global_batch_size=self.batch_size_for(lengths),
             process_index=jax.process_index(), process_count=jax.process_count(),
             num_shards=self.num_shards, lengths=lengths,
         )
@@ -143,8 +152,9 @@ class SplitScorer:
     def _outputs(self, split: str, params) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rows, lengths = self.splits[split].rows, self.splits[split].lengths
         evaluator = self.evaluator
+        batch_size = evaluator.batch_size_for(lengths)
         batches = data.eval_batches(
-            rows, evaluator.batch_format, global_batch_size=evaluator.batch_size,
+            rows, evaluator.batch_format, global_batch_size=batch_size,
             process_index=jax.process_index(), process_count=jax.process_count(),
             num_shards=evaluator.num_shards, lengths=lengths,
         )
@@ -160,7 +170,7 @@ class SplitScorer:
         if packed:
             order = np.concatenate(kept.pop("example_index"))
         else:
-            order = data.eval_example_order(len(lengths), evaluator.num_shards, evaluator.batch_size)
+            order = data.eval_example_order(len(lengths), evaluator.num_shards, batch_size)
         in_order = {}
         for name, values in kept.items():
             gathered = np.concatenate(values)

@@ -90,10 +90,11 @@ def row_outputs(evaluator: Evaluator, layout: Layout, params, rows, lengths, *, 
     `max_batches`); the mean loss over the scored tokens, 0.0 without labels). `rows`: this
     process's rows of the split, `lengths` those of the whole split; every process takes part
     and gets every row's logits (the eval step's outputs are replicated)."""
-    batches = data.eval_batches(rows, evaluator.batch_format, global_batch_size=evaluator.batch_size,
+    batch_size = evaluator.batch_size_for(lengths)
+    batches = data.eval_batches(rows, evaluator.batch_format, global_batch_size=batch_size,
                                 process_index=jax.process_index(), process_count=jax.process_count(),
                                 num_shards=evaluator.num_shards, lengths=lengths)
-    order = iter(data.eval_example_order(len(lengths), evaluator.num_shards, evaluator.batch_size))
+    order = iter(data.eval_example_order(len(lengths), evaluator.num_shards, batch_size))
     right = evaluator.batch_format.padding_side == "right"
     per_row: list = [None] * len(lengths)
     loss_sum = scored = 0.0
