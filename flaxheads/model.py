@@ -20,6 +20,7 @@ from flax import nnx
 from flaxheads import lora, problem
 from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, build_backbone, segments
+from flaxheads.backbones.interface import check_inputs
 from flaxheads.conversion import loading, peft
 from flaxheads.conversion.loading import load_backbone
 from flaxheads.conversion.loading_info import LoadingInfo
@@ -356,12 +357,10 @@ class PretrainedModel:
 
     def backbone_states(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
                         segment_ids=None, last_layer_positions=None, rngs: nnx.Rngs | None = None):
-        """The backbone's `BackboneOutput` for (batch, seq) inputs, LoRA dropout keyed by `rngs`;
-        ValueError for concrete ids outside the vocabulary (`check_input_ids`). No mask: every
-        token is real. `last_layer_positions` (batch, P), for a backbone that can
+        """The backbone's `BackboneOutput` for (batch, seq) inputs, LoRA dropout keyed by `rngs`
+        (inputs already checked by the caller's `check_inputs`). No mask: every token is real. `last_layer_positions` (batch, P), for a backbone that can
         (`runs_last_layer_at`): its last layer runs at those positions only, and the last hidden
         state is valid there only."""
-        check_input_ids(input_ids, getattr(self.config.backbone, "vocab_size", None))
         backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
         options = {} if last_layer_positions is None else {"last_layer_positions": last_layer_positions}
         with lora.adapter_dropout_key(lora.lora_config(self), rngs):  # LoRA layers take no rngs argument
@@ -427,9 +426,12 @@ class SequenceClassifier(PretrainedModel, nnx.Module):
         is ignored in eval mode; in train mode without it (and a non-zero dropout rate) the call
         raises ValueError: pass rngs=nnx.Rngs(dropout=key), or call model.eval() for inference.
 
-        Ids outside the vocabulary (negative, or past vocab_size) raise ValueError when the ids
-        are concrete (an eager call); under jit they cannot be looked at, and the data pipeline's
-        tokenizer check keeps them in range."""
+        ValueError (`backbones.interface.check_inputs`) for inputs of different shapes, a sequence
+        longer than the position table, and, when the arrays are concrete (an eager call; under jit
+        values cannot be looked at, and the data pipeline's tokenizer check keeps them in range),
+        ids outside the vocabulary, token types or positions the model has."""
+        check_inputs(self.config.backbone, input_ids, attention_mask, token_type_ids, position_ids,
+                     segment_ids=segment_ids)
         if segment_ids is not None:
             segments.check(segment_ids, num_segments, input_ids)
             attention_mask = (segment_ids > 0).astype(jnp.int32)
@@ -464,25 +466,6 @@ def save_pretrained(model: PretrainedModel, path, *, format: str = "pytorch", to
 
 from_pretrained = SequenceClassifier.from_pretrained
 """`flaxheads.from_pretrained(path, ...)`: `SequenceClassifier.from_pretrained` as a function."""
-
-
-def check_input_ids(input_ids, vocab_size: int | None) -> None:
-    """ValueError naming the first id outside [0, vocab_size) of concrete `input_ids` (a traced
-    value, under jit, is let through). jax indexing would wrap a negative id around and clamp one
-    past the end, giving finite logits for text the model never saw; PyTorch's embedding raises."""
-    if isinstance(input_ids, jax.core.Tracer):
-        return
-    ids = np.asarray(input_ids)
-    if ids.size == 0:
-        return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or (vocab_size is not None and high >= vocab_size):
-        bad = low if low < 0 else high
-        where = tuple(int(i) for i in np.argwhere(ids == bad)[0])
-        raise ValueError(
-            f"input_ids holds {bad} at {where}, outside the model's vocabulary [0, {vocab_size}): ids come from "
-            "this model's own tokenizer, which never gives such an id"
-        )
 
 
 class UntrainedModel(ValueError):

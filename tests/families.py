@@ -15,6 +15,8 @@ Every scenario the families share is one test parametrized over `FAMILIES` (ids:
     tests/test_family_tokens.py       token classification and multiple choice (`token_classifier`,
                                       `multiple_choice`): logits, loss, loading reports, exports
     tests/test_packing_model.py       packed rows give each example's logits
+    tests/test_family_inputs.py       inputs transformers cannot run (past the position table, token types
+                                      or ids outside their tables) and mismatched shapes are refused
 
 What is particular to a family (a config switch, an error message, its own head on BERT) stays in
 its own file (test_albert.py, test_decoders.py, ...), which builds checkpoints with the same

@@ -8,11 +8,13 @@ import re
 import shutil
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 from safetensors.torch import load_file, save_file
 
 import flaxheads
@@ -446,3 +448,28 @@ def test_ids_outside_the_vocabulary_are_refused_as_pytorch_refuses_them(bert_cop
         model(jnp.asarray(ids))
     with pytest.raises(IndexError):  # what transformers does with the same ids
         transformers.AutoModelForSequenceClassification.from_pretrained(bert_copy)(torch.as_tensor(ids))
+
+
+@pytest.mark.parametrize("model_class", [flaxheads.SequenceClassifier, flaxheads.TokenClassifier,
+                                         flaxheads.MultipleChoice], ids=lambda c: c.__name__)
+def test_every_model_class_refuses_a_mask_of_another_batch_and_a_token_type_outside_the_table(hf_checkpoint,
+                                                                                              model_class):
+    model = model_class.from_pretrained(hf_checkpoint("BertModel").path)  # type_vocab_size 2
+    shape = (2, 3, 6) if model_class is flaxheads.MultipleChoice else (2, 6)
+    ids = jnp.full(shape, 7)
+
+    with pytest.raises(ValueError, match=re.escape(f"attention_mask has shape {(1, *shape[1:])} but input_ids has "
+                                                   f"{shape}")):
+        model(ids, jnp.ones((1, *shape[1:]), jnp.int32))  # jax would broadcast it over every row
+    with pytest.raises(ValueError, match=r"token_type_ids holds 2 at \(0, 0.*outside the model's token types \[0, 2\)"):
+        model(ids, token_type_ids=jnp.full(shape, 2))  # jax's lookup gives NaN
+
+
+def test_under_jit_a_sequence_past_the_position_table_is_refused_from_its_shape(bert_copy):
+    model = flaxheads.from_pretrained(bert_copy)  # max_position_embeddings 64
+    graphdef, params = nnx.split(model)
+    forward = jax.jit(lambda params, ids: nnx.merge(graphdef, params)(ids))
+
+    with pytest.raises(ValueError, match="input_ids has 65 tokens per sequence.*truncate the text to at most 64 tokens"):
+        forward(params, jnp.ones((1, 65), jnp.int32))
+    assert forward(params, jnp.ones((1, 64), jnp.int32)).shape == (1, 2)

@@ -110,6 +110,14 @@ class AlbertConfig:
         return self.max_position_embeddings
 
     @property
+    def position_table_size(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def token_type_vocab_size(self) -> int | None:
+        return self.type_vocab_size or None
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

@@ -167,6 +167,16 @@ class DebertaV2Config:
         return self.max_position_embeddings if self.position_biased_input else None
 
     @property
+    def position_table_size(self) -> int | None:
+        """Only v2's absolute positions (position_biased_input) are a table; relative ones are bucketed."""
+        return self.max_position_embeddings if self.position_biased_input else None
+
+    @property
+    def token_type_vocab_size(self) -> int | None:
+        """None without token-type embeddings (type_vocab_size 0, v3: token_type_ids are ignored)."""
+        return self.type_vocab_size or None
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

@@ -29,7 +29,7 @@ from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, rope, segments, stacking
 from flaxheads.backbones.decoder_config import DecoderConfig
-from flaxheads.backbones.interface import BackboneOutput
+from flaxheads.backbones.interface import BackboneOutput, check_same_shapes
 
 
 class RMSNorm(nnx.Module):
@@ -265,9 +265,4 @@ class Decoder(nnx.Module):
             raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
         if token_type_ids is not None:
             raise ValueError(f"{self.cfg.model_type} has no token types: pass token_type_ids=None")
-        for name, array in (("attention_mask", attention_mask), ("position_ids", position_ids)):
-            if array is not None and tuple(array.shape) != tuple(input_ids.shape):
-                raise ValueError(
-                    f"{name} has shape {tuple(array.shape)} but input_ids has {tuple(input_ids.shape)}; "
-                    "they must match"
-                )
+        check_same_shapes(input_ids, attention_mask=attention_mask, position_ids=position_ids)

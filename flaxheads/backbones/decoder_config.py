@@ -236,6 +236,10 @@ class DecoderConfig:
         max_position_embeddings is another matter)."""
         return None
 
+    position_table_size = None
+    token_type_vocab_size = None
+    """Rotary positions and no token types (the backbone refuses token_type_ids)."""
+
     @property
     def effective_sliding_window(self) -> int | None:
         """The window the sliding layers use: Qwen2/3 ignore sliding_window unless use_sliding_window."""

@@ -107,6 +107,13 @@ class DistilBertConfig:
     def max_sequence_length(self) -> int:
         return self.max_position_embeddings
 
+    @property
+    def position_table_size(self) -> int:
+        return self.max_position_embeddings
+
+    token_type_vocab_size = None
+    """DistilBERT has no token types: token_type_ids are ignored."""
+
 
 def DistilBert(
     cfg: DistilBertConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, add_pooling_layer: bool = False, rngs: nnx.Rngs

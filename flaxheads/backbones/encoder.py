@@ -110,6 +110,15 @@ class EncoderConfig:
         return self.max_position_embeddings - offset
 
     @property
+    def position_table_size(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def token_type_vocab_size(self) -> int | None:
+        """None without token-type embeddings (type_vocab_size 0: token_type_ids are ignored)."""
+        return self.type_vocab_size or None
+
+    @property
     def embedding_width(self) -> int:
         return self.hidden_size if self.embedding_size is None else self.embedding_size
 

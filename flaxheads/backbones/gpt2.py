@@ -96,6 +96,15 @@ class GPT2Config:
         return self.n_positions
 
     @property
+    def position_table_size(self) -> int:
+        return self.n_positions
+
+    @property
+    def token_type_vocab_size(self) -> int:
+        """GPT-2 looks token types up in its token embeddings (as transformers)."""
+        return self.vocab_size
+
+    @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 

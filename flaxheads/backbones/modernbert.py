@@ -154,6 +154,11 @@ class ModernBertConfig:
         """The longest input ModernBERT was trained for; RoPE itself has no table to run out of."""
         return self.max_position_embeddings
 
+    position_table_size = None
+    """Rotary positions: no table to run out of."""
+    token_type_vocab_size = None
+    """No token types: token_type_ids are ignored."""
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads

@@ -145,6 +145,10 @@ class XLNetConfig:
         """Relative positions: no learned limit (memory is the limit)."""
         return None
 
+    position_table_size = None
+    token_type_vocab_size = None
+    """XLNet compares token types (same segment or not) and looks none up: any ids work."""
+
     @property
     def summary_options(self) -> dict[str, Any]:
         """The "summary" head's options as this config.json sets them (HF names)."""
