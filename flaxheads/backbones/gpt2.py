@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple, require_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +58,7 @@ class GPT2Config:
     def __post_init__(self):
         if self.model_type != "gpt2":
             raise ValueError(f"GPT2Config serves model_type 'gpt2', not {self.model_type!r}")
+        require_sizes(self, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", optional=("n_inner",))
         require_multiple(n_embd=self.n_embd, n_head=self.n_head)
         if isinstance(self.eos_token_id, list):  # configs must hash: they are static in jit
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))

@@ -88,6 +88,23 @@ def known_fields(hf: Mapping[str, Any], names: Iterable[str] | type) -> dict[str
     return {key: value for key, value in hf.items() if key in fields}
 
 
+def require_sizes(config, *names: str, at_least: int = 1, optional: tuple[str, ...] = ()) -> None:
+    """ValueError naming the first field of `names` (and of `optional`, which may also be None) of
+    the dataclass `config` that is not an int of at least `at_least`: a hidden size of -32, 32.0
+    or "32" in config.json would otherwise fail later in jax with a TypeError or a
+    ZeroDivisionError, or build a model of no width. Called first in every backbone config's
+    `__post_init__`, before anything divides by these sizes."""
+    for name in (*names, *optional):
+        value = getattr(config, name)
+        if value is None and name in optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < at_least:
+            raise ValueError(
+                f"{name}={value!r}: a {config.model_type} model's {name} is a whole number (an int) of at least "
+                f"{at_least}{' (or null)' if name in optional else ''}; correct \"{name}\" in config.json, or the "
+                "value passed for it")
+
+
 def require_multiple(**sizes: int) -> None:
     """ValueError unless the first size is a multiple of the second, naming both as config.json
     does: `require_multiple(hidden_size=36, num_attention_heads=5)` -> "hidden_size=36 is not a

@@ -226,21 +226,27 @@ def _raise_for_non_float_weights(reader: TensorReader, rules: list[Rule], dtypes
             )
 
 
-def _raise_for_extra_layers(checkpoint: Checkpoint, table, base: str, backbone_config) -> None:
-    """Weights of more layers (ALBERT: groups) than config.json declares would otherwise load as a
-    shallower model, the deeper layers merely listed as unused: a different network that still runs."""
+def _raise_for_another_layer_count(checkpoint: Checkpoint, table, base: str, backbone_config) -> None:
+    """CheckpointError when the weights hold another number of layers (ALBERT: groups) than
+    config.json declares, before the model is built. More would load as a shallower model, the
+    deeper layers merely listed as unused: a different network that still runs. Fewer would fail
+    only once the model is built, and building it costs time in proportion to the layer count
+    (num_hidden_layers=100000 took minutes). A checkpoint where no layer is found at all is left
+    to the tensor-by-tensor check, which names what is missing."""
     reader = checkpoint.reader
     patterns = rules.layer_name_patterns(table, base, checkpoint.format.rename)
     deepest, example = rules.deepest_layer(reader.names, patterns)
     field = next(iter(table.layer_indices.values()))
     num_layers = getattr(backbone_config, field)
-    if deepest >= num_layers:
-        key = "n_layer" if "n_layer" in checkpoint.config else field
-        raise CheckpointError(
-            f"{reader.source} holds {deepest + 1} layers (e.g. {example}) but config.json says {key}={num_layers}; "
-            f"loading would silently drop the last {deepest + 1 - num_layers}. Set \"{key}\": {deepest + 1} in "
-            "config.json if the weights are right, or re-export the checkpoint"
-        )
+    if deepest < 0 or deepest + 1 == num_layers:
+        return
+    key = next((name for name in (field, "n_layer", "n_layers") if name in checkpoint.config), field)
+    what = (f"loading would silently drop the last {deepest + 1 - num_layers}" if deepest >= num_layers
+            else f"a model of {num_layers} layers would have no weights for {num_layers - deepest - 1} of them")
+    raise CheckpointError(
+        f"{reader.source} holds {deepest + 1} layers (e.g. {example}) but config.json says {key}={num_layers}; "
+        f"{what}. Set \"{key}\": {deepest + 1} in config.json if the weights are right, or re-export the checkpoint"
+    )
 
 
 _LABEL_SETTINGS = frozenset({"num_labels", "id2label", "label2id", "problem_type", "classifier_dropout", "pad_token_id"})
@@ -402,14 +408,14 @@ def from_pretrained(
     def make(param_dtype=jnp.float32):
         return cls(model_config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=SeedKeys(seed))
 
+    reader, rename = checkpoint.reader, checkpoint.format.rename
+    base = rules.base_prefix(table, reader.names, rename)
+    _raise_for_another_layer_count(checkpoint, table, base, model_config.backbone)  # before building: see there
     abstract = nnx.eval_shape(make)
     param_paths = list(flat_variables(abstract))
     head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
-    reader, rename = checkpoint.reader, checkpoint.format.rename
-    base = rules.base_prefix(table, reader.names, rename)
     backbone = rename(rules.backbone_rules(table, model_config.backbone, base, param_paths))
     head_rules = rename(rules.head_rules(table, model_config.head, head_paths, base, task))
-    _raise_for_extra_layers(checkpoint, table, base, model_config.backbone)
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
     notes = list(table.loading_notes)
     if init_classifier_from_nsp:
@@ -468,7 +474,7 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
     config = backbone_config_from_hf(checkpoint.config)
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = rules.base_prefix(table, reader.names, rename)
-    _raise_for_extra_layers(checkpoint, table, base, config)
+    _raise_for_another_layer_count(checkpoint, table, base, config)
     # The pooler: the base model's own, or, in flaxheads' format, the "pooler" head's.
     pooler = _relative(rename(rules.under("head", expand(table.pooler, num_layers=0, base=base))))
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)
