@@ -444,8 +444,8 @@ class TokenScorer:
 
 
 def _check_batch_size(batch_size: int) -> None:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: it must be an int of at least 1 (texts per forward pass)")
 
 
 def _padding(tokenizer, backbone) -> dict[str, Any]:
