@@ -475,6 +475,25 @@ def test_under_jit_a_sequence_past_the_position_table_is_refused_from_its_shape(
     assert forward(params, jnp.ones((1, 64), jnp.int32)).shape == (1, 2)
 
 
+@pytest.mark.parametrize(("argument", "value", "expected"), [
+    ("num_labels", "3", "an int of at least 1"),
+    ("num_labels", 2.5, "an int of at least 1"),  # jax: "Shapes must be 1D sequences of ... integer type"
+    ("classifier_dropout", float("nan"), r"a rate in \[0, 1\)"),  # loaded, and trained to NaN
+    ("classifier_dropout", 1.5, r"a rate in \[0, 1\)"),
+    ("seed", None, "an int"),  # AttributeError: 'NoneType' object has no attribute 'dtype'
+    ("dtype", "float17", "a float dtype"),
+    ("pad_token_id", -3, "a token id"),
+    ("id2label", "ab", "a list of label names"),  # two labels, 'a' and 'b'
+    ("head_options", "x", "a dict of the head's options"),
+])
+def test_a_from_pretrained_argument_of_the_wrong_kind_or_range_is_refused_naming_it(hf_checkpoint, argument, value,
+                                                                                     expected):
+    path = hf_checkpoint(CLASSIFIER["bert"], num_labels=2).path
+
+    with pytest.raises(ValueError, match=rf"^{argument}={re.escape(repr(value))}: it must be {expected}"):
+        flaxheads.from_pretrained(path, **{argument: value})
+
+
 # ---------------------------------------------------------------------------------------------
 # Settings: every number a run or a pipeline takes is checked where it is given
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -306,6 +307,51 @@ def _raise_for_another_task(checkpoint: Checkpoint, table, task: str, model_clas
             )
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_arguments(*, num_labels, classifier_dropout, seed, dtype, param_dtype, pad_token_id, id2label, label2id,
+                     head_options) -> None:
+    """ValueError naming the first of `from_pretrained`'s arguments whose value is of the wrong
+    kind or out of range, before anything is read: otherwise a TypeError or AttributeError from
+    deep in the build, or, for a NaN or 1.5 dropout rate and an id2label string, a model that
+    silently computes something else (the string's letters become the labels)."""
+    wrong = None
+    if num_labels is not None and not (_is_int(num_labels) and num_labels >= 1):
+        wrong = "num_labels", num_labels, "an int of at least 1, or None (config.json's)"
+    elif classifier_dropout is not None and not (isinstance(classifier_dropout, numbers.Real)
+                                                 and not isinstance(classifier_dropout, bool)
+                                                 and 0 <= classifier_dropout < 1):
+        wrong = "classifier_dropout", classifier_dropout, "a rate in [0, 1), or None (the checkpoint's own)"
+    elif not _is_int(seed):
+        wrong = "seed", seed, "an int"
+    elif pad_token_id is not None and not (_is_int(pad_token_id) and pad_token_id >= 0):
+        wrong = "pad_token_id", pad_token_id, "a token id (an int of at least 0), or None (config.json's)"
+    elif id2label is not None and (isinstance(id2label, str) or not isinstance(id2label, (Sequence, Mapping))):
+        wrong = "id2label", id2label, "a list of label names or an {id: name} dict"
+    elif label2id is not None and not isinstance(label2id, Mapping):
+        wrong = "label2id", label2id, "a {name: id} dict"
+    elif head_options is not None and not isinstance(head_options, Mapping):
+        wrong = "head_options", head_options, "a dict of the head's options"
+    else:
+        for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+            if value is not None and not (name == "param_dtype" and value == "auto") and not _is_float_dtype(value):
+                wrong = name, value, 'a float dtype ("float32", "bfloat16", jnp.bfloat16)' + (
+                    ', "auto" (the checkpoint\'s)' if name == "param_dtype" else "") + ", or None (float32)"
+                break
+    if wrong is not None:
+        name, value, expected = wrong
+        raise ValueError(f"{name}={value!r}: it must be {expected}")
+
+
+def _is_float_dtype(value) -> bool:
+    try:
+        return jnp.issubdtype(jnp.dtype(value), jnp.floating)
+    except TypeError:
+        return False
+
+
 def _refuse_remote_code(trust_remote_code: bool) -> None:
     if trust_remote_code:
         raise ValueError(
@@ -384,6 +430,9 @@ def from_pretrained(
     load it with), and for a family transformers has no class of `cls`'s task for.
     """
     _refuse_remote_code(trust_remote_code)
+    _check_arguments(num_labels=num_labels, classifier_dropout=classifier_dropout, seed=seed, dtype=dtype,
+                     param_dtype=param_dtype, pad_token_id=pad_token_id, id2label=id2label, label2id=label2id,
+                     head_options=head_options)
     checkpoint = open_checkpoint(
         path, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
     )
