@@ -119,15 +119,32 @@ def check_inputs(cfg: BackboneConfig, input_ids, attention_mask=None, token_type
     """ValueError naming the input and the fix for inputs a model of backbone `cfg` would turn into
     NaN or into another computation without a word: every model class calls it before its backbone.
 
-    From shapes (also under jit): input_ids that are not integer arrays of `axes` (the last is
-    the sequence); attention_mask, token_type_ids, position_ids or segment_ids of another shape
-    than input_ids (jax would broadcast a mask of batch 1 over every row); a sequence longer than
-    the position table covers (`max_sequence_length`, when `position_table_size` says positions
-    are absolute and position_ids / segment_ids do not give them). From values, for concrete
-    arrays only (an eager call: a traced value under jit cannot be looked at, and the data
-    pipeline keeps tokenizer output in range): input_ids outside [0, vocab_size), token_type_ids
-    outside [0, token_type_vocab_size), position_ids outside [0, position_table_size). jax's
-    lookups would give NaN or wrap a negative id around; PyTorch's embedding raises."""
+    From shapes, also under jit (`check_shapes`): input_ids that are not integer arrays of `axes`,
+    other inputs shaped otherwise, a sequence longer than the position table. From values, for
+    concrete arrays only (an eager call: a traced value under jit cannot be looked at, and the
+    data pipeline keeps tokenizer output in range): input_ids outside [0, vocab_size),
+    token_type_ids outside [0, token_type_vocab_size), position_ids outside [0,
+    position_table_size). jax's lookups would give NaN or wrap a negative id around; PyTorch's
+    embedding raises."""
+    check_shapes(cfg, input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids, axes=axes)
+    _check_range("input_ids", input_ids, getattr(cfg, "vocab_size", None), "the model's vocabulary",
+                 "ids come from this model's own tokenizer, which never gives such an id")
+    _check_range("token_type_ids", token_type_ids, getattr(cfg, "token_type_vocab_size", None),
+                 "the model's token types", "pass the token_type_ids of this model's own tokenizer (0 for the first "
+                 "text, 1 for a second one where the model has two types), or leave token_type_ids out")
+    _check_range("position_ids", position_ids, getattr(cfg, "position_table_size", None), "the model's position table",
+                 "leave position_ids out (the model counts positions itself), or truncate the text")
+
+
+def check_shapes(cfg: BackboneConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
+                 segment_ids=None, axes: tuple[str, ...] = ("batch", "seq")) -> None:
+    """The part of `check_inputs` read from shapes alone, so free under jit (backbones that are
+    called on their own run it too): ValueError for input_ids that are not integer arrays of
+    `axes` (the last is the sequence); attention_mask, token_type_ids, position_ids or segment_ids
+    of another shape than input_ids (jax would broadcast a mask of batch 1 over every row); a
+    sequence longer than the position table covers (`max_sequence_length`, when
+    `position_table_size` says positions are absolute and position_ids / segment_ids do not give
+    them)."""
     shape = _integer_array_shape("input_ids", input_ids, axes)
     given = {"attention_mask": attention_mask, "token_type_ids": token_type_ids, "position_ids": position_ids,
              "segment_ids": segment_ids}
@@ -140,30 +157,12 @@ def check_inputs(cfg: BackboneConfig, input_ids, attention_mask=None, token_type
                              f"in an array shaped like input_ids {_axes(axes)}")
         if name != "attention_mask":
             _integer_array_shape(name, array, axes)
-    table = getattr(cfg, "position_table_size", None)
-    limit = cfg.max_sequence_length if table is not None else None
+    limit = cfg.max_sequence_length if getattr(cfg, "position_table_size", None) is not None else None
     if limit is not None and position_ids is None and segment_ids is None and shape[-1] > limit:
         raise ValueError(
             f"input_ids has {shape[-1]} tokens per sequence, and this {cfg.model_type} model's position table "
             f"covers at most {limit}: truncate the text to at most {limit} tokens "
             f"(max_seq_length={limit}; with a tokenizer, truncation=True, max_length={limit})")
-    _check_range("input_ids", input_ids, getattr(cfg, "vocab_size", None), "the model's vocabulary",
-                 "ids come from this model's own tokenizer, which never gives such an id")
-    _check_range("token_type_ids", token_type_ids, getattr(cfg, "token_type_vocab_size", None),
-                 "the model's token types", "pass the token_type_ids of this model's own tokenizer (0 for the first "
-                 "text, 1 for a second one where the model has two types), or leave token_type_ids out")
-    _check_range("position_ids", position_ids, table, "the model's position table",
-                 "leave position_ids out (the model counts positions itself), or truncate the text")
-
-
-def check_same_shapes(input_ids, axes: tuple[str, ...] = ("batch", "seq"), **arrays) -> None:
-    """ValueError unless every array of `arrays` (None: not given) has input_ids' shape: the shape
-    part of `check_inputs`, for a backbone called on its own."""
-    shape = tuple(input_ids.shape)
-    for name, array in arrays.items():
-        if array is not None and tuple(array.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(array.shape)} but input_ids has {shape}: give one {name} "
-                             f"value per token, in an array shaped like input_ids {_axes(axes)}")
 
 
 def _axes(axes: tuple[str, ...]) -> str:
