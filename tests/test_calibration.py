@@ -103,7 +103,7 @@ def test_validation_labels_no_temperature_can_be_fitted_on_are_refused_with_the_
 def test_a_temperature_at_its_search_bound_is_reported_at_the_bound_with_a_warning():
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 3, size=60)
-    separable = np.eye(3)[labels] + rng.normal(size=(60, 3)) * 0.05  # every answer right: the lower T, the better
+    separable = np.eye(3)[labels] * 4.0 + rng.normal(size=(60, 3)) * 0.1  # every answer right: the lower T, the better
 
     report = calibration.calibrate(separable, labels, problem.SINGLE_LABEL)
 
