@@ -135,8 +135,8 @@ def checkpoint_task(model_dir: str | os.PathLike) -> str | None:
 
 
 def check_batch_size(batch_size: int) -> None:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: it must be an int of at least 1 (texts per forward pass)")
 
 
 def padding(tokenizer, backbone) -> dict[str, Any]:

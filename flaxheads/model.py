@@ -15,7 +15,6 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from flaxheads import lora
@@ -177,12 +176,10 @@ class PretrainedModel:
 
     def backbone_states(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
                         segment_ids=None, last_layer_positions=None, rngs: nnx.Rngs | None = None):
-        """The backbone's `BackboneOutput` for (batch, seq) inputs, LoRA dropout keyed by `rngs`;
-        ValueError for concrete ids outside the vocabulary (`check_input_ids`). No mask: every
-        token is real. `last_layer_positions` (batch, P), for a backbone that can
-        (`runs_last_layer_at`): its last layer runs at those positions only, and the last hidden
-        state is valid there only."""
-        check_input_ids(input_ids, getattr(self.config.backbone, "vocab_size", None))
+        """The backbone's `BackboneOutput` for (batch, seq) inputs, LoRA dropout keyed by `rngs`
+        (inputs already checked by the caller's `check_inputs`). No mask: every token is real.
+        `last_layer_positions` (batch, P), for a backbone that can (`runs_last_layer_at`): its last
+        layer runs at those positions only, and the last hidden state is valid there only."""
         backbone_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
         options = {} if last_layer_positions is None else {"last_layer_positions": last_layer_positions}
         with lora.adapter_dropout_key(lora.lora_config(self), rngs):  # LoRA layers take no rngs argument
@@ -218,25 +215,6 @@ def save_pretrained(model: PretrainedModel, path, *, format: str = "pytorch", to
     loading.save_pretrained(lora.merged(model), path, format=format, tokenizer=tokenizer)
 
 
-def check_input_ids(input_ids, vocab_size: int | None) -> None:
-    """ValueError naming the first id outside [0, vocab_size) of concrete `input_ids` (a traced
-    value, under jit, is let through). jax indexing would wrap a negative id around and clamp one
-    past the end, giving finite logits for text the model never saw; PyTorch's embedding raises."""
-    if isinstance(input_ids, jax.core.Tracer):
-        return
-    ids = np.asarray(input_ids)
-    if ids.size == 0:
-        return
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or (vocab_size is not None and high >= vocab_size):
-        bad = low if low < 0 else high
-        where = tuple(int(i) for i in np.argwhere(ids == bad)[0])
-        raise ValueError(
-            f"input_ids holds {bad} at {where}, outside the model's vocabulary [0, {vocab_size}): ids come from "
-            "this model's own tokenizer, which never gives such an id"
-        )
-
-
 class UntrainedModel(ValueError):
     """A classifier whose head (or part of it) would be newly initialised: its answers are noise."""
 
@@ -258,7 +236,6 @@ __all__ = [
     "LabelNames",
     "PretrainedModel",
     "UntrainedModel",
-    "check_input_ids",
     "label_names_from",
     "load_backbone",
     "require_trained",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import numbers
 import os
 import sys
 from pathlib import Path
@@ -166,7 +167,10 @@ def model_pad_token_id(model_dir: str | os.PathLike, tokenizer) -> int | None:
 def fitting_max_length(backbone: BackboneConfig, requested: int) -> int:
     """`requested` tokens, or the model's position limit (with a printed note) when it is shorter:
     positions past the learned embeddings have no meaning (transformers fails on them; an
-    unchecked gather would silently clamp them)."""
+    unchecked gather would silently clamp them). ValueError for a `requested` that is not an int
+    of at least 1."""
+    if isinstance(requested, bool) or not isinstance(requested, numbers.Integral) or requested < 1:
+        raise ValueError(f"max_seq_length={requested!r}: it must be an int of at least 1 (tokens per text)")
     limit = backbone.max_sequence_length
     if limit is None or requested <= limit:
         return requested

@@ -15,6 +15,10 @@ Every scenario the families share is one test parametrized over `FAMILIES` (ids:
     tests/test_family_tokens.py       token classification and multiple choice (`token_classifier`,
                                       `multiple_choice`): logits, loss, loading reports, exports
     tests/test_packing_model.py       packed rows give each example's logits
+    tests/test_family_inputs.py       inputs transformers cannot run (past the position table, token types
+                                      or ids outside their tables) and mismatched shapes are refused
+    tests/test_family_configs.py      config.json sizes that are not ints >= 1, and layer counts the weights
+                                      do not have, are refused naming the field
 
 What is particular to a family (a config switch, an error message, its own head on BERT) stays in
 its own file (test_albert.py, test_decoders.py, ...), which builds checkpoints with the same
@@ -205,6 +209,9 @@ class Family:
     token_types: bool = False
     """Whether the family embeds token types (its batches carry them)."""
     layers_key: str = "num_hidden_layers"
+    weights_layers_key: str | None = None
+    """config.json's field counting the layers the weights hold, where it is not `layers_key`
+    (under transformers' attribute_map): ALBERT's weights hold num_hidden_groups groups."""
     bf16_atol: float = 5e-2
     """bfloat16 compute (float32 parameters) against transformers' float32 logits, absolute..."""
     bf16_rtol: float | None = None
@@ -553,6 +560,7 @@ ALBERT = Family(
               ("groups1_inner2_1_label", _pairs(inner_group_num=2), 1),
               ("groups2_inner2_5_labels", _pairs(num_hidden_groups=2, inner_group_num=2), 5)),
     token_types=True,
+    weights_layers_key="num_hidden_groups",
     # 8 bits of mantissa through 3 layers give differences of a few 1e-3 on logits of order 1 (measured 4.6e-3).
     bf16_atol=2e-2,
     packing=_pairs(inner_group_num=2),  # two layers per shared group, each pooled per segment

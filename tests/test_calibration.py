@@ -86,6 +86,34 @@ def test_ece_of_a_small_case_by_hand():
     assert ece == pytest.approx(0.15 * 2 / 3)
 
 
+@pytest.mark.parametrize(("labels", "problem_type", "named"), [
+    (np.zeros(40, np.int64), problem.SINGLE_LABEL, r"every example is of class 0"),
+    (np.zeros((40, 3)), problem.MULTI_LABEL, r"every label of every example is absent"),
+    (np.arange(29) % 2, problem.SINGLE_LABEL, r"which has 29 example\(s\): too few to fit it on \(at least 30"),
+])
+def test_validation_labels_no_temperature_can_be_fitted_on_are_refused_with_the_fix(labels, problem_type, named):
+    # One class: the log-loss falls without end as T shrinks; the fit landed on 0.05 and the export answered that
+    # class for every text with near certainty.
+    logits = np.random.default_rng(0).normal(size=(len(labels), 3))
+
+    with pytest.raises(ValueError, match=named + r".*with every class, or leave calibrate out"):
+        calibration.calibrate(logits, labels, problem_type)
+
+
+def test_a_temperature_at_its_search_bound_is_reported_at_the_bound_with_a_warning():
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 3, size=60)
+    separable = np.eye(3)[labels] * 4.0 + rng.normal(size=(60, 3)) * 0.1  # every answer right: the lower T, the better
+
+    report = calibration.calibrate(separable, labels, problem.SINGLE_LABEL)
+
+    assert report["temperature"] == pytest.approx(np.exp(calibration.LOG_T_RANGE[0]), rel=1e-3)
+    assert report["at_bound"] == "lower" and "at the lower end of its search range" in report["warning"]
+    logits, labels = _overconfident(rng, 600, 3, scale=2.5)
+    fitted = calibration.calibrate(logits, labels, problem.SINGLE_LABEL)
+    assert fitted["at_bound"] is None and "warning" not in fitted
+
+
 @pytest.mark.parametrize("problem_type", [problem.REGRESSION, problem.PAIRWISE_REWARD])
 def test_problem_types_without_class_probabilities_are_refused(problem_type):
     with pytest.raises(ValueError, match=f"calibrate .* {problem_type} has none.*leave calibrate out"):
@@ -139,3 +167,39 @@ def test_calibrate_without_labelled_validation_data_is_refused_before_training(t
     with pytest.raises(ValueError, match="calibrate=True fits its temperature on the labelled validation split"):
         train(TrainConfig(model_name_or_path=str(tiny_bert), train_file=str(snippets_csv["train"]),
                           text_column="sentence", output_dir=str(tmp_path), max_steps=1, calibrate=True))
+
+
+def test_a_run_whose_validation_split_has_one_class_is_refused_before_training(tiny_bert, snippets_csv, tmp_path):
+    import csv
+
+    with open(snippets_csv["train"], newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    one_class = [row for row in rows if row["label"] == rows[0]["label"]][:40]
+    with open(tmp_path / "validation.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(one_class)
+
+    with pytest.raises(ValueError, match=rf"calibrate=True fits its temperature on the validation split, and every "
+                                         rf"example is of class '{rows[0]['label']}'"):
+        train(TrainConfig(model_name_or_path=str(tiny_bert), train_file=str(snippets_csv["train"]),
+                          validation_file=str(tmp_path / "validation.csv"), text_column="sentence",
+                          output_dir=str(tmp_path / "run"), max_steps=1, calibrate=True))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # a tiny training run
+def test_a_run_whose_temperature_lands_on_its_bound_warns_and_results_json_says_so(tiny_bert, snippets_csv, tmp_path,
+                                                                                   monkeypatch, capsys):
+    # The search's own end, whatever the tiny run's logits: what the run does with a fit that stopped there.
+    monkeypatch.setattr(calibration, "fit_temperature", lambda *args: float(np.exp(calibration.LOG_T_RANGE[0])))
+    results = train(TrainConfig(model_name_or_path=str(tiny_bert), train_file=str(snippets_csv["train"]),
+                                validation_file=str(snippets_csv["validation"]), text_column="sentence",
+                                max_seq_length=32, max_steps=2, disable_tqdm=True, output_dir=str(tmp_path / "run"),
+                                calibrate=True))
+
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())["calibration"]
+    assert saved["at_bound"] == "lower" and saved == results["calibration"]
+    err = capsys.readouterr().err
+    assert "warning: calibrate: the temperature 0.05 is at the lower end of its search range" in err
+    assert "leave calibrate out" in saved["warning"]

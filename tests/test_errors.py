@@ -8,11 +8,13 @@ import re
 import shutil
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 from safetensors.torch import load_file, save_file
 
 import flaxheads
@@ -446,3 +448,125 @@ def test_ids_outside_the_vocabulary_are_refused_as_pytorch_refuses_them(bert_cop
         model(jnp.asarray(ids))
     with pytest.raises(IndexError):  # what transformers does with the same ids
         transformers.AutoModelForSequenceClassification.from_pretrained(bert_copy)(torch.as_tensor(ids))
+
+
+@pytest.mark.parametrize("model_class", [flaxheads.SequenceClassifier, flaxheads.TokenClassifier,
+                                         flaxheads.MultipleChoice], ids=lambda c: c.__name__)
+def test_every_model_class_refuses_a_mask_of_another_batch_and_a_token_type_outside_the_table(hf_checkpoint,
+                                                                                              model_class):
+    model = model_class.from_pretrained(hf_checkpoint("BertModel").path)  # type_vocab_size 2
+    shape = (2, 3, 6) if model_class is flaxheads.MultipleChoice else (2, 6)
+    ids = jnp.full(shape, 7)
+
+    with pytest.raises(ValueError, match=re.escape(f"attention_mask has shape {(1, *shape[1:])} but input_ids has "
+                                                   f"{shape}")):
+        model(ids, jnp.ones((1, *shape[1:]), jnp.int32))  # jax would broadcast it over every row
+    with pytest.raises(ValueError, match=r"token_type_ids holds 2 at \(0, 0.*outside the model's token types \[0, 2\)"):
+        model(ids, token_type_ids=jnp.full(shape, 2))  # jax's lookup gives NaN
+
+
+def test_under_jit_a_sequence_past_the_position_table_is_refused_from_its_shape(bert_copy):
+    model = flaxheads.from_pretrained(bert_copy)  # max_position_embeddings 64
+    graphdef, params = nnx.split(model)
+    forward = jax.jit(lambda params, ids: nnx.merge(graphdef, params)(ids))
+
+    with pytest.raises(ValueError, match="input_ids has 65 tokens per sequence.*truncate the text to at most 64 tokens"):
+        forward(params, jnp.ones((1, 65), jnp.int32))
+    assert forward(params, jnp.ones((1, 64), jnp.int32)).shape == (1, 2)
+
+
+@pytest.mark.parametrize(("argument", "value", "expected"), [
+    ("num_labels", "3", "an int of at least 1"),
+    ("num_labels", 2.5, "an int of at least 1"),  # jax: "Shapes must be 1D sequences of ... integer type"
+    ("classifier_dropout", float("nan"), r"a rate in \[0, 1\)"),  # loaded, and trained to NaN
+    ("classifier_dropout", 1.5, r"a rate in \[0, 1\)"),
+    ("seed", None, "an int"),  # AttributeError: 'NoneType' object has no attribute 'dtype'
+    ("dtype", "float17", "a float dtype"),
+    ("pad_token_id", -3, "a token id"),
+    ("id2label", "ab", "a list of label names"),  # two labels, 'a' and 'b'
+    ("head_options", "x", "a dict of the head's options"),
+])
+def test_a_from_pretrained_argument_of_the_wrong_kind_or_range_is_refused_naming_it(hf_checkpoint, argument, value,
+                                                                                     expected):
+    path = hf_checkpoint(CLASSIFIER["bert"], num_labels=2).path
+
+    with pytest.raises(ValueError, match=rf"^{argument}={re.escape(repr(value))}: it must be {expected}"):
+        flaxheads.from_pretrained(path, **{argument: value})
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings: every number a run or a pipeline takes is checked where it is given
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    (dict(learning_rate=float("nan")), r"learning_rate=nan: it must be a finite number"),
+    (dict(learning_rate=float("inf")), r"learning_rate=inf: it must be a finite number"),
+    (dict(learning_rate=-1e-4), r"learning_rate=-0\.0001: it must be positive"),
+    (dict(weight_decay=-0.01), r"weight_decay=-0\.01: it must be 0 or positive"),
+    (dict(adam_beta1=1.0), r"adam_beta1=1\.0: it must be in \[0, 1\)"),
+    (dict(adam_beta2=float("nan")), r"adam_beta2=nan: it must be a finite number"),
+    (dict(adam_epsilon=0.0), r"adam_epsilon=0\.0: it must be positive"),
+    (dict(max_grad_norm=float("nan")), r"max_grad_norm=nan: it must be a finite number"),
+    (dict(max_grad_norm=-1.0), r"max_grad_norm=-1\.0: it must be 0 \(no clipping\) or positive"),
+    (dict(label_smoothing_factor=float("nan")), r"label_smoothing_factor=nan: it must be a finite number"),
+    (dict(warmup_steps=float("nan")), r"warmup_steps=nan: it must be a finite number"),
+    (dict(classifier_dropout=1.0), r"classifier_dropout=1\.0: it must be a rate in \[0, 1\)"),
+    (dict(seed=-1), r"seed=-1: it must be 0 or positive"),
+])
+def test_a_training_number_outside_its_range_or_not_finite_is_refused_naming_the_field(settings, named):
+    with pytest.raises(ValueError, match=named):
+        flaxheads.TrainConfig(**settings)
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    (dict(max_seq_length="128"), r"max_seq_length='128': it must be an int, not a str"),
+    (dict(per_device_train_batch_size=None), r"per_device_train_batch_size=None: it must be an int, not a NoneType"),
+    (dict(learning_rate="1e-4"), r"learning_rate='1e-4': it must be a number, not a str"),
+    (dict(num_labels=2.0), r"num_labels=2\.0: it must be an int or None, not a float"),
+    (dict(do_train="yes"), r"do_train='yes': it must be True or False, not a str"),
+])
+def test_a_training_setting_of_the_wrong_kind_is_refused_naming_the_field_and_the_kind(settings, named):
+    with pytest.raises(ValueError, match=named):
+        flaxheads.TrainConfig(**settings)
+
+
+def test_a_run_of_no_step_is_refused_with_the_fix_as_it_would_export_an_untrained_head(tmp_path, capsys):
+    from flaxheads.cli import main
+
+    with pytest.raises(ValueError, match=r"num_train_epochs=0 with max_steps=-1: the run would take no step and export "
+                                         r"the untrained model.*do_train=False to score the model as it is"):
+        flaxheads.TrainConfig(num_train_epochs=0)
+    assert flaxheads.TrainConfig(num_train_epochs=0, max_steps=3).max_steps == 3
+    assert flaxheads.TrainConfig(num_train_epochs=0, do_train=False).do_train is False
+
+    assert main(["train", "--num_train_epochs", "0", "--output_dir", str(tmp_path / "run")]) == 2
+    assert "--num_train_epochs 0.0 with --max_steps -1" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def small_pipeline(hf_checkpoint, tmp_path_factory):
+    """A text-classification pipeline over a random 3-label BERT and a tokenizer of its 99 ids."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "film"]) + "\n")
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(folder)
+    model = flaxheads.from_pretrained(hf_checkpoint("BertForSequenceClassification", num_labels=3).path)
+    return flaxheads.pipeline("text-classification", model=model, tokenizer=tokenizer), model, tokenizer
+
+
+@pytest.mark.parametrize("top_k", [-1, 0, 1.5, "2"])
+def test_a_top_k_that_is_not_a_count_of_labels_is_refused_naming_it(small_pipeline, top_k):
+    classify, _, _ = small_pipeline
+
+    with pytest.raises(ValueError, match=rf"top_k={re.escape(repr(top_k))}: give the number of best labels"):
+        classify("a film", top_k=top_k)  # -1 sliced off the last label, 0 answered nothing
+    assert len(classify("a film", top_k=2)) == 2 and len(classify("a film", top_k=None)) == 3
+
+
+@pytest.mark.parametrize(("option", "value"), [("batch_size", 0), ("batch_size", 2.5), ("batch_size", None),
+                                               ("max_seq_length", 0), ("max_seq_length", "32")])
+def test_a_pipeline_size_that_is_not_a_positive_int_is_refused_naming_it(small_pipeline, option, value):
+    _, model, tokenizer = small_pipeline
+
+    with pytest.raises(ValueError, match=rf"{option}={re.escape(repr(value))}: it must be an int of at least 1"):
+        flaxheads.pipeline("text-classification", model=model, tokenizer=tokenizer, **{option: value})

@@ -207,8 +207,8 @@ def test_classifier_of_another_size_says_num_labels(hf_checkpoint):
 
 @pytest.mark.parametrize(
     ("inputs", "message"),
-    [({"input_ids": np.ones((2, 65), np.int32)}, r"sequence length 65 exceeds n_positions=64"),
-     ({"input_ids": np.ones((8,), np.int32)}, r"input_ids must be \(batch, seq\), got shape \(8,\)"),
+    [({"input_ids": np.ones((2, 65), np.int32)}, r"input_ids has 65 tokens per sequence, .* covers at most 64"),
+     ({"input_ids": np.ones((8,), np.int32)}, r"input_ids must be integers of shape \(batch, seq\); got shape \(8,\)"),
      ({"input_ids": np.ones((2, 8), np.int32), "attention_mask": np.ones((2, 7), np.int32)},
       r"attention_mask has shape \(2, 7\) but input_ids has \(2, 8\)")],
 )

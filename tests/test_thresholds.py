@@ -51,24 +51,62 @@ def test_tuned_thresholds_reach_the_best_f1_of_every_label():
 
 
 @settings(max_examples=60, deadline=None)
-@given(scores=hnp.arrays(np.float64, st.integers(1, 30), elements=st.sampled_from([-2.0, -0.5, 0.0, 0.25, 1.0, 3.0])),
-       seed=st.integers(0, 2**16))
-def test_tuning_finds_the_f1_maximum_even_with_ties(scores, seed):
-    truth = np.random.default_rng(seed).random(len(scores)) < 0.5
-    tuned = thresholds_lib.tune(scores[:, None], truth[:, None].astype(np.float32), ["a"])
+@given(scores=hnp.arrays(np.float64, st.integers(thresholds_lib.MIN_EXAMPLES, 60),
+                         elements=st.sampled_from([-2.0, -0.5, 0.0, 0.25, 1.0, 3.0])),
+       seed=st.integers(0, 2**16), share=st.sampled_from([0.02, 0.5, 0.98]))
+def test_tuning_finds_the_f1_maximum_even_with_ties(scores, seed, share):
+    truth = np.random.default_rng(seed).random(len(scores)) < share
+    labels = np.stack([truth, np.arange(len(truth)) % 2 == 0], axis=1).astype(np.float32)  # "b": always tunable
+    tuned = thresholds_lib.tune(np.stack([scores, scores], axis=1), labels, ["a", "b"])
     row = tuned["per_label"]["a"]
-    if not truth.any():
-        assert row == {"threshold": 0.5, "f1_at_default": 0.0, "f1": 0.0, "tuned": False}
+    if truth.all() or not truth.any():  # nothing to learn a threshold from: 0.5 kept, as for no positive
+        assert row["threshold"] == 0.5 and not row["tuned"] and not row["at_bound"]
         return
-    decided = thresholds_lib.decide(scores[:, None], tuned["thresholds"])[:, 0]
+    decided = thresholds_lib.decide(scores[:, None], tuned["thresholds"][:1])[:, 0]
     assert sklearn.metrics.f1_score(truth, decided) == pytest.approx(_brute_force_best_f1(scores, truth), abs=1e-12)
+    assert row["at_bound"] == bool(decided.all())
 
 
 def test_of_equally_good_thresholds_the_one_nearest_the_default_wins():
     # Positives at 1 and 2, negatives at -3 and -2: every cut in (-2, 1) is perfect; 0 is among them.
-    scores = np.array([[-3.0], [-2.0], [1.0], [2.0]])
-    tuned = thresholds_lib.tune(scores, np.array([[0], [0], [1], [1]]), ["a"])
+    scores = np.array([[-3.0], [-2.0], [1.0], [2.0]] * 8)
+    tuned = thresholds_lib.tune(scores, np.array([[0], [0], [1], [1]] * 8), ["a"])
     assert tuned["thresholds"] == (pytest.approx(1 / (1 + np.exp(0.5))),)  # the midpoint -0.5 is nearest 0
+
+
+def test_a_threshold_below_every_score_is_reported_at_the_bound_with_a_warning():
+    # "a": positives score lowest, so predicting every text is its best F1; "b": positives score highest.
+    scores = np.concatenate([np.linspace(-3, -1, 24), np.linspace(1, 3, 8)])
+    labels = np.stack([np.arange(32) < 24, np.arange(32) >= 24], axis=1).astype(np.float32)
+
+    tuned = thresholds_lib.tune(np.stack([scores, scores], axis=1), labels, ["a", "b"])
+
+    assert tuned["per_label"]["a"]["at_bound"] and tuned["per_label"]["a"]["tuned"]
+    assert tuned["per_label"]["b"]["at_bound"] is False and tuned["per_label"]["b"]["f1"] == 1.0
+    assert thresholds_lib.decide(scores[:, None], tuned["thresholds"][:1]).all()
+    assert len(tuned["warnings"]) == 1 and tuned["warnings"][0].startswith("a: its threshold")
+    assert "at the bound of the search" in tuned["warnings"][0]
+
+
+@pytest.mark.parametrize(("labels", "named"), [
+    (np.eye(3)[np.arange(29) % 3], r"which has 29 example\(s\): too few to tune on \(at least 30\)"),
+    (np.zeros((40, 3)), r"none of its labels \(politics, sports, tech\) is both present and absent"),
+    (np.ones((40, 3)), r"none of its labels .* is both present and absent"),
+])
+def test_validation_labels_nothing_can_be_tuned_on_are_refused_with_the_fix(labels, named):
+    with pytest.raises(ValueError, match=named + r".*or leave tune_thresholds out"):
+        thresholds_lib.tune(np.zeros(labels.shape), labels, NAMES)
+
+
+def test_a_run_whose_validation_split_cannot_tune_thresholds_is_refused_before_training(tiny_bert, tmp_path):
+    data = _tagged(tmp_path)
+    rows = [{"text": "goal match", "tags": ["sports"]}] * 40  # politics and tech absent, sports always present
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    with pytest.raises(ValueError, match=r"tune_thresholds=True tunes on the validation split, and none of its labels"):
+        train(TrainConfig(model_name_or_path=str(tiny_bert), **data, output_dir=str(tmp_path / "run"), max_steps=1,
+                          tune_thresholds=True))
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_default_threshold_is_logit_above_zero_and_cutoffs_invert_the_sigmoid():
@@ -141,7 +179,7 @@ def test_thresholds_on_a_model_that_is_not_multi_label_are_refused():
 def _tagged(tmp_path):
     rows = [{"text": "goal match", "tags": ["sports"]}, {"text": "vote law", "tags": ["politics"]},
             {"text": "goal vote", "tags": ["politics", "sports"]}, {"text": "chip code", "tags": ["tech"]},
-            {"text": "code law", "tags": ["politics", "tech"]}, {"text": "match chip", "tags": ["sports", "tech"]}] * 4
+            {"text": "code law", "tags": ["politics", "tech"]}, {"text": "match chip", "tags": ["sports", "tech"]}] * 5
     for split in ("train", "validation"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return dict(train_file=str(tmp_path / "train.jsonl"), validation_file=str(tmp_path / "validation.jsonl"),

@@ -29,7 +29,7 @@ from flax import nnx
 
 from flaxheads.backbones import layers, segments, stacking
 from flaxheads.backbones.encoder import Embeddings, EncoderLayer
-from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple, require_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +72,9 @@ class AlbertConfig:
     def __post_init__(self):
         if self.model_type != "albert":
             raise ValueError(f"AlbertConfig serves model_type 'albert', not {self.model_type!r}")
+        require_sizes(self, "vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_hidden_groups",
+                      "num_attention_heads", "intermediate_size", "inner_group_num", "max_position_embeddings")
+        require_sizes(self, "type_vocab_size", at_least=0)
         require_multiple(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         if not 1 <= self.num_hidden_groups <= self.num_hidden_layers:
             raise ValueError(
@@ -108,6 +111,14 @@ class AlbertConfig:
     @property
     def max_sequence_length(self) -> int:
         return self.max_position_embeddings
+
+    @property
+    def position_table_size(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def token_type_vocab_size(self) -> int | None:
+        return self.type_vocab_size or None
 
     @property
     def head_dim(self) -> int:

@@ -39,7 +39,7 @@ from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, segments, stacking
 from flaxheads.backbones.encoder import EncoderLayer
-from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple, require_sizes
 
 POSITION_ATTENTION_TYPES = ("c2p", "p2c")
 
@@ -102,6 +102,9 @@ class DebertaV2Config:
     def __post_init__(self):
         if self.model_type != "deberta-v2":
             raise ValueError(f"DebertaV2Config serves model_type 'deberta-v2', not {self.model_type!r}")
+        require_sizes(self, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                      "max_position_embeddings", optional=("embedding_size",))
+        require_sizes(self, "type_vocab_size", at_least=0)
         require_multiple(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         unknown = set(self.pos_att_type) - set(POSITION_ATTENTION_TYPES)
         if unknown:
@@ -118,8 +121,13 @@ class DebertaV2Config:
 
         Raises NotImplementedError for settings transformers' classifier cannot run either
         (attention_head_size or pooler_hidden_size other than the ones hidden_size implies)."""
-        hidden = hf.get("hidden_size", cls.hidden_size)
-        heads = hf.get("num_attention_heads", cls.num_attention_heads)
+        known = known_fields(hf, cls)
+        kind = known.get("pos_att_type") or ()
+        if isinstance(kind, str):
+            kind = [x.strip() for x in kind.lower().split("|")]
+        known["pos_att_type"] = tuple(kind)
+        config = cls(**known)  # the sizes checked before they are divided
+        hidden, heads = config.hidden_size, config.num_attention_heads
         if hf.get("attention_head_size", hidden // heads) * heads != hidden:
             raise NotImplementedError(
                 f"attention_head_size={hf['attention_head_size']} with {heads} heads is not hidden_size={hidden} "
@@ -130,12 +138,7 @@ class DebertaV2Config:
                 f"pooler_hidden_size={hf['pooler_hidden_size']} != hidden_size={hidden}: DebertaV2ForSequenceClassification "
                 "cannot run it either (its classifier reads hidden_size features)"
             )
-        known = known_fields(hf, cls)
-        kind = known.get("pos_att_type") or ()
-        if isinstance(kind, str):
-            kind = [x.strip() for x in kind.lower().split("|")]
-        known["pos_att_type"] = tuple(kind)
-        return cls(**known)
+        return config
 
     def to_hf_config(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -165,6 +168,16 @@ class DebertaV2Config:
         """Absolute positions limit the input; relative ones alone do not (longer distances share
         the outermost bucket)."""
         return self.max_position_embeddings if self.position_biased_input else None
+
+    @property
+    def position_table_size(self) -> int | None:
+        """Only v2's absolute positions (position_biased_input) are a table; relative ones are bucketed."""
+        return self.max_position_embeddings if self.position_biased_input else None
+
+    @property
+    def token_type_vocab_size(self) -> int | None:
+        """None without token-type embeddings (type_vocab_size 0, v3: token_type_ids are ignored)."""
+        return self.type_vocab_size or None
 
     @property
     def head_dim(self) -> int:

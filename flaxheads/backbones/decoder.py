@@ -29,7 +29,7 @@ from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, rope, segments, stacking
 from flaxheads.backbones.decoder_config import DecoderConfig
-from flaxheads.backbones.interface import BackboneOutput
+from flaxheads.backbones.interface import BackboneOutput, check_shapes
 
 
 class RMSNorm(nnx.Module):
@@ -261,13 +261,6 @@ class Decoder(nnx.Module):
         return LayerInputs(masks, rotary, attention_mask, segment_ids)
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids) -> None:
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
         if token_type_ids is not None:
             raise ValueError(f"{self.cfg.model_type} has no token types: pass token_type_ids=None")
-        for name, array in (("attention_mask", attention_mask), ("position_ids", position_ids)):
-            if array is not None and tuple(array.shape) != tuple(input_ids.shape):
-                raise ValueError(
-                    f"{name} has shape {tuple(array.shape)} but input_ids has {tuple(input_ids.shape)}; "
-                    "they must match"
-                )
+        check_shapes(self.cfg, input_ids, attention_mask, position_ids=position_ids)

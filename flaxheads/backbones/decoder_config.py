@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flaxheads.backbones.interface import known_fields, require_multiple
+from flaxheads.backbones.interface import known_fields, require_multiple, require_sizes
 from flaxheads.backbones.rope import Rope
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -151,6 +151,8 @@ class DecoderConfig:
 
     def __post_init__(self):
         fam = family(self.model_type)
+        require_sizes(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "max_position_embeddings", optional=("num_key_value_heads", "head_dim"))
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
@@ -235,6 +237,10 @@ class DecoderConfig:
         """None: positions are rotary, so no table bounds the length (quality past
         max_position_embeddings is another matter)."""
         return None
+
+    position_table_size = None
+    token_type_vocab_size = None
+    """Rotary positions and no token types (the backbone refuses token_type_ids)."""
 
     @property
     def effective_sliding_window(self) -> int | None:

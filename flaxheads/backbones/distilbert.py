@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones.encoder import Encoder, EncoderConfig
-from flaxheads.backbones.interface import known_fields
+from flaxheads.backbones.interface import known_fields, require_sizes
 
 DISTILBERT_LAYER_NORM_EPS = 1e-12
 """Fixed in transformers' DistilBERT (not a config field)."""
@@ -50,6 +50,7 @@ class DistilBertConfig:
     def __post_init__(self):
         if self.model_type != "distilbert":
             raise ValueError(f"DistilBertConfig serves model_type 'distilbert', not {self.model_type!r}")
+        require_sizes(self, "vocab_size", "max_position_embeddings", "n_layers", "n_heads", "dim", "hidden_dim")
         self.encoder_config()  # validates the shapes (dim divisible by n_heads)
 
     @classmethod
@@ -106,6 +107,13 @@ class DistilBertConfig:
     @property
     def max_sequence_length(self) -> int:
         return self.max_position_embeddings
+
+    @property
+    def position_table_size(self) -> int:
+        return self.max_position_embeddings
+
+    token_type_vocab_size = None
+    """DistilBERT has no token types: token_type_ids are ignored."""
 
 
 def DistilBert(

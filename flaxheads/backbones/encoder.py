@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple, require_sizes
 
 _ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
 # transformers' RobertaConfig / XLMRobertaConfig / ElectraConfig defaults where they differ from
@@ -62,6 +62,9 @@ class EncoderConfig:
     def __post_init__(self):
         if self.model_type not in _ENCODER_FAMILIES:
             raise ValueError(f"EncoderConfig serves {_ENCODER_FAMILIES}, not {self.model_type!r}")
+        require_sizes(self, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                      "max_position_embeddings", optional=("embedding_size",))
+        require_sizes(self, "type_vocab_size", at_least=0)
         require_multiple(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         if self.position_ids_from_padding and self.pad_token_id is None:
             raise ValueError("position_ids_from_padding needs pad_token_id")
@@ -108,6 +111,15 @@ class EncoderConfig:
         """RoBERTa's positions start at pad_token_id + 1, so its 514 embeddings cover 512 tokens."""
         offset = self.pad_token_id + 1 if self.position_ids_from_padding else 0
         return self.max_position_embeddings - offset
+
+    @property
+    def position_table_size(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def token_type_vocab_size(self) -> int | None:
+        """None without token-type embeddings (type_vocab_size 0: token_type_ids are ignored)."""
+        return self.type_vocab_size or None
 
     @property
     def embedding_width(self) -> int:

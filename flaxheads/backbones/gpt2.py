@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
+from flaxheads.backbones.interface import BackboneOutput, check_shapes, known_fields, require_multiple, require_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +58,7 @@ class GPT2Config:
     def __post_init__(self):
         if self.model_type != "gpt2":
             raise ValueError(f"GPT2Config serves model_type 'gpt2', not {self.model_type!r}")
+        require_sizes(self, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", optional=("n_inner",))
         require_multiple(n_embd=self.n_embd, n_head=self.n_head)
         if isinstance(self.eos_token_id, list):  # configs must hash: they are static in jit
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
@@ -94,6 +95,15 @@ class GPT2Config:
     @property
     def max_sequence_length(self) -> int:
         return self.n_positions
+
+    @property
+    def position_table_size(self) -> int:
+        return self.n_positions
+
+    @property
+    def token_type_vocab_size(self) -> int:
+        """GPT-2 looks token types up in its token embeddings (as transformers)."""
+        return self.vocab_size
 
     @property
     def head_dim(self) -> int:
@@ -228,7 +238,7 @@ class GPT2(nnx.Module):
         train mode; eval mode ignores it. Raises ValueError for inputs that are not (batch, seq)
         or longer than `n_positions`, and in train mode without `rngs` (non-zero dropout rates).
         """
-        self._check_inputs(input_ids, attention_mask, position_ids)
+        check_shapes(self.cfg, input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
         if segment_ids is not None:
             attention_mask = segments.attention_mask(segment_ids)
             if position_ids is None:
@@ -247,17 +257,3 @@ class GPT2(nnx.Module):
         hidden_states[-1] = x_BTD
         return BackboneOutput(x_BTD, tuple(hidden_states))
 
-    def _check_inputs(self, input_ids, attention_mask, position_ids) -> None:
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
-        for name, array in (("attention_mask", attention_mask), ("position_ids", position_ids)):
-            if array is not None and tuple(array.shape) != tuple(input_ids.shape):
-                raise ValueError(
-                    f"{name} has shape {tuple(array.shape)} but input_ids has {tuple(input_ids.shape)}; "
-                    "they must match"
-                )
-        if position_ids is None and input_ids.shape[1] > self.cfg.n_positions:
-            raise ValueError(
-                f"sequence length {input_ids.shape[1]} exceeds n_positions={self.cfg.n_positions}, the "
-                "longest GPT-2 has position embeddings for; truncate the inputs"
-            )

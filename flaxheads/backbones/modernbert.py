@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones import attention, dropout, layers, rope, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple, require_sizes
 
 GLOBAL, SLIDING = "full_attention", "sliding_attention"
 """transformers' `layer_types` names."""
@@ -86,6 +86,8 @@ class ModernBertConfig:
     def __post_init__(self):
         if self.model_type != "modernbert":
             raise ValueError(f"ModernBertConfig serves model_type 'modernbert', not {self.model_type!r}")
+        require_sizes(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "max_position_embeddings")
         require_multiple(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads)
         if self.head_dim % 2:
             raise ValueError(
@@ -153,6 +155,11 @@ class ModernBertConfig:
     def max_sequence_length(self) -> int:
         """The longest input ModernBERT was trained for; RoPE itself has no table to run out of."""
         return self.max_position_embeddings
+
+    position_table_size = None
+    """Rotary positions: no table to run out of."""
+    token_type_vocab_size = None
+    """No token types: token_type_ids are ignored."""
 
     @property
     def head_dim(self) -> int:

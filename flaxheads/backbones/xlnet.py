@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxheads.backbones import dropout, layers, segments, stacking
-from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple
+from flaxheads.backbones.interface import BackboneOutput, known_fields, require_multiple, require_sizes
 
 # transformers subtracts this from masked attention scores (float32/bfloat16 models).
 _MASKED_SCORE = -1e30
@@ -93,6 +93,7 @@ class XLNetConfig:
     def __post_init__(self):
         if self.model_type != "xlnet":
             raise ValueError(f"XLNetConfig serves model_type 'xlnet', not {self.model_type!r}")
+        require_sizes(self, "vocab_size", "d_model", "n_layer", "n_head", "d_inner")
         require_multiple(d_model=self.d_model, n_head=self.n_head)
         if self.attn_type != "bi":
             raise NotImplementedError(
@@ -144,6 +145,10 @@ class XLNetConfig:
     def max_sequence_length(self) -> None:
         """Relative positions: no learned limit (memory is the limit)."""
         return None
+
+    position_table_size = None
+    token_type_vocab_size = None
+    """XLNet compares token types (same segment or not) and looks none up: any ids work."""
 
     @property
     def summary_options(self) -> dict[str, Any]:

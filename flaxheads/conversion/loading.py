@@ -9,9 +9,10 @@ module imports this one and never the other way round.
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -174,21 +175,27 @@ def _raise_for_non_float_weights(reader: TensorReader, rules: list[Rule], dtypes
             )
 
 
-def _raise_for_extra_layers(checkpoint: Checkpoint, table, base: str, backbone_config) -> None:
-    """Weights of more layers (ALBERT: groups) than config.json declares would otherwise load as a
-    shallower model, the deeper layers merely listed as unused: a different network that still runs."""
+def _raise_for_another_layer_count(checkpoint: Checkpoint, table, base: str, backbone_config) -> None:
+    """CheckpointError when the weights hold another number of layers (ALBERT: groups) than
+    config.json declares, before the model is built. More would load as a shallower model, the
+    deeper layers merely listed as unused: a different network that still runs. Fewer would fail
+    only once the model is built, and building it costs time in proportion to the layer count
+    (num_hidden_layers=100000 took minutes). A checkpoint where no layer is found at all is left
+    to the tensor-by-tensor check, which names what is missing."""
     reader = checkpoint.reader
     patterns = rules.layer_name_patterns(table, base, checkpoint.format.rename)
     deepest, example = rules.deepest_layer(reader.names, patterns)
     field = next(iter(table.layer_indices.values()))
     num_layers = getattr(backbone_config, field)
-    if deepest >= num_layers:
-        key = "n_layer" if "n_layer" in checkpoint.config else field
-        raise CheckpointError(
-            f"{reader.source} holds {deepest + 1} layers (e.g. {example}) but config.json says {key}={num_layers}; "
-            f"loading would silently drop the last {deepest + 1 - num_layers}. Set \"{key}\": {deepest + 1} in "
-            "config.json if the weights are right, or re-export the checkpoint"
-        )
+    if deepest < 0 or deepest + 1 == num_layers:
+        return
+    key = next((name for name in (field, "n_layer", "n_layers") if name in checkpoint.config), field)
+    what = (f"loading would silently drop the last {deepest + 1 - num_layers}" if deepest >= num_layers
+            else f"a model of {num_layers} layers would have no weights for {num_layers - deepest - 1} of them")
+    raise CheckpointError(
+        f"{reader.source} holds {deepest + 1} layers (e.g. {example}) but config.json says {key}={num_layers}; "
+        f"{what}. Set \"{key}\": {deepest + 1} in config.json if the weights are right, or re-export the checkpoint"
+    )
 
 
 _LABEL_SETTINGS = frozenset({"num_labels", "id2label", "label2id", "problem_type", "classifier_dropout", "pad_token_id"})
@@ -246,6 +253,51 @@ def _raise_for_another_task(checkpoint: Checkpoint, table, task: str, model_clas
                 f"{task} model: its head would be filled with the other task's weights. Load it with "
                 f"flaxheads.from_pretrained(path, task={theirs!r})"
             )
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_arguments(*, num_labels, classifier_dropout, seed, dtype, param_dtype, pad_token_id, id2label, label2id,
+                     head_options) -> None:
+    """ValueError naming the first of `from_pretrained`'s arguments whose value is of the wrong
+    kind or out of range, before anything is read: otherwise a TypeError or AttributeError from
+    deep in the build, or, for a NaN or 1.5 dropout rate and an id2label string, a model that
+    silently computes something else (the string's letters become the labels)."""
+    wrong = None
+    if num_labels is not None and not (_is_int(num_labels) and num_labels >= 1):
+        wrong = "num_labels", num_labels, "an int of at least 1, or None (config.json's)"
+    elif classifier_dropout is not None and not (isinstance(classifier_dropout, numbers.Real)
+                                                 and not isinstance(classifier_dropout, bool)
+                                                 and 0 <= classifier_dropout < 1):
+        wrong = "classifier_dropout", classifier_dropout, "a rate in [0, 1), or None (the checkpoint's own)"
+    elif not _is_int(seed):
+        wrong = "seed", seed, "an int"
+    elif pad_token_id is not None and not (_is_int(pad_token_id) and pad_token_id >= 0):
+        wrong = "pad_token_id", pad_token_id, "a token id (an int of at least 0), or None (config.json's)"
+    elif id2label is not None and (isinstance(id2label, str) or not isinstance(id2label, (Sequence, Mapping))):
+        wrong = "id2label", id2label, "a list of label names or an {id: name} dict"
+    elif label2id is not None and not isinstance(label2id, Mapping):
+        wrong = "label2id", label2id, "a {name: id} dict"
+    elif head_options is not None and not isinstance(head_options, Mapping):
+        wrong = "head_options", head_options, "a dict of the head's options"
+    else:
+        for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+            if value is not None and not (name == "param_dtype" and value == "auto") and not _is_float_dtype(value):
+                wrong = name, value, 'a float dtype ("float32", "bfloat16", jnp.bfloat16)' + (
+                    ', "auto" (the checkpoint\'s)' if name == "param_dtype" else "") + ", or None (float32)"
+                break
+    if wrong is not None:
+        name, value, expected = wrong
+        raise ValueError(f"{name}={value!r}: it must be {expected}")
+
+
+def _is_float_dtype(value) -> bool:
+    try:
+        return jnp.issubdtype(jnp.dtype(value), jnp.floating)
+    except TypeError:
+        return False
 
 
 def _refuse_remote_code(trust_remote_code: bool) -> None:
@@ -326,6 +378,9 @@ def from_pretrained(
     load it with), and for a family transformers has no class of `cls`'s task for.
     """
     _refuse_remote_code(trust_remote_code)
+    _check_arguments(num_labels=num_labels, classifier_dropout=classifier_dropout, seed=seed, dtype=dtype,
+                     param_dtype=param_dtype, pad_token_id=pad_token_id, id2label=id2label, label2id=label2id,
+                     head_options=head_options)
     checkpoint = open_checkpoint(
         path, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
     )
@@ -350,14 +405,14 @@ def from_pretrained(
     def make(param_dtype=jnp.float32):
         return cls(model_config, dtype=_dtype(dtype), param_dtype=param_dtype, rngs=SeedKeys(seed))
 
+    reader, rename = checkpoint.reader, checkpoint.format.rename
+    base = rules.base_prefix(table, reader.names, rename)
+    _raise_for_another_layer_count(checkpoint, table, base, model_config.backbone)  # before building: see there
     abstract = nnx.eval_shape(make)
     param_paths = list(flat_variables(abstract))
     head_paths = [k[len("head."):] for k in param_paths if k.startswith("head.")]
-    reader, rename = checkpoint.reader, checkpoint.format.rename
-    base = rules.base_prefix(table, reader.names, rename)
     backbone = rename(rules.backbone_rules(table, model_config.backbone, base, param_paths))
     head_rules = rename(rules.head_rules(table, model_config.head, head_paths, base, task))
-    _raise_for_extra_layers(checkpoint, table, base, model_config.backbone)
     param_dtype = _checkpoint_dtype(reader, backbone) if param_dtype == "auto" else _dtype(param_dtype)
     notes = list(table.loading_notes)
     if init_classifier_from_nsp:
@@ -414,7 +469,7 @@ def load_backbone(path: str | os.PathLike | Checkpoint, *, dtype=None, param_dty
     config = backbone_config_from_hf(checkpoint.config)
     reader, rename = checkpoint.reader, checkpoint.format.rename
     base = rules.base_prefix(table, reader.names, rename)
-    _raise_for_extra_layers(checkpoint, table, base, config)
+    _raise_for_another_layer_count(checkpoint, table, base, config)
     # The pooler: the base model's own, or, in flaxheads' format, the "pooler" head's.
     pooler = _relative(rename(rules.under("head", expand(table.pooler, num_layers=0, base=base))))
     has_pooler = bool(pooler) and all(r.hf in reader.names for r in pooler)

@@ -14,7 +14,7 @@ sigmoid is a binary prediction of its own; the scores pool all (example, class) 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 from flax import nnx
@@ -30,6 +30,16 @@ ECE_BINS = 15
 LOG_T_RANGE = (math.log(0.05), math.log(20.0))
 """Where the temperature is searched: a model 20 times over- or under-confident is out of reach."""
 
+MIN_EXAMPLES = 2 * ECE_BINS
+"""Fewest validation examples a temperature is fitted on: two per ECE bin. Fewer cannot show
+whether a temperature calibrates anything (most bins would hold one prediction or none), and one
+example moves the log-loss minimum far: a fit on a handful of examples is noise folded into the
+export."""
+
+AT_BOUND = 1e-3
+"""How near (in log T) an end of LOG_T_RANGE a fitted temperature is "at the bound": the search
+stopped there, and the log-loss minimum lies at or beyond it."""
+
 
 def _log_probabilities(logits: np.ndarray, problem_type: str) -> tuple[np.ndarray, np.ndarray]:
     """(log p, log (1 - p)) for multi-label; (log softmax, unused) for single-label; float64."""
@@ -37,7 +47,12 @@ def _log_probabilities(logits: np.ndarray, problem_type: str) -> tuple[np.ndarra
     if problem_type == problem.MULTI_LABEL:
         return -np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)
     shifted = z - z.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)), np.empty(0)
+    # log(sum exp) = log1p(the others' sum): log(1 + 1e-18) is 0 in float64, and a log-loss of 0 for
+    # every temperature below some T leaves the search nothing to follow (it stopped at T = 0.098
+    # on answers all right by a margin of 4, not at the bound where the loss keeps falling).
+    top = np.arange(z.shape[-1]) == np.argmax(z, axis=-1)[..., None]
+    others = np.where(top, 0.0, np.exp(shifted)).sum(axis=-1, keepdims=True)
+    return shifted - np.log1p(others), np.empty(0)
 
 
 def log_loss(logits: np.ndarray, labels: np.ndarray, problem_type: str, temperature: float = 1.0) -> float:
@@ -52,10 +67,11 @@ def log_loss(logits: np.ndarray, labels: np.ndarray, problem_type: str, temperat
 
 
 def fit_temperature(logits: np.ndarray, labels: np.ndarray, problem_type: str, *, tolerance: float = 1e-7) -> float:
-    """The T in LOG_T_RANGE that minimises `log_loss(logits, labels, problem_type, T)`."""
+    """The T in LOG_T_RANGE that minimises `log_loss(logits, labels, problem_type, T)`; ValueError
+    for labels it cannot be fitted on (`check_fittable`). A T at an end of the range (`at_bound`)
+    is where the search stopped, not a minimum."""
     check_problem_type(problem_type)
-    if len(logits) == 0:
-        raise ValueError("calibrate: the validation split has no examples to fit a temperature on")
+    check_fittable(labels, problem_type)
     loss = lambda log_t: log_loss(logits, labels, problem_type, math.exp(log_t))  # noqa: E731
     ratio = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = LOG_T_RANGE
@@ -131,14 +147,62 @@ def calibration_scores(logits: np.ndarray, labels: np.ndarray, problem_type: str
 
 
 def calibrate(logits: np.ndarray, labels: np.ndarray, problem_type: str) -> dict[str, Any]:
-    """{"temperature", "before": scores, "after": scores, "reliability": {"before", "after"}:
-    `reliability_bins`} for the validation `logits`, `labels`."""
+    """{"temperature", "at_bound", "before": scores, "after": scores, "reliability": {"before",
+    "after"}: `reliability_bins`} for the validation `logits`, `labels`; with "warning" (a sentence
+    to show) when the temperature is at an end of its search range ("at_bound": "lower" or
+    "upper", else None): the data did not pin it down, and its scores are not a calibration.
+    ValueError for labels a temperature cannot be fitted on (`check_fittable`)."""
     temperature = fit_temperature(logits, labels, problem_type)
-    return {"temperature": temperature, "ece_bins": ECE_BINS,
+    bound = at_bound(temperature)
+    warning = {} if bound is None else {"warning": _bound_warning(temperature, bound)}
+    return {"temperature": temperature, "at_bound": bound, **warning, "ece_bins": ECE_BINS,
             "before": calibration_scores(logits, labels, problem_type),
             "after": calibration_scores(logits, labels, problem_type, temperature),
             "reliability": {when: reliability_bins(*_confidence_and_correct(logits, labels, problem_type, t))
                             for when, t in (("before", 1.0), ("after", temperature))}}
+
+
+def _bound_warning(temperature: float, bound: str) -> str:
+    why = ("every lower temperature fits it better: the model's answers on it are all right, or it separates them"
+           if bound == "lower" else "the model's answers on it are no better than chance")
+    low, high = (math.exp(end) for end in LOG_T_RANGE)
+    return (f"the temperature {temperature:.4g} is at the {bound} end of its search range [{low:.3g}, {high:.3g}]: "
+            f"the validation split does not pin it down ({why}), so its scores are not a calibration, and the export's "
+            "probabilities are pushed to an extreme. Calibrate on a larger validation split with every class, or leave "
+            "calibrate out")
+
+
+def at_bound(temperature: float) -> str | None:
+    """"lower" or "upper" when `temperature` is within AT_BOUND (in log T) of that end of
+    LOG_T_RANGE, else None."""
+    low, high = LOG_T_RANGE
+    log_t = math.log(temperature)
+    return "lower" if log_t - low < AT_BOUND else "upper" if high - log_t < AT_BOUND else None
+
+
+def check_fittable(labels: np.ndarray, problem_type: str, names: Mapping[int, str] | None = None) -> None:
+    """ValueError naming the fix for validation `labels` no temperature can be fitted on: fewer
+    than MIN_EXAMPLES examples, or one class only (single-label: every example of one class;
+    multi-label: every (example, label) pair present, or every one absent). With one class the
+    log-loss falls without end as T shrinks wherever the model favours that class: the fit lands
+    on its bound and the export answers that class for every text with near certainty. `names`
+    (class id -> name) names the class."""
+    y = np.asarray(labels)
+    fix = "give a validation split of at least {} examples with every class, or leave calibrate out".format(
+        MIN_EXAMPLES)
+    if len(y) < MIN_EXAMPLES:
+        raise ValueError(f"calibrate=True fits its temperature on the validation split, which has {len(y)} "
+                         f"example(s): too few to fit it on (at least {MIN_EXAMPLES}, two per ECE bin); {fix}")
+    present = np.unique(np.asarray(y, np.float64).ravel() > 0.5) if problem_type == problem.MULTI_LABEL else np.unique(y)
+    if len(present) < 2:
+        what = (f"every label of every example is {'present' if present[0] else 'absent'}"
+                if problem_type == problem.MULTI_LABEL else f"every example is of class {_name(present[0], names)}")
+        raise ValueError(f"calibrate=True fits its temperature on the validation split, and {what}: with one class "
+                         f"the fit only makes the model surer of it, whatever the text; {fix}")
+
+
+def _name(class_id, names: Mapping[int, str] | None) -> str:
+    return repr(names[int(class_id)]) if names else str(class_id)
 
 
 def check_problem_type(problem_type: str) -> None:

@@ -11,7 +11,10 @@ import dataclasses
 import functools
 import inspect
 import math
+import numbers
+import os
 from pathlib import Path
+from typing import Callable
 
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.data.batching import PAD_TO_MULTIPLE_OF, ExampleFormat, problem_type_format
@@ -306,6 +309,8 @@ class TrainConfig:
     """Where metrics go besides <output_dir>/metrics.jsonl: "tensorboard" (or "all") or "none"."""
 
     def __post_init__(self):
+        _check_kinds(self)  # first: the checks below compare numbers
+        _check_numbers(self)
         positive = ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size",
                     "gradient_accumulation_steps", "logging_steps", "save_steps", "save_total_limit",
                     "data_shards")
@@ -465,6 +470,74 @@ class TrainConfig:
         if self.warmup_steps >= 1:
             return int(self.warmup_steps)
         return math.ceil((self.warmup_steps or self.warmup_ratio) * total_steps)
+
+
+_KIND_NAMES = {"bool": "True or False", "int": "an int", "float": "a number", "str": "a string",
+               "tuple[str, ...]": "a tuple of strings", "None": "None"}
+
+
+def _is_kind(value, kind: str) -> bool:
+    """Whether `value` is of `kind`, a name in a TrainConfig annotation (see `_KIND_NAMES`)."""
+    if kind == "None":
+        return value is None
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind in ("int", "float"):
+        number = numbers.Integral if kind == "int" else numbers.Real
+        return isinstance(value, number) and not isinstance(value, bool)
+    if kind == "str":  # a folder or file may come as a Path
+        return isinstance(value, (str, os.PathLike))
+    return isinstance(value, (tuple, list)) and all(isinstance(item, str) for item in value)
+
+
+def _check_kinds(cfg: TrainConfig) -> None:
+    """ValueError naming the first field whose value is not of its annotation's kind (a string where
+    an int is expected, None where None is not allowed): in Python nothing else checks them, and the
+    value would fail later as a TypeError far from the setting (the command line parses flags into
+    these kinds)."""
+    for field in dataclasses.fields(cfg):
+        value, kinds = getattr(cfg, field.name), field.type.split(" | ")
+        if not any(_is_kind(value, kind) for kind in kinds):
+            expected = " or ".join(_KIND_NAMES[kind] for kind in kinds)
+            raise ValueError(f"{field.name}={value!r}: it must be {expected}, not a {type(value).__name__}")
+
+
+_NUMBER_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
+    ("learning_rate", lambda v: v > 0, "positive (a run at 0 changes no weight)"),
+    ("weight_decay", lambda v: v >= 0, "0 or positive"),
+    ("adam_beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("adam_beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("adam_epsilon", lambda v: v > 0, "positive"),
+    ("max_grad_norm", lambda v: v >= 0, "0 (no clipping) or positive"),
+    ("classifier_dropout", lambda v: 0 <= v < 1, "a rate in [0, 1)"),
+    ("lora_dropout", lambda v: 0 <= v < 1, "a rate in [0, 1)"),
+    ("lora_alpha", lambda v: v > 0, "positive"),
+    ("num_labels", lambda v: v >= 1, "at least 1"),
+    ("seed", lambda v: v >= 0, "0 or positive"),
+    ("num_processes", lambda v: v >= 1, "at least 1"),
+    ("process_id", lambda v: v >= 0, "0 or positive"),
+)
+"""(field, the rule its value (when not None) must meet, the rule in words), besides those
+`__post_init__` states where the message needs more."""
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    """ValueError naming the field for a NaN or infinite float setting (a NaN learning rate trains
+    to NaN weights; NaN passes every comparison's `not`), a number outside its range
+    (`_NUMBER_RULES`), and a training run of no step: num_train_epochs <= 0 with max_steps <= 0
+    would export the untrained model, which `predict` then serves."""
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if "float" in field.type and value is not None and not math.isfinite(value):
+            raise ValueError(f"{field.name}={value!r}: it must be a finite number")
+    for name, rule, words in _NUMBER_RULES:
+        value = getattr(cfg, name)
+        if value is not None and not rule(value):
+            raise ValueError(f"{name}={value!r}: it must be {words}")
+    if cfg.do_train and cfg.max_steps <= 0 and cfg.num_train_epochs <= 0:
+        raise ValueError(f"num_train_epochs={cfg.num_train_epochs} with max_steps={cfg.max_steps}: the run would take "
+                         "no step and export the untrained model, which predict would serve; give num_train_epochs > 0 "
+                         "or max_steps > 0, or do_train=False to score the model as it is")
 
 
 COMMAND_LINE_DEFAULTS: dict[str, object] = {"output_dir": "runs/minilm-movie_snippets"}

@@ -354,6 +354,9 @@ class Trainer:
         report = calibration.calibrate(out.predictions, out.label_ids, self.task.problem_type)
         self.params = calibration.folded(self.graphdef, self.params, report["temperature"])
         results["calibration"] = report
+        if report["at_bound"]:  # not a result: said as a warning, and so recorded in results.json
+            print0(f"warning: calibrate: {report['warning']}", file=sys.stderr)
+            return
         before, after = report["before"], report["after"]
         print0(f"calibrate: temperature {report['temperature']:.4g} on the validation split; ECE "
                f"{before['ece']:.4f} -> {after['ece']:.4f}, log-loss {before['log_loss']:.4f} -> {after['log_loss']:.4f}")
@@ -377,11 +380,15 @@ class Trainer:
         self.config = dataclasses.replace(self.config, thresholds=tuned["thresholds"])
         self.graphdef, self.params = _split_with_config(nnx.merge(self.graphdef, self.params), self.config)
         self._scorer.graphdef, self._scorer.thresholds = self.graphdef, self.config.thresholds
-        results["thresholds"] = {"tuned_on": "validation", "per_label": tuned["per_label"]}
+        results["thresholds"] = {"tuned_on": "validation", "per_label": tuned["per_label"],
+                                 **({"warnings": tuned["warnings"]} if tuned["warnings"] else {})}
         untuned = [name for name, row in tuned["per_label"].items() if not row["tuned"]]
         print0("tune_thresholds: " + ", ".join(f"{name} {row['threshold']:.3f}"
                                                for name, row in tuned["per_label"].items())
-               + (f" ({', '.join(untuned)}: no positive validation example, 0.5 kept)" if untuned else ""))
+               + (f" ({', '.join(untuned)}: no positive or no negative validation example, 0.5 kept)" if untuned
+                  else ""))
+        for warning in tuned["warnings"]:
+            print0(f"warning: tune_thresholds: {warning}", file=sys.stderr)
 
     def _read_best_model(self, folder: Path):
         """The best evaluation's weights from best_model/ (a resumed run no longer has them in
@@ -553,6 +560,8 @@ def check_best_model_settings(args: TrainConfig, metric_names, task: data.TaskDa
         if "validation" not in given or "validation" in unlabelled:
             raise ValueError("tune_thresholds=True tunes on the labelled validation split, and the data has none: "
                              "give a validation_file (an eval_dataset) with labels, or leave tune_thresholds out")
+        thresholds_lib.check_tunable(data.task.column_array(task.splits["validation"], data.task.LABEL),
+                                     [task.id2label[i] for i in range(task.num_labels)])
     if args.calibrate:
         if not args.do_train:
             raise ValueError("calibrate=True calibrates the model a run trains and exports, and do_train=False "
@@ -560,6 +569,8 @@ def check_best_model_settings(args: TrainConfig, metric_names, task: data.TaskDa
         if "validation" not in given or "validation" in unlabelled:
             raise ValueError("calibrate=True fits its temperature on the labelled validation split, and the data "
                              "has none: give a validation_file (an eval_dataset) with labels, or leave calibrate out")
+        calibration.check_fittable(data.task.column_array(task.splits["validation"], data.task.LABEL),
+                                   task.problem_type, task.id2label)
 
 
 def check_param_dtype(model: PretrainedModel, param_dtype: str) -> None:

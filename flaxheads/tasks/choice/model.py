@@ -24,6 +24,7 @@ from flax import nnx
 
 from flaxheads import problem
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf
+from flaxheads.backbones.interface import check_inputs
 from flaxheads.conversion.table import MULTIPLE_CHOICE
 from flaxheads.heads import CHOICE_HEADS, HeadConfig, HeadInputs
 from flaxheads.model import FLAXHEADS_CONFIG_KEY, PretrainedModel
@@ -145,6 +146,8 @@ class MultipleChoice(PretrainedModel, nnx.Module):
         if input_ids.ndim != 3:
             raise ValueError(f"a multiple-choice model takes input_ids of shape (batch, num_choices, seq), got shape "
                              f"{tuple(input_ids.shape)}; stack each example's choices along axis 1")
+        check_inputs(self.config.backbone, input_ids, attention_mask, token_type_ids, position_ids,
+                     axes=("batch", "num_choices", "seq"))
         batch, num_choices, seq = input_ids.shape
 
         def flat(x_BCT):

@@ -14,6 +14,7 @@ from flax import nnx
 from flaxheads import problem
 from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, segments
+from flaxheads.backbones.interface import check_inputs
 from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION
 from flaxheads.heads import HEAD_NAMES, HeadConfig, HeadInputs
 from flaxheads.model import (
@@ -248,9 +249,12 @@ class SequenceClassifier(PretrainedModel, nnx.Module):
         is ignored in eval mode; in train mode without it (and a non-zero dropout rate) the call
         raises ValueError: pass rngs=nnx.Rngs(dropout=key), or call model.eval() for inference.
 
-        Ids outside the vocabulary (negative, or past vocab_size) raise ValueError when the ids
-        are concrete (an eager call); under jit they cannot be looked at, and the data pipeline's
-        tokenizer check keeps them in range."""
+        ValueError (`backbones.interface.check_inputs`) for inputs of different shapes, a sequence
+        longer than the position table, and, when the arrays are concrete (an eager call; under jit
+        values cannot be looked at, and the data pipeline's tokenizer check keeps them in range),
+        ids outside the vocabulary, token types or positions the model has."""
+        check_inputs(self.config.backbone, input_ids, attention_mask, token_type_ids, position_ids,
+                     segment_ids=segment_ids)
         if segment_ids is not None:
             segments.check(segment_ids, num_segments, input_ids)
             attention_mask = (segment_ids > 0).astype(jnp.int32)

@@ -82,12 +82,14 @@ and `__call__`."""
 
         `function_to_apply` ("softmax", "sigmoid", "none"; None: transformers' default) turns
         logits into scores; the default is none for regression, sigmoid for multi-label and for
-        one label, softmax otherwise. Raises FloatingPointError for non-finite scores.
+        one label, softmax otherwise. Raises FloatingPointError for non-finite scores, ValueError
+        for a `top_k` that is not an int of at least 1 (or None).
 
         `apply_thresholds=True` (multi-label models): per text the labels whose sigmoid score is
         above their decision threshold (`thresholds`: config.json's tuned ones, else 0.5), each
         {"label", "score", "threshold"}, best first (for one text, its list).
         """
+        _check_top_k(top_k)
         if apply_thresholds:
             return self._above_thresholds(inputs, top_k, function_to_apply)
         function = _function_name(self.default_function() if function_to_apply is None else function_to_apply)
@@ -138,6 +140,16 @@ and `__call__`."""
         if config.problem_type == problem.MULTI_LABEL or config.num_labels == 1:
             return "sigmoid"
         return "softmax"
+
+
+def _check_top_k(top_k) -> None:
+    """ValueError unless `top_k` is left out, None (every label) or an int of at least 1: -1 would
+    slice off the last label and 0 answer nothing."""
+    if top_k is BEST_LABEL or top_k is None:
+        return
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+        raise ValueError(f"top_k={top_k!r}: give the number of best labels to return (an int of at least 1), "
+                         "top_k=None for every label, or leave top_k out for the best one")
 
 
 def _texts(inputs) -> tuple[list[str], list[str] | None, bool]:

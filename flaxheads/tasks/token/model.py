@@ -24,6 +24,7 @@ from flax import nnx
 
 from flaxheads.problem import IGNORE_INDEX
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, segments
+from flaxheads.backbones.interface import check_inputs
 from flaxheads.conversion.table import TOKEN_CLASSIFICATION
 from flaxheads.heads import TOKEN_HEADS, HeadConfig, HeadInputs
 from flaxheads.model import (FLAXHEADS_CONFIG_KEY, LabelNames, PretrainedModel, resolve_labels, saved_label_names,
@@ -170,6 +171,8 @@ class TokenClassifier(PretrainedModel, nnx.Module):
         and 0 for the padding after them; each token's logits equal those of its example run
         alone (attention stays within a segment; positions restart per segment when position_ids
         is None), and attention_mask is then `segment_ids > 0` whatever is passed."""
+        check_inputs(self.config.backbone, input_ids, attention_mask, token_type_ids, position_ids,
+                     segment_ids=segment_ids)
         if segment_ids is not None:
             segments.check_ids(segment_ids, input_ids)
             attention_mask = (segment_ids > 0).astype(jnp.int32)
