@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from flaxheads.data.builtin import load_builtin
 from flaxheads.data.choices import load_choice_files, looks_like_choice_file
-from flaxheads.data.files import load_local_files, load_named_dataset
+from flaxheads.data.files import MissingColumn, load_local_files, load_named_dataset
 from flaxheads.data.task import TaskData
 from flaxheads.data.word_task import load_word_files, looks_like_word_file, token_task_data
 
@@ -71,7 +71,8 @@ def load_task(
     `context_column`, `question_column`, `choice_columns` and `label_column`, detected where None."""
     if task not in (None, *TASKS):
         raise ValueError(f"task={task!r}: choose one of {', '.join(TASKS)}")
-    if task is None and (looks_like_word_file(train_file, text_column) if train_file else label_names is not None):
+    if task is None and (_reads_as_words(train_file, (validation_file, test_file), text_column) if train_file
+                         else label_names is not None):
         task = TOKEN_CLASSIFICATION
     if task is None and (choice_columns or (train_file and looks_like_choice_file(train_file, text_column))):
         task = MULTIPLE_CHOICE
@@ -103,8 +104,15 @@ def load_task(
                    problem_type=problem_type, num_labels=num_labels, chosen_column=chosen_column,
                    rejected_column=rejected_column)
     if train_file or (class_names is not None and (validation_file or test_file)):
-        return load_local_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
-                                class_names=None if train_file else class_names, **columns)
+        try:
+            return load_local_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
+                                    class_names=None if train_file else class_names, **columns)
+        except MissingColumn as error:
+            if task is None and train_file and _is_tsv(train_file):
+                # A .tsv is a table of texts or CoNLL columns; looks_like_word_file read it as a table.
+                raise ValueError(f"{error} ({train_file} was read as a table of texts and labels; if it holds words "
+                                 f"and their tags in CoNLL columns, pass task='{TOKEN_CLASSIFICATION}')") from error
+            raise
     if validation_file or test_file:
         # Without this, the built-in or hub data set below would be scored instead of the user's file.
         named = " and ".join(f"{flag}={path}" for flag, path in (("validation_file", validation_file),
@@ -117,6 +125,19 @@ def load_task(
     if dataset:
         return load_builtin(dataset, seed=seed)
     raise ValueError("no data: give a train_file, a dataset_name (a hub data set) or a dataset (a built-in one)")
+
+
+def _is_tsv(path) -> bool:
+    return os.fspath(path).lower().endswith(".tsv")
+
+
+def _reads_as_words(train_file, others, text_column: str) -> bool:
+    """Whether the train file holds words and tags (`looks_like_word_file`), or is a .tsv (a
+    table, or CoNLL columns) beside a validation or test file that does."""
+    if looks_like_word_file(train_file, text_column):
+        return True
+    return _is_tsv(train_file) and any(path and not _is_tsv(path) and looks_like_word_file(path, text_column)
+                                       for path in others)
 
 
 def _refuse_settings_of_other_tasks(task: str, settings: dict[str, list[str]]) -> None:
