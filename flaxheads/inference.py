@@ -10,7 +10,9 @@ tokenizer, and with non-finite scores: a confident-looking wrong answer is worse
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import unicodedata
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -172,10 +174,12 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, text_pairs: Iterable
     `text_pairs` (one per text) "text_pair" too.
 
     Raises UntrainedModel for a classifier that was never trained; ValueError for lone texts
-    given to a model trained on pairs, or a count of text_pairs other than of texts;
-    FloatingPointError naming the texts whose scores are not finite. `packing`: score the texts
-    in packed rows (`TextScorer`).
+    given to a model trained on pairs, a count of text_pairs other than of texts, and a text that
+    is blank or no str (`readable_texts`); FloatingPointError naming the texts whose scores are
+    not finite. `packing`: score the texts in packed rows (`TextScorer`).
     """
+    texts = readable_texts(texts)
+    text_pairs = None if text_pairs is None else readable_texts(text_pairs, "text_pairs")
     require_model_folder(model_dir)
     tokenizer, pad_token_id = load_tokenizer(model_dir, tokenizer_name)
     model = load_trained(model_dir, pad_token_id=pad_token_id)
@@ -347,10 +351,12 @@ class TextScorer:
     def logits(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None) -> np.ndarray:
         """(len(texts), num_labels) float32 logits, in order.
 
-        Raises ValueError for lone texts given to a model trained on pairs, or texts that give no
-        tokens; FloatingPointError naming the (0-based) texts whose scores are not finite.
+        Raises ValueError for lone texts given to a model trained on pairs, texts (or text_pairs)
+        that are blank or no str (`readable_texts`), or texts that give no tokens;
+        FloatingPointError naming the (0-based) texts whose scores are not finite.
         """
-        texts = list(texts)
+        texts = readable_texts(texts)
+        text_pairs = None if text_pairs is None else readable_texts(text_pairs, "text_pairs")
         if not texts:
             return np.zeros((0, self.num_labels), np.float32)
         if self.text_pair and text_pairs is None:
@@ -477,6 +483,43 @@ def _refuse_non_finite(finite: np.ndarray, source: str, what: str) -> None:
             f"is given from weights that produce NaN or infinity. Check {source} (was its training "
             "stopped by a non-finite loss?)"
         )
+
+
+def readable_texts(texts: Iterable[str], name: str = "texts") -> list[str]:
+    """`texts` as a list, each a str the model can read: ValueError naming the index of the first
+    that is missing (None, NaN), no str, or blank (white space, or characters that print nothing:
+    the model would read no word of it, and any label would be made up, so none is given), and
+    for one str given where a list of them goes. Every text path (`predict`, `TextScorer`, the
+    pipeline) checks its texts here."""
+    if isinstance(texts, (str, bytes)):
+        raise ValueError(f"{name} is one {type(texts).__name__}, not a list of texts: pass [{_short(texts)}] "
+                         "(a str would be read one character at a time)")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise ValueError(f"{name} is {type(texts).__name__} {_short(texts)}, not a list of texts") from None
+    for index, text in enumerate(texts):
+        if isinstance(text, str) and not _blank(text):
+            continue
+        if text is None or (isinstance(text, float) and math.isnan(text)):
+            problem = f"is missing ({text!r})"
+        elif not isinstance(text, str):
+            problem = f"is {type(text).__name__} {_short(text)}, not a str"
+        else:
+            problem = f"is blank ({_short(text)}): the model would read no word of it, and a label for it would be " \
+                      "made up"
+        raise ValueError(f"the text at index {index} of {name} {problem}. Give every text its words, or leave it out")
+    return texts
+
+
+def _blank(text: str) -> bool:
+    """Only white space and characters that print nothing (zero-width spaces, controls)."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 UNBOUNDED = 1 << 30
