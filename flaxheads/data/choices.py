@@ -162,6 +162,8 @@ def canonical_choices(split: datasets.Dataset, columns: ChoiceColumns, *, where:
     row."""
     places = places or in_python(where)
     records = list(split)
+    if not records:
+        raise ValueError(f"{places.source} has no rows: give it examples, or leave it out")
     endings = [_endings(record, columns, places.at(index)) for index, record in enumerate(records)]
     expected, reference = num_choices, "the train split has"
     if expected is None and not columns.holds_lists:

@@ -111,7 +111,8 @@ def _column(values, what: str, fix: str) -> list:
     if hasattr(values, "tolist") and not isinstance(values, (str, bytes)):
         values = values.tolist()
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
-        raise ValueError(f"{what} is {_a_kind(values)} ({_short(values)}), not a list of values: {fix}")
+        found = "None" if values is None else f"{_a_kind(values)} ({_short(values)})"
+        raise ValueError(f"{what} is {found}, not a list of values: {fix}")
     return list(values)
 
 
@@ -200,6 +201,9 @@ def load_in_memory(splits: Mapping[str, SplitData | None], *, text_column: str =
                                                  f"{name} data", places[name])
         else:
             canonical[name] = canonical_columns(dataset, columns, f"{name} data", places[name])
+    empty = next((name for name, split in canonical.items() if len(split) == 0), None)
+    if empty is not None:
+        raise ValueError(f"{places[empty].source} has no rows: give it rows, or leave it out")
     labelled = [name for name in canonical if name not in unlabelled]
     if not labelled and beside is None:
         raise ValueError("the data holds no labels: give a train_dataset or eval_dataset with a label column "
@@ -230,6 +234,8 @@ def _pairs_in_memory(given: dict, chosen_column: str, rejected_column: str, prob
                              label_column=MARGIN_COLUMN, where=places[name].source)
         columns = pair_column_map(chosen_column, rejected_column, flags=False, column_names=dataset.column_names)
         canonical[name] = canonical_columns(dataset, columns, f"{name} data", places[name])
+        if len(canonical[name]) == 0:
+            raise ValueError(f"{places[name].source} has no rows: give it rows, or leave it out")
     if beside is not None:
         canonical = {"train": beside, **canonical}
     elif "train" not in canonical:

@@ -372,7 +372,7 @@ def _multi_hot_width(values: dict[str, list], num_labels: int | None, floats: bo
     commonest, or num_labels if given) and hold only 0 and 1; otherwise they are lists of class
     ids. Most rows, not all: one row of another length is refused where it is, not taken as a
     sign that every row is a list of class ids. Only id lists of which most are [0, 1] are
-    ambiguous, and they are rare (num_labels above 2 reads them as class ids)."""
+    ambiguous, and they are rare (a num_labels other than their length reads them as class ids)."""
     rows = [row for split_rows in values.values() for row in split_rows]
     lengths = collections.Counter(len(row) for row in rows)
     width = num_labels if num_labels is not None else lengths.most_common(1)[0][0]
@@ -393,8 +393,7 @@ def _check_multi_hot_rows(rows: Sequence[Sequence[float]], width: int, place: Ro
         if zero_one and any(v not in (0, 1) for v in row):
             raise ValueError(
                 f"the multi-hot label at {place.at(row_index)} holds {_short([v for v in row if v not in (0, 1)][0])}, "
-                f"but multi-hot rows hold 0 and 1 (as most rows here do); fix it, or, if the lists are class ids, "
-                f"pass num_labels (the number of classes)"
+                "but multi-hot rows hold 0 and 1, as most rows here do: fix it"
             )
 
 
