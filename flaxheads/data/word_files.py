@@ -107,17 +107,24 @@ def words_in_memory(split, *, tokens_column: str = TOKENS_COLUMN, tags_column: s
     `split`: a `(tokens, tags)` tuple (`(tokens,)` or a list of token lists alone: sentences to
     tag), or a `datasets.Dataset`, a dict of columns or a list of row dicts with `tokens_column`
     and a tags column (`tags_column`; default: the first of `TAGS_COLUMNS` present, none: no
-    tags), as `read_word_records` reads a file's records. ValueError naming a missing column,
-    TypeError for another kind of object."""
+    tags), as `read_word_records` reads a file's records. ValueError naming a missing column, or
+    for another kind of object."""
     if isinstance(split, tuple):
         if len(split) not in (1, 2):
             raise ValueError(f"a tuple of sentences is (tokens, tags) or (tokens,); got {len(split)} items")
+        for item, what in zip(split, ("tokens", "tags")):
+            if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) and not hasattr(item, "tolist"):
+                raise ValueError(f"the {what} of a (tokens, tags) tuple are {type(item).__name__} {_short(item)}, not "
+                                 "a list with one list per sentence")
         return list(split[0]), list(split[1]) if len(split) == 2 else None, None
     if isinstance(split, datasets.Dataset):
         columns = split.to_dict()
     elif isinstance(split, Mapping):
         columns = {name: list(values) for name, values in split.items()}
     else:
+        if isinstance(split, (str, bytes)) or split is None or not hasattr(split, "__iter__"):
+            raise ValueError(f"sentences must be a (tokens, tags) tuple, a list of token lists, or a datasets.Dataset, "
+                             f"a dict of columns or a list of row dicts; got {type(split).__name__}")
         rows = list(split)
         if rows and all(isinstance(row, Mapping) for row in rows):
             columns = {name: [row.get(name) for row in rows] for name in rows[0]}
@@ -125,7 +132,7 @@ def words_in_memory(split, *, tokens_column: str = TOKENS_COLUMN, tags_column: s
             return rows, None, None
         else:
             texts = " of texts: split each sentence into its words" if rows and isinstance(rows[0], str) else ""
-            raise TypeError("sentences must be a (tokens, tags) tuple, a list of token lists, or a datasets.Dataset, "
+            raise ValueError("sentences must be a (tokens, tags) tuple, a list of token lists, or a datasets.Dataset, "
                             f"a dict of columns or a list of row dicts with a {tokens_column!r} column; got "
                             f"{type(split).__name__}{texts}")
     if tokens_column not in columns:
