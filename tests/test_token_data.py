@@ -322,6 +322,18 @@ def test_the_scheme_is_detected_from_the_tags(sequences, scheme):
     assert tags.detect_scheme(sequences)[0] == scheme
 
 
+@pytest.mark.parametrize("sequences, scheme, odd", [
+    ([["B-PER", "I-PER", "O"], ["B-LOC", "O"], ["S-PER", "O"], ["B-ORG", "I-ORG"]], "IOB2",
+     r"sentence 3, word 1: the tag 'S-PER' is not O nor B-/I-<type> \(IOB2\)"),
+    ([["I-PER", "I-PER", "O"], ["I-LOC", "O"], ["B-PER", "O"], ["I-ORG", "I-ORG"]], "IOB1",
+     r"sentence 3, word 1: 'B-PER' follows no PER entity"),
+], ids=["a-stray-S-among-IOB2", "a-B-start-among-IOB1"])
+def test_the_scheme_is_what_most_entities_say_and_the_odd_tag_is_refused_where_it_is(sequences, scheme, odd):
+    assert tags.detect_scheme(sequences)[0] == scheme
+    with pytest.raises(ValueError, match=odd):
+        tags.check_tags(sequences, scheme)
+
+
 def test_scheme_tags_mixed_with_plain_ones_are_refused_naming_the_odd_tag():
     with pytest.raises(ValueError, match=r"'PER' \(sentence 2, word 1\) is neither O nor <B\|I\|E\|S>-<type>.*"
                                          r"scheme='none'"):
