@@ -102,8 +102,8 @@ def detect_scheme(sequences: Sequence[Sequence[str]], label_names: Iterable[str]
     if 2 * (ends["E"] + ends["S"]) > entities:
         return IOBES, f"most entities end with an E- or S- tag ({ends['E'] + ends['S']} of them)"
     if starts_with_i > starts_with_b:
-        return IOB1, (f"entities start with I- ({starts_with_i} times{f', B- {starts_with_b}' if starts_with_b else ''})"
-                      " and B- only follows its own type")
+        b_starts = f", B- {starts_with_b}" if starts_with_b else ""
+        return IOB1, f"entities start with I- ({starts_with_i} times{b_starts}) and B- only follows its own type"
     return IOB2, "B- and I- tags, entities start with B-"
 
 

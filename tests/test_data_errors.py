@@ -233,7 +233,8 @@ def test_a_non_integer_float_in_another_split_is_refused_naming_that_split(tmp_p
     train = _write_csv(tmp_path / "train.csv", ["a,0.0", "b,1.0"])
     valid = _write_csv(tmp_path / "valid.csv", ["c,1.0", "d,1.5"])
 
-    with pytest.raises(ValueError, match=r"first: 1\.5 at line 3 of --validation_file .*valid\.csv.*problem_type='regression'"):
+    with pytest.raises(ValueError, match=r"first: 1\.5 at line 3 of --validation_file .*valid\.csv.*"
+                                         r"problem_type='regression'"):
         _load(tmp_path, train_file=train, validation_file=valid)
 
 

@@ -82,7 +82,8 @@ def test_a_name_among_class_ids_in_a_csv_is_refused_not_read_as_a_column_of_name
     path = tmp_path / "train.csv"
     path.write_text("text,label\na,0\nb,1\nc,1\nd,pos\n")
 
-    with pytest.raises(ValueError, match=r"mostly class ids \(3 of 4.*line 5 holds the name 'pos': give it the class id"):
+    with pytest.raises(ValueError, match=r"mostly class ids \(3 of 4.*line 5 holds the name 'pos': give it the "
+                                         r"class id"):
         _load(tmp_path, train_file=path)
 
 
@@ -111,8 +112,8 @@ def test_a_multi_hot_row_of_another_length_is_refused_not_read_as_class_ids(odd_
 
 
 def test_a_multi_hot_row_holding_another_value_than_0_or_1_is_refused():
-    with pytest.raises(ValueError, match=r"the multi-hot label at index 3 of the train data holds 2, but multi-hot rows "
-                                         r"hold 0 and 1"):
+    with pytest.raises(ValueError, match=r"the multi-hot label at index 3 of the train data holds 2, but multi-hot "
+                                         r"rows hold 0 and 1"):
         _memory((["a", "b", "c", "d"], [[0, 1, 0], [1, 0, 0], [0, 0, 1], [1, 2, 0]]))
 
 

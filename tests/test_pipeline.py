@@ -391,9 +391,10 @@ def test_a_blank_text_is_refused_by_the_pipeline_and_predict_naming_its_index(ex
         classify({"text": "a fine film", "text_pair": blank})
 
 
-@pytest.mark.parametrize(("text", "problem"), [(None, r"is missing \(None\)"), (float("nan"), r"is missing \(nan\)"),
-                                               (3, "is int 3, not a str"), (["a", "b"], r"is list \['a', 'b'\], not a str")],
-                         ids=["None", "NaN", "int", "list"])
+@pytest.mark.parametrize(("text", "problem"), [
+    (None, r"is missing \(None\)"), (float("nan"), r"is missing \(nan\)"), (3, "is int 3, not a str"),
+    (["a", "b"], r"is list \['a', 'b'\], not a str"),
+], ids=["None", "NaN", "int", "list"])
 def test_a_text_that_is_no_str_is_refused_naming_its_index(exported, text, problem):
     folder, _ = exported("single_label")
 

@@ -77,8 +77,8 @@ def as_dataset(split: SplitData, *, text_column: str = "text", text_pair_column:
         columns = _columns_of_rows(split, text_column, where)
     lengths = {name: len(values) for name, values in columns.items()}
     if len(set(lengths.values())) > 1:
-        raise ValueError(f"the columns of {where} differ in length ({', '.join(f'{n!r}: {k}' for n, k in lengths.items())}"
-                         "): give every column one value per row")
+        counts = ", ".join(f"{name!r}: {count}" for name, count in lengths.items())
+        raise ValueError(f"the columns of {where} differ in length ({counts}): give every column one value per row")
     for name in (text_column, text_pair_column):
         if name in columns:
             check_texts(columns[name], places, f"in column {name!r}")

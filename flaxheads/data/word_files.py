@@ -192,8 +192,8 @@ def read_conll(
             where = f"{path}, sentence {sentence + 1}, word {word + 1} (line {number})"
             cut = ("a space inside a token cuts it in two: separate the columns with tabs (which keep spaces inside "
                    "tokens) on every line" if not tabs else "a tab inside a token, or a column missing: fix the line")
-            raise ValueError(f"{where}: the line has {len(columns)} columns and most lines have {most} ({line[:60]!r}); "
-                             f"{cut}, or remove the line")
+            raise ValueError(f"{where}: the line has {len(columns)} columns and most lines have {most} "
+                             f"({line[:60]!r}); {cut}, or remove the line")
         return _conll_columns(columns, token_column, tag_column, path, number, sentence, word)
 
     return _checked(_sentences(path, read_word, lines), label_names)
