@@ -10,9 +10,11 @@ tokenizer, and with non-finite scores: a confident-looking wrong answer is worse
 
 from __future__ import annotations
 
+import math
 import os
+import unicodedata
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 from flax import nnx
@@ -170,6 +172,43 @@ def refuse_non_finite(finite: np.ndarray, source: str, what: str) -> None:
         )
 
 
+def readable_texts(texts: Iterable[str], name: str = "texts") -> list[str]:
+    """`texts` as a list, each a str the model can read: ValueError naming the index of the first
+    that is missing (None, NaN), no str, or blank (white space, or characters that print nothing:
+    the model would read no word of it, and any label would be made up, so none is given), and
+    for one str given where a list of them goes. Every text path (`predict`, `TextScorer`, the
+    pipeline) checks its texts here."""
+    if isinstance(texts, (str, bytes)):
+        raise ValueError(f"{name} is one {type(texts).__name__}, not a list of texts: pass [{_short(texts)}] "
+                         "(a str would be read one character at a time)")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise ValueError(f"{name} is {type(texts).__name__} {_short(texts)}, not a list of texts") from None
+    for index, text in enumerate(texts):
+        if isinstance(text, str) and not _blank(text):
+            continue
+        if text is None or (isinstance(text, float) and math.isnan(text)):
+            problem = f"is missing ({text!r})"
+        elif not isinstance(text, str):
+            problem = f"is {type(text).__name__} {_short(text)}, not a str"
+        else:
+            problem = f"is blank ({_short(text)}): the model would read no word of it, and a label for it would be " \
+                      "made up"
+        raise ValueError(f"the text at index {index} of {name} {problem}. Give every text its words, or leave it out")
+    return texts
+
+
+def _blank(text: str) -> bool:
+    """Only white space and characters that print nothing (zero-width spaces, controls)."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 UNBOUNDED = 1 << 30
 """The max_length given to the tokenizer when texts are not to be cut."""
 UNBOUNDED_START = 128
@@ -177,5 +216,5 @@ UNBOUNDED_START = 128
 
 
 __all__ = ["Trained", "open_model_folder", "UNBOUNDED", "UNBOUNDED_START", "check_batch_size", "checkpoint_task", "eval_copy", "load_trained",
-           "open_trained", "other_task", "padding", "pipeline_model", "refuse_non_finite", "require_model_folder",
+           "open_trained", "other_task", "padding", "pipeline_model", "readable_texts", "refuse_non_finite", "require_model_folder",
            "rows_per_batch"]

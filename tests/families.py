@@ -429,10 +429,10 @@ def _llama_predict_refuses_empty_texts_and_ignores_token_types(result, tmp_path,
 
     _pad_less_run_pads_with_eos(result, tmp_path, capsys)
     run = result.run
-    # An empty text gives no tokens (this tokenizer adds no BOS): refused, as transformers refuses it.
+    # An empty text (no tokens at all with this tokenizer, which adds no BOS): refused, as transformers refuses it.
     assert main(["predict", "--model_name_or_path", str(run), "so dull", ""]) == 2
-    assert "give no tokens at all" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="give no tokens at all"):
+    assert "the text at index 1 of texts is blank" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="the text at index 0 of texts is blank"):
         flaxheads.pipeline(model=str(run))("")
     # A tokenizer saved to return token types (Llama has none) is read without them.
     typed = tmp_path / "typed"

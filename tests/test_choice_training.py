@@ -240,13 +240,13 @@ def _refused(tiny_bert, tmp_path, capsys, train: Path, *flags: str) -> str:
     return capsys.readouterr().err
 
 
-def test_a_row_with_another_number_of_choices_is_refused_naming_the_row(tiny_bert, tmp_path, capsys):
+def test_an_empty_choice_is_refused_naming_its_line_not_left_out(tiny_bert, tmp_path, capsys):
     rows = [_swag_row(i) for i in range(5)]
-    rows[2]["ending3"] = ""
+    rows[2]["ending1"] = ""
     err = _refused(tiny_bert, tmp_path, capsys, _write_csv(tmp_path / "train.csv", rows))
 
-    assert "train.csv, row 3 has 3 choices ('ending3' empty)" in err and "4" in err
-    assert "the same number of choices" in err
+    assert "line 4 of " in err and "train.csv: the choice 'ending1' is empty" in err  # line 1 is the header
+    assert "give every choice its text" in err
 
 
 def test_a_list_of_choices_of_another_length_is_refused_naming_the_row(tiny_bert, tmp_path, capsys):
@@ -255,7 +255,7 @@ def test_a_list_of_choices_of_another_length_is_refused_naming_the_row(tiny_bert
                              + "\n" for i in range(3)), encoding="utf-8")
     err = _refused(tiny_bert, tmp_path, capsys, train)
 
-    assert "train.jsonl, row 2 has 2 choices and the first row has 3" in err
+    assert "line 2 of " in err and "train.jsonl has 2 choices and most rows have 3" in err
 
 
 def test_a_label_outside_the_choices_is_refused_naming_the_row(tiny_bert, tmp_path, capsys):
@@ -263,7 +263,7 @@ def test_a_label_outside_the_choices_is_refused_naming_the_row(tiny_bert, tmp_pa
     rows[4]["label"] = 4
     err = _refused(tiny_bert, tmp_path, capsys, _write_csv(tmp_path / "train.csv", rows))
 
-    assert "train.csv, row 5: the label 4 is outside 0..3" in err and "counted from 0" in err
+    assert "line 6 of " in err and "train.csv: the label 4 is outside 0..3" in err and "counted from 0" in err
 
 
 def test_a_missing_column_is_refused_naming_the_columns_found_and_the_flag(tiny_bert, tmp_path, capsys):

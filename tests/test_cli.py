@@ -230,8 +230,8 @@ def predicted_texts(capsys) -> list[str]:
     return [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
 
 
-def test_predict_input_file_gives_one_row_per_line_blank_and_crlf_lines_included(classifier, tmp_path, capsys):
-    lines = ["a fine film", "", "  spaced out  ", "", "last line"]
+def test_predict_input_file_gives_one_row_per_line_crlf_lines_included(classifier, tmp_path, capsys):
+    lines = ["a fine film", "  spaced out  ", "last line"]
     input_file = tmp_path / "texts.txt"
     input_file.write_bytes("\r\n".join(lines).encode() + b"\r\n")
 
@@ -240,12 +240,24 @@ def test_predict_input_file_gives_one_row_per_line_blank_and_crlf_lines_included
     assert predicted_texts(capsys) == lines
 
 
+@pytest.mark.parametrize("blank", ["", " \t "], ids=["empty", "white-space"])
+def test_predict_input_file_with_a_blank_line_is_refused_naming_the_line_not_labelled(classifier, tmp_path, capsys,
+                                                                                       blank):
+    input_file = tmp_path / "texts.txt"
+    input_file.write_bytes(f"a fine film\r\n{blank}\r\nlast line\r\n".encode())
+
+    assert main(["predict", "--model_name_or_path", str(classifier), "--input_file", str(input_file)]) == 2
+
+    out, err = capsys.readouterr()
+    assert out == "" and f"--input_file {input_file} line 2 is blank" in err and "Remove the blank lines" in err
+
+
 def test_predict_input_file_dash_reads_standard_input(classifier, monkeypatch, capsys):
-    monkeypatch.setattr("sys.stdin", io.StringIO("first\n\nthird"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("first\nsecond\nthird"))
 
     assert main(["predict", "--model_name_or_path", str(classifier), "--input_file", "-"]) == 0
 
-    assert predicted_texts(capsys) == ["first", "", "third"]
+    assert predicted_texts(capsys) == ["first", "second", "third"]
 
 
 def test_predict_input_file_that_is_not_utf8_names_the_file_and_iconv(tmp_path, capsys):

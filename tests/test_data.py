@@ -298,26 +298,26 @@ def test_missing_column_error_names_the_column_the_flag_and_the_columns_present(
 def test_label_outside_num_labels_error_names_value_row_and_flag(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ["text", "label"], [["a", 0], ["b", 1]])
     valid = _write_csv(tmp_path / "valid.csv", ["text", "label"], [["c", 1], ["d", 7]])
-    with pytest.raises(ValueError, match=r"label 7 in row 1 of the validation split.*num_labels"):
+    with pytest.raises(ValueError, match=rf"label 7 at line 3 of --validation_file {valid} .*num_labels"):
         _load(tmp_path, train_file=train, validation_file=valid)
 
 
 def test_negative_label_is_rejected_even_with_num_labels_given(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ["text", "label"], [["a", 0], ["b", -1]])
-    with pytest.raises(ValueError, match=r"label -1 in row 1 of the train split"):
+    with pytest.raises(ValueError, match=r"label -1 at line 3 of --train_file"):
         _load(tmp_path, train_file=train, num_labels=2)
 
 
 def test_non_numeric_label_with_regression_error_names_the_value(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ["text", "label"], [["a", "1.5"], ["b", "high"]])
-    with pytest.raises(ValueError, match=r"regression' needs finite numeric labels.*row 1 .*'high'"):
+    with pytest.raises(ValueError, match=r"regression' needs finite numeric labels.*line 3 .*'high'"):
         _load(tmp_path, train_file=train, problem_type=REGRESSION)
 
 
 def test_label_unknown_to_the_train_split_is_rejected(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ["text", "label"], [["a", "pos"], ["b", "neg"]])
     test = _write_csv(tmp_path / "test.csv", ["text", "label"], [["c", "meh"]])
-    with pytest.raises(ValueError, match=r"label 'meh' in row 0 of the test split"):
+    with pytest.raises(ValueError, match=r"label 'meh' at line 2 of --test_file"):
         _load(tmp_path, train_file=train, test_file=test)
 
 

@@ -130,26 +130,30 @@ def test_utf16_file_error_says_utf16_and_converts_from_it(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("labels", "row", "types"),
+    ("labels", "types"),
     [
-        ([1, 0, "pos", 1], 2, r"row 0 holds a number \(1\) but row 2 holds a string \('pos'\)"),
-        ([["a"], ["b"], "c"], 2, r"row 0 holds a list of strings \(\['a'\]\) but row 2 holds a string \('c'\)"),
-        ([1, [1, 2]], 1, r"row 0 holds a number \(1\) but row 1 holds a list of numbers \(\[1, 2\]\)"),
-        ([["a"], [1]], 1, r"row 0 holds a list of strings \(\['a'\]\) but row 1 holds a list of numbers"),
-        ([0, True], 1, r"row 0 holds a number \(0\) but row 1 holds a boolean \(True\)"),
+        ([1, 0, "pos", 1], r"most labels \(3 of 4\) are numbers \(e\.g\. 1 at {1}\), but {3} holds a string \('pos'\)"),
+        ([["a"], ["b"], "c"], r"are lists of strings \(e\.g\. \['a'\] at {1}\), but {3} holds a string \('c'\)"),
+        ([1, [1, 2]], r"are numbers \(e\.g\. 1 at {1}\), but {2} holds a list of numbers \(\[1, 2\]\)"),
+        ([["a"], [1]], r"are lists of strings \(e\.g\. \['a'\] at {1}\), but {2} holds a list of numbers"),
+        ([0, True], r"are numbers \(e\.g\. 0 at {1}\), but {2} holds a boolean \(True\)"),
+        (["pos", 1, 1, 0], r"most labels \(3 of 4\) are numbers \(e\.g\. 1 at {2}\), but {1} holds a string"),
     ],
-    ids=["number-then-string", "lists-then-string", "number-then-list", "list-element-types", "bool"],
+    ids=["number-then-string", "lists-then-string", "number-then-list", "list-element-types", "bool",
+         "the-odd-one-first"],
 )
 @pytest.mark.parametrize("suffix", ["jsonl", "json"])
-def test_mixed_label_types_error_names_the_file_the_first_differing_row_and_both_types(
-    tmp_path, suffix, labels, row, types
+def test_mixed_label_types_error_names_the_file_the_label_of_another_type_than_most_and_both_types(
+    tmp_path, suffix, labels, types
 ):
     records = [{"text": f"t{i}", "label": label} for i, label in enumerate(labels)]
     path = tmp_path / f"train.{suffix}"
-    if suffix == "json":
+    if suffix == "json":  # a JSON array has no lines: its records are counted from 1
         path.write_text(json.dumps(records))
-    else:
+        place = "record {}"
+    else:  # JSON Lines: the line, as an editor shows it
         _write_jsonl(path, records)
+        place = "line {}"
 
     with pytest.raises(ValueError) as error:
         _load(tmp_path, train_file=path)
@@ -157,8 +161,8 @@ def test_mixed_label_types_error_names_the_file_the_first_differing_row_and_both
     message = str(error.value)
     print(message)
     assert f"the label column 'label' (--label_column) of --train_file {path} mixes types" in message
-    assert re.search(types, message)
-    assert "Give every label one type" in message and "--problem_type regression" in message
+    assert re.search(types.format(*[place.format(n) for n in range(5)]), message)
+    assert "Give every label one type" in message and "problem_type='regression'" in message
 
 
 def test_mixed_label_types_past_the_readers_first_chunk_are_found(tmp_path):
@@ -168,14 +172,14 @@ def test_mixed_label_types_past_the_readers_first_chunk_are_found(tmp_path):
         f.write('{"text": "a", "label": 1}\n' * 450_000)
         f.write('{"text": "b", "label": "pos"}\n')
 
-    with pytest.raises(ValueError, match=r"row 0 holds a number \(1\) but row 450000 holds a string \('pos'\)"):
+    with pytest.raises(ValueError, match=r"are numbers \(e\.g\. 1 at line 1\), but line 450001 holds a string"):
         _load(tmp_path, train_file=path)
 
 
 def test_labels_in_a_renamed_column_are_checked_under_its_name(tmp_path):
     path = _write_jsonl(tmp_path / "train.jsonl", [{"text": "a", "y": "pos"}, {"text": "b", "y": 3}])
 
-    with pytest.raises(ValueError, match=r"label column 'y' \(--label_column\).*row 1 holds a number \(3\)"):
+    with pytest.raises(ValueError, match=r"label column 'y' \(--label_column\).*line 2 holds a number \(3\)"):
         _load(tmp_path, train_file=path, label_column="y")
 
 
@@ -185,7 +189,7 @@ def test_missing_labels_and_empty_lists_do_not_count_as_another_type(tmp_path):
     assert task.problem_type == MULTI_LABEL
 
     with_null = _write_jsonl(tmp_path / "null.jsonl", [{"text": "a", "label": None}, {"text": "b", "label": 1}])
-    with pytest.raises(ValueError, match="the label is missing in row 0 of the train split"):
+    with pytest.raises(ValueError, match=f"the label is missing at line 1 of --train_file {with_null}"):
         _load(tmp_path, train_file=with_null)
 
 
@@ -201,8 +205,9 @@ def test_one_non_integer_float_among_class_ids_is_refused_with_both_ways_on(tmp_
 
     message = str(error.value)
     print(message)
-    assert "mostly whole numbers (75%, e.g. 0.0 at train row 0) with some other values (first: 0.5 at train row 3)" in message
-    assert "problem_type='regression'" in message and "fix the label 0.5 in row 3 of the train split" in message
+    assert (f"mostly whole numbers (75%, e.g. 0.0 at line 2 of --train_file {train}) with some other values (first: "
+            f"0.5 at line 5 of --train_file {train})") in message
+    assert "problem_type='regression'" in message and f"fix the label 0.5 at line 5 of --train_file {train}" in message
 
 
 def test_scores_that_are_mostly_fractional_stay_regression_even_where_one_is_whole(tmp_path):
@@ -228,7 +233,8 @@ def test_a_non_integer_float_in_another_split_is_refused_naming_that_split(tmp_p
     train = _write_csv(tmp_path / "train.csv", ["a,0.0", "b,1.0"])
     valid = _write_csv(tmp_path / "valid.csv", ["c,1.0", "d,1.5"])
 
-    with pytest.raises(ValueError, match=r"first: 1\.5 at validation row 1.*problem_type='regression'"):
+    with pytest.raises(ValueError, match=r"first: 1\.5 at line 3 of --validation_file .*valid\.csv.*"
+                                         r"problem_type='regression'"):
         _load(tmp_path, train_file=train, validation_file=valid)
 
 
@@ -243,13 +249,15 @@ def test_a_non_integer_float_in_another_split_is_refused_naming_that_split(tmp_p
     ids=["csv-floats", "jsonl-1-and-1.0"],
 )
 def test_whole_number_floats_are_class_ids_and_the_reason_says_how_to_get_scores(tmp_path, write):
-    task = _load(tmp_path, train_file=write(tmp_path / "train"))
+    train = write(tmp_path / "train")
+    task = _load(tmp_path, train_file=train)
 
     assert (task.problem_type, task.num_labels, task.splits["train"]["label"][:]) == (SINGLE_LABEL, 3, [0, 2, 1])
+    first_line = 2 if train.suffix == ".csv" else 1  # a CSV's header is line 1
     assert task.problem_type_reason == (
         "single_label_classification: the label column holds floats that are all whole numbers "
-        "(e.g. 0.0 at train row 0), read as class ids in [0, 3); problem_type='regression' reads "
-        "them as scores instead"
+        f"(e.g. 0.0 at line {first_line} of --train_file {train}), read as class ids in [0, 3); "
+        "problem_type='regression' reads them as scores instead"
     )
 
 
@@ -259,7 +267,8 @@ def test_floats_none_of_them_whole_are_regression_and_the_reason_points_at_one(t
     task = _load(tmp_path, train_file=train)
 
     assert task.problem_type == REGRESSION
-    assert task.problem_type_reason == "regression: the label column holds non-integer floats (e.g. 0.25 at train row 0)"
+    assert task.problem_type_reason == ("regression: the label column holds non-integer floats (e.g. 0.25 at line 2 of "
+                                        f"--train_file {train})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,8 +368,8 @@ def test_evaluation_files_alone_read_their_labels_against_a_trained_models_class
     assert task.splits["test"]["label"] == [2, 0] and task.num_labels == 3
 
     other = _write_csv(tmp_path / "other.csv", ["good,great"])
-    with pytest.raises(ValueError, match=r"label 'great' in row 0 of the validation split is not one of the "
+    with pytest.raises(ValueError, match=r"label 'great' at line 2 of --validation_file .*other\.csv is not one of the "
                                          r"model's classes \['negative', 'neutral', 'positive'\]"):
         load_task(validation_file=other, class_names=("negative", "neutral", "positive"))
-    with pytest.raises(ValueError, match=r"label 2 in row 0 of the test split is outside \[0, 2\)"):
+    with pytest.raises(ValueError, match=r"label 2 at line 2 of --test_file .*test\.csv is outside \[0, 2\)"):
         load_task(test_file=test, class_names=("negative", "positive"))

@@ -15,7 +15,7 @@ import transformers
 
 import flaxheads
 from flaxheads.tokenizer import PadIds, pad_token_ids
-from flaxheads.tasks.classification.inference import TextScorer
+from flaxheads.tasks.classification.inference import TextScorer, predict
 from flaxheads.model import UntrainedModel
 
 WORDS = "a fine film dull plot the worst story great moving gorgeous and what so ever tedious".split()
@@ -368,3 +368,52 @@ def test_a_model_trained_on_pairs_needs_a_text_pair_for_every_text(exported, tmp
     expected = theirs({"text": "great", "text_pair": "a great plot"})
     for answer in expected:
         np.testing.assert_allclose(rows[1]["probabilities"][answer["label"]], answer["score"], atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Texts the model cannot read: refused naming where they are, never answered with a label
+# (transformers' pipeline answers "" with a confident label; flaxheads gives no prediction from
+# input the model cannot read)
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\u200b", "\t\n"], ids=["empty", "spaces", "zero-width", "tab-newline"])
+def test_a_blank_text_is_refused_by_the_pipeline_and_predict_naming_its_index(exported, blank):
+    folder, _ = exported("single_label")
+    classify = flaxheads.pipeline(model=str(folder))
+
+    with pytest.raises(ValueError, match=r"the text at index 0 of texts is blank"):
+        classify(blank)
+    with pytest.raises(ValueError, match=r"the text at index 2 of texts is blank.*leave it out"):
+        classify(["a fine film", "great", blank])
+    with pytest.raises(ValueError, match=r"the text at index 1 of texts is blank"):
+        predict(folder, ["a fine film", blank])
+    with pytest.raises(ValueError, match=r"the text at index 0 of text_pairs is blank"):
+        classify({"text": "a fine film", "text_pair": blank})
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    (None, r"is missing \(None\)"), (float("nan"), r"is missing \(nan\)"), (3, "is int 3, not a str"),
+    (["a", "b"], r"is list \['a', 'b'\], not a str"),
+], ids=["None", "NaN", "int", "list"])
+def test_a_text_that_is_no_str_is_refused_naming_its_index(exported, text, problem):
+    folder, _ = exported("single_label")
+
+    with pytest.raises(ValueError, match=rf"the text at index 1 of texts {problem}"):
+        flaxheads.pipeline(model=str(folder))(["a fine film", text])
+    with pytest.raises(ValueError, match=rf"the text at index 1 of texts {problem}"):
+        predict(folder, ["a fine film", text])
+
+
+def test_one_str_given_to_predict_is_refused_not_read_letter_by_letter(exported):
+    folder, _ = exported("single_label")
+
+    with pytest.raises(ValueError, match=r"texts is one str, not a list of texts: pass \['a fine film'\]"):
+        predict(folder, "a fine film")
+
+
+@pytest.mark.parametrize("inputs", [None, 3], ids=["None", "int"])
+def test_the_pipeline_refuses_what_is_no_text_nor_list_naming_what_it_takes(exported, inputs):
+    folder, _ = exported("single_label")
+
+    with pytest.raises(ValueError, match=rf"the pipeline takes a text \(str\).*got {type(inputs).__name__}"):
+        flaxheads.pipeline(model=str(folder))(inputs)

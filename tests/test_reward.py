@@ -149,5 +149,5 @@ def test_margin_column_becomes_the_pair_labels_and_is_zero_without_one(tmp_path)
     plain = _write_jsonl(tmp_path / "dev.jsonl", [{"chosen": "good", "rejected": "bad"}])
     task = data.load_local_files(train_file=train, validation_file=plain)
     assert task.splits["train"]["label"] == [1.5, 0.0] and task.splits["validation"]["label"] == [0.0]
-    with pytest.raises(ValueError, match=r"'margin' column of the train split holds 'big' in row 0"):
+    with pytest.raises(ValueError, match=r"the 'margin' column holds 'big' at index 0 of the train data"):
         data.load_in_memory({"train": [{"chosen": "a", "rejected": "b", "margin": "big"}]})

@@ -206,6 +206,107 @@ def test_a_csv_cell_that_looks_like_a_list_but_is_none_is_refused(tmp_path):
         read_word_file(path)
 
 
+def test_a_csv_row_is_named_by_the_line_it_starts_on_and_one_of_another_width_is_refused(tmp_path):
+    path = _write(tmp_path, "train.csv", 'tokens,ner_tags\n"EU\nrejects","B-ORG O"\n\nPeter,B-PER,x\n')
+
+    with pytest.raises(ValueError, match=r"train\.csv, sentence 2 \(line 5\) has 3 cells and the header 2"):
+        read_word_file(path)
+    path.write_text('tokens,ner_tags\n"EU\nrejects","B-ORG"\n')
+    with pytest.raises(ValueError, match=r"train\.csv, sentence 1 \(line 2\) has 2 tokens and 1 tags"):
+        read_word_file(path)
+
+
+def test_a_no_break_space_inside_a_csv_cells_word_stays_in_it(tmp_path):
+    split = read_word_file(_write(tmp_path, "train.csv", "tokens,ner_tags\nNew\u00a0York is,B-LOC O\n"))
+
+    assert split.tokens == [["New\u00a0York", "is"]]
+
+
+def test_a_str_given_as_a_sentences_words_is_refused_not_read_letter_by_letter():
+    with pytest.raises(ValueError, match=r"sentence 2: the tokens are str 'New York', not a list .*text\.split\(\)"):
+        word_split([["EU"], "New York"], [["B-ORG"], ["B-LOC", "I-LOC"]])
+
+
+# ---------------------------------------------------------------------------------------------
+# Spaces inside CoNLL tokens, CoNLL-U's "no value", .tsv files of words
+
+
+def test_a_tab_separated_conll_file_keeps_spaces_inside_tokens_without_being_told(tmp_path):
+    split = read_conll(_write(tmp_path, "train.conll", "New York\tB-LOC\nis\tO\n\nSão Paulo\tB-LOC\n"))
+
+    assert split.tokens == [["New York", "is"], ["São Paulo"]]
+    assert split.tags == [["B-LOC", "O"], ["B-LOC"]]
+
+
+def test_a_no_break_space_inside_a_space_separated_conll_token_stays_in_it(tmp_path):
+    split = read_conll(_write(tmp_path, "train.conll", "EU NNP B-ORG\nNew\u00a0York NNP B-LOC\n"))
+
+    assert split.tokens == [["EU", "New\u00a0York"]] and split.tags == [["B-ORG", "B-LOC"]]
+
+
+@pytest.mark.parametrize("content, line", [
+    (CONLL_2003.replace("Peter NNP B-NP B-PER", "Peter Pan NNP B-NP B-PER"), 9),
+    ("EU\tB-ORG\nNew York B-LOC\nis\tO\n", 2),  # one line without a tab: split on spaces, it has 3 columns
+], ids=["conll-2003", "tabs-but-one-line"])
+def test_a_token_a_space_cuts_into_more_columns_than_the_file_has_is_refused_naming_its_line(tmp_path, content, line):
+    path = _write(tmp_path, "train.conll", content)
+
+    with pytest.raises(ValueError, match=rf"\(line {line}\): the line has \d columns and most lines have \d .*a space "
+                                         r"inside a token cuts it in two: separate the columns with tabs"):
+        read_conll(path)
+
+
+def test_conllu_no_value_in_the_tag_column_is_refused_not_read_as_a_tag(tmp_path):
+    path = _write(tmp_path, "ud.conllu", "# text = The dog\n1\tThe\tthe\tDET\tDT\t_\t2\tdet\t_\t_\n"
+                                         "2\tdog\tdog\t_\tNN\t_\t0\troot\t_\t_\n")
+
+    with pytest.raises(ValueError, match=r"ud\.conllu, sentence 1, word 2 \('dog', line 3\): the UPOS column is _ "
+                                         r"\(no value\), which is no tag.*tag_field='xpos'"):
+        read_conllu(path)
+    assert read_conllu(path, tag_field="xpos").tags == [["DT", "NN"]]
+
+
+@pytest.mark.parametrize("content", [
+    "text\tO\nis\tO\n\nPeter\tB-PER\n",  # its first token is the text column's name
+    "-DOCSTART-\tO\n\nEU\tB-ORG\n",
+    "EU\tB-ORG\nrejects\tO\n",  # one sentence, no blank line: single words
+], ids=["first-token-text", "docstart", "one-sentence"])
+def test_a_tsv_file_of_conll_columns_is_read_as_words(tmp_path, content):
+    from flaxheads.data import load_task
+
+    task = load_task(train_file=_write(tmp_path, "train.tsv", content))
+
+    assert task.problem_type == "token_classification"
+
+
+def test_a_tsv_table_of_texts_is_not_read_as_words(tmp_path):
+    from flaxheads.data import load_task
+
+    task = load_task(train_file=_write(tmp_path, "train.tsv", "text\tlabel\na fine film\t1\nso dull\t0\n"))
+
+    assert task.problem_type == "single_label_classification"
+
+
+def test_a_tsv_file_read_as_a_table_says_so_and_names_itself_and_the_task(tmp_path):
+    from flaxheads.data import load_task
+
+    path = _write(tmp_path, "train.tsv", "text\tO\nrejects\tO\n")  # one sentence whose first token is "text"
+
+    with pytest.raises(ValueError, match=rf"column 'label' .* is not in the train file {path}.*\({path} was read as a "
+                                         r"table of texts and labels; if it holds words and their tags in CoNLL "
+                                         r"columns, pass task='token-classification'\)"):
+        load_task(train_file=path)
+
+
+def test_a_tsv_train_file_beside_a_conll_validation_file_is_read_as_words(tmp_path):
+    from flaxheads.data import load_task
+
+    train = _write(tmp_path, "train.tsv", "text\tO\nrejects\tO\n")
+    task = load_task(train_file=train, validation_file=_write(tmp_path, "dev.conll", "rejects O\n"))
+
+    assert task.problem_type == "token_classification"
+
+
 # ---------------------------------------------------------------------------------------------
 # Tag schemes
 
@@ -219,6 +320,18 @@ def test_a_csv_cell_that_looks_like_a_list_but_is_none_is_refused(tmp_path):
 ])
 def test_the_scheme_is_detected_from_the_tags(sequences, scheme):
     assert tags.detect_scheme(sequences)[0] == scheme
+
+
+@pytest.mark.parametrize("sequences, scheme, odd", [
+    ([["B-PER", "I-PER", "O"], ["B-LOC", "O"], ["S-PER", "O"], ["B-ORG", "I-ORG"]], "IOB2",
+     r"sentence 3, word 1: the tag 'S-PER' is not O nor B-/I-<type> \(IOB2\)"),
+    ([["I-PER", "I-PER", "O"], ["I-LOC", "O"], ["B-PER", "O"], ["I-ORG", "I-ORG"]], "IOB1",
+     r"sentence 3, word 1: 'B-PER' follows no PER entity"),
+], ids=["a-stray-S-among-IOB2", "a-B-start-among-IOB1"])
+def test_the_scheme_is_what_most_entities_say_and_the_odd_tag_is_refused_where_it_is(sequences, scheme, odd):
+    assert tags.detect_scheme(sequences)[0] == scheme
+    with pytest.raises(ValueError, match=odd):
+        tags.check_tags(sequences, scheme)
 
 
 def test_scheme_tags_mixed_with_plain_ones_are_refused_naming_the_odd_tag():

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import csv
+import functools
 import gzip
+import io
 import json
 import lzma
 import pathlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import datasets
 
-from flaxheads.data.labels import encode_labels
+from flaxheads.data.labels import check_label_kinds, encode_labels, is_missing
 from flaxheads.data.pairs import pair_column_map, pair_task, reads_as_pairs
+from flaxheads.data.places import LINE, RECORD, RowPlaces, in_python
 from flaxheads.data.task import CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskData
 
 # File suffix -> (datasets packaged builder, builder options).
@@ -61,9 +65,10 @@ def load_local_files(
     `cache_dir` is where `datasets` keeps its Arrow copy of the files (its default cache if None).
     Raises FileNotFoundError naming a missing path, and ValueError for an unknown suffix, an
     unreadable or empty file, a text file that is not UTF-8 (naming the byte, its position and
-    line), a JSON label column mixing types (naming the first row whose type differs from the
-    first row's), a missing column (naming it, the columns present and the flag to change), a
-    missing text, or a bad label (see `encode_labels`).
+    line), a JSON label column mixing types (naming the first label of another type than most),
+    a missing column (naming it, the columns present and the flag to change), a missing text, or
+    a bad label (see `encode_labels`). Rows are named by their line, or by their record in a
+    JSON array or Parquet file (`flaxheads.data.places`).
 
     Preference pairs (`chosen_column`, `rejected_column`; see `flaxheads.data.pairs`) are read
     when `problem_type` is "pairwise_reward", or, without a problem type, when the train file has
@@ -81,23 +86,28 @@ def load_local_files(
     }
     if not splits:
         raise ValueError("no data files: give a train_file, a validation_file or a test_file")
+    places = {name: file_places(pathlib.Path(files[name]), f"{_SPLIT_FLAGS[name]} {files[name]}") for name in splits}
     if "train" not in splits:
         if class_names is None:
             raise ValueError(f"no train_file: the classes come from the train file; give one, or class_names (a "
                              f"trained model's) to read {' and '.join(f'{n}_file' for n in splits)} alone")
         # The first file stands in for the train split every TaskData has (never trained on: scoring only).
         # Last, so that a bad label is reported in its own file's split first.
-        files["train"], splits = files[next(iter(splits))], {**splits, "train": next(iter(splits.values()))}
+        first = next(iter(splits))
+        files["train"], splits = files[first], {**splits, "train": splits[first]}
+        places["train"] = places[first]
     pairs = reads_as_pairs(splits["train"].column_names, problem_type=problem_type, text_column=text_column,
                            chosen_column=chosen_column, rejected_column=rejected_column)
     canonical = datasets.DatasetDict({
         name: canonical_columns(split, _columns(pairs, split, text_column, text_pair_column, label_column,
-                                                chosen_column, rejected_column), f"{name} file {files[name]}")
+                                                chosen_column, rejected_column), f"{name} file {files[name]}",
+                                places[name])
         for name, split in splits.items()
     })
     if pairs:
-        return pair_task(canonical, num_labels=num_labels, given=problem_type is not None)
-    return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels, class_names=class_names)
+        return pair_task(canonical, num_labels=num_labels, given=problem_type is not None, places=places)
+    return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels, class_names=class_names,
+                         places=places)
 
 
 def load_named_dataset(
@@ -122,16 +132,17 @@ def load_named_dataset(
         raise ValueError(f"data set {name} has no 'train' split; its splits are {sorted(loaded)}")
     pairs = reads_as_pairs(loaded["train"].column_names, problem_type=problem_type, text_column=text_column,
                            chosen_column=chosen_column, rejected_column=rejected_column)
+    places = {split: in_python(f"the {split} split of {name}") for split in loaded}
     canonical = datasets.DatasetDict({
         split: canonical_columns(loaded[split], _columns(pairs, loaded[split], text_column, text_pair_column,
                                                          label_column, chosen_column, rejected_column),
-                                 f"{split} split of {name}")
+                                 f"{split} split of {name}", places[split])
         for split in ("train", "validation", "test")
         if split in loaded
     })
     if pairs:
-        return pair_task(canonical, num_labels=num_labels, given=problem_type is not None)
-    return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels)
+        return pair_task(canonical, num_labels=num_labels, given=problem_type is not None, places=places)
+    return encode_labels(canonical, problem_type=problem_type, num_labels=num_labels, places=places)
 
 
 def _columns(pairs: bool, split: datasets.Dataset, text_column: str, text_pair_column: str | None,
@@ -183,14 +194,52 @@ def read_split(split_name: str, path: pathlib.Path, cache_dir, label_column: str
             raise ValueError(f"{flag} {path} has no rows") from error
         if builder == "json":
             # A label type that changes after the first chunk makes pyarrow's cast fail.
-            _check_one_label_type(_json_labels(path, label_column), path, flag, label_column)
+            check_label_kinds(_json_labels(path, label_column), file_places(path, f"{flag} {path}"), label_column,
+                              "--label_column")
         raise ValueError(f"{flag} {path} could not be read as {builder}: {error}") from error
     if len(split) == 0:
         raise ValueError(f"{flag} {path} has no rows")
     if label_column in split.column_names and _holds_json(split.features[label_column]):
         # Mixed types within the first chunk: datasets keeps them as raw JSON values.
-        _check_one_label_type(split[label_column], path, flag, label_column)
+        check_label_kinds(split[label_column], file_places(path, f"{flag} {path}"), label_column, "--label_column")
     return split
+
+
+def file_places(path: pathlib.Path, source: str) -> RowPlaces:
+    """How messages name the rows of the file at `path` as `read_split` reads it (`source`: the
+    file as they name it): by the line each starts on, or by record in a JSON array or Parquet
+    file (`flaxheads.data.places`)."""
+    builder, options = _format_of(path)
+    if builder == "parquet" or (builder == "json" and _is_json_array(path)):
+        return RowPlaces(source, RECORD)
+    return RowPlaces(source, LINE, functools.partial(_first_lines, path, builder, options.get("delimiter", ",")))
+
+
+def _is_json_array(path: pathlib.Path) -> bool:
+    with _open_bytes(path) as stream:
+        return stream.read(1024).lstrip(codecs.BOM_UTF8 + b" \t\r\n").startswith(b"[")
+
+
+def _first_lines(path: pathlib.Path, builder: str, delimiter: str) -> list[int]:
+    """The line (from 1) each row of a CSV, TSV or JSON Lines file starts on, rows counted as
+    datasets reads them: blank lines (only whitespace) are no row, nor is a CSV's header."""
+    with _open_bytes(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text:
+        if builder == "json":
+            return [number for number, line in enumerate(text, start=1) if line.strip()]
+        reader = csv.reader(text, delimiter=delimiter)
+        starts, end, header = [], 0, True
+        try:
+            for fields in reader:
+                start, end = end + 1, reader.line_num
+                if not fields or (len(fields) == 1 and not fields[0].strip()):
+                    continue  # pandas skips blank lines
+                if header:
+                    header = False
+                else:
+                    starts.append(start)
+        except csv.Error as error:  # a cell past csv's size limit, say: rows are then named by record
+            raise ValueError(str(error)) from error
+        return starts
 
 
 def _open_bytes(path: pathlib.Path):
@@ -273,8 +322,7 @@ def _holds_json(feature) -> bool:
 def _json_labels(path: pathlib.Path, label_column: str) -> Iterator:
     """The label of each record of a JSON Lines file or JSON array, in order (None if absent).
     Ends early, without raising, at the first line that is not JSON."""
-    with _open_bytes(path) as stream:
-        is_array = stream.read(1024).lstrip(codecs.BOM_UTF8 + b" \t\r\n").startswith(b"[")
+    is_array = _is_json_array(path)
     with _open_bytes(path) as stream:
         try:
             # datasets also reads a JSON array whole; JSON Lines go one line at a time.
@@ -285,71 +333,21 @@ def _json_labels(path: pathlib.Path, label_column: str) -> Iterator:
             return
 
 
-def _check_one_label_type(labels: Iterable, path, flag: str, label_column: str) -> None:
-    """Raises ValueError naming the first row whose label type differs from the first label's."""
-    first = None
-    for row, label in enumerate(labels):
-        kind = _json_type(label)
-        if kind is None:
-            continue  # a missing label is reported, with its row, by encode_labels
-        if first is None:
-            first = (row, label, kind)
-        elif not _same_json_type(kind, first[2]):
-            first_row, first_label, first_kind = first
-            raise ValueError(
-                f"the label column {label_column!r} (--label_column) of {flag} {path} mixes types: "
-                f"row {first_row} holds {_a(first_kind)} ({_short_repr(first_label)}) but row {row} "
-                f"holds {_a(kind)} ({_short_repr(label)}). Give every label one type: class "
-                "names (all strings) or class ids (all integers) for classification, numbers with "
-                "--problem_type regression for scores, or lists for multi-label; e.g. quote numbers "
-                "that are class names"
-            )
-
-
-def _json_type(value) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"  # 1 and 1.0 are one type: encode_labels decides what numbers mean
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, dict):
-        return "object"
-    if not value:
-        return "empty list"
-    entry_types = sorted({_json_type(entry) or "null" for entry in value})
-    return "list of " + " and ".join(_plural(t) for t in entry_types)
-
-
-def _plural(json_type: str) -> str:
-    first, _, rest = json_type.partition(" ")  # "list of numbers" -> "lists of numbers"
-    return f"{first}s {rest}".rstrip()
-
-
-def _same_json_type(kind: str, other: str) -> bool:
-    def is_list(json_type):
-        return json_type.startswith("list") or json_type == "empty list"
-
-    return kind == other or (is_list(kind) and is_list(other) and "empty list" in (kind, other))
-
-
-def _a(noun: str) -> str:
-    return ("an " if noun[0] in "aeiou" else "a ") + noun
-
-
-def _short_repr(value, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+class MissingColumn(ValueError):
+    """A column the reader was told to read (or reads by default) is not in the data."""
 
 
 def canonical_columns(
-    split: datasets.Dataset, columns: dict[str, tuple[str, str]], where: str
+    split: datasets.Dataset, columns: dict[str, tuple[str, str]], where: str, places: RowPlaces | None = None
 ) -> datasets.Dataset:
+    """`split`'s `columns` (canonical name -> (source column, what names it)) under their
+    canonical names, texts as strings. `where` names the split in messages, `places` its rows
+    (default: by index, as data held in Python). Raises MissingColumn for a column `split`
+    lacks, and ValueError for a missing text, naming where it is."""
+    places = places or in_python(f"the {where}")
     for source, flag in columns.values():
         if source not in split.column_names:
-            raise ValueError(
+            raise MissingColumn(
                 f"column {source!r} (set by {flag}) is not in the {where}; its columns are "
                 f"{split.column_names}. Pass {flag} with one of them."
             )
@@ -359,17 +357,18 @@ def canonical_columns(
     )
     for canonical in (TEXT, TEXT_PAIR, CHOSEN, REJECTED):
         if canonical in split.column_names:
-            split = _as_text(split, canonical, columns[canonical], where)
+            split = _as_text(split, canonical, columns[canonical], places)
     return split
 
 
 def _as_text(
-    split: datasets.Dataset, column: str, source_and_flag: tuple[str, str], where: str
+    split: datasets.Dataset, column: str, source_and_flag: tuple[str, str], places: RowPlaces
 ) -> datasets.Dataset:
     source, flag = source_and_flag
     for row, text in enumerate(split[column]):
-        if text is None:
-            raise ValueError(f"the text in column {source!r} ({flag}) is missing in row {row} of the {where}")
+        if is_missing(text):
+            raise ValueError(f"the text in column {source!r} ({flag}) is missing at {places.at(row)}; give every row "
+                             "its text, or remove the row")
     if split.features[column] != datasets.Value("string"):
         # CSV readers type a column of digits as numbers; the tokenizer needs strings.
         split = split.cast_column(column, datasets.Value("string"))

@@ -17,20 +17,29 @@ a few other floats (0, 1, 2, 0.5) could be either and is refused rather than sil
 regression, while mostly fractional scores stay regression even where one is whole (-3.0).
 An explicit `problem_type` overrides the default where the labels allow it: integer or numeric
 string labels may be regression targets, integral floats may be class ids. Every rejected label
-raises ValueError naming the value, its split and row (0-based, header excluded), and the flag
-that changes the interpretation. `TaskData.problem_type_reason` says which row of the table
-applied, or that `problem_type` was given.
+raises ValueError naming the value, where it is (`flaxheads.data.places`: the line of a file,
+the index of data in Python), and the flag that changes the interpretation.
+`TaskData.problem_type_reason` says which row of the table applied, or that `problem_type` was
+given.
+
+A decision about the whole column (names or class ids, multi-hot rows or lists of class ids) is
+the one most labels ask for, never one row's: a label that contradicts it (a name among class
+ids, a multi-hot row of another length) is refused where it is, and a missing label (None, NaN)
+is refused rather than read as a class.
 """
 
 from __future__ import annotations
 
+import collections
 import math
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 
 import datasets
 import numpy as np
 
 from flaxheads import problem
+from flaxheads.data.places import RowPlaces, in_python
 from flaxheads.data.task import (
     LABEL,
     MULTI_LABEL,
@@ -48,13 +57,14 @@ _DEFAULT_PROBLEM_TYPE = {
     "list": MULTI_LABEL,
 }  # floats: see _float_problem_type
 
-# (split name, row, label) of one label, to point at it in messages.
-_Where = tuple[str, int, float]
+# (where it is, as `RowPlaces.at` names it; label) of one label, to point at it in messages.
+_Where = tuple[str, float]
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
 
 
 def encode_labels(
     splits: datasets.DatasetDict, *, problem_type: str | None = None, num_labels: int | None = None,
-    class_names: Sequence[str] | None = None,
+    class_names: Sequence[str] | None = None, places: Mapping[str, RowPlaces] | None = None,
 ) -> TaskData:
     """Replaces every split's `label` column by its encoding (see the module table).
 
@@ -64,20 +74,24 @@ def encode_labels(
     them. The result's `problem_type_reason` says why the problem type is what it is. Raises
     ValueError for missing labels, labels unknown to the train split (or not in `class_names`),
     class ids outside `[0, num_labels)`, non-numeric regression labels, float labels mixing
-    whole numbers with other values when `problem_type` is None, and problem types the labels
-    cannot express.
+    whole numbers with other values when `problem_type` is None, string labels mixing class ids
+    and names, multi-hot rows of another length than most, and problem types the labels cannot
+    express. `places`: how messages name each split's rows (default: by index, as data held in
+    Python; `flaxheads.data.places`).
     """
     problem.check_problem_type(problem_type)
     if "train" not in splits and class_names is None:
         raise ValueError(f"the labels' classes come from the train split, and there is none (splits: {sorted(splits)})"
                          ": give a train split, or the trained model's class names")
+    places = {name: (places or {}).get(name) or in_python(f"the {name} split") for name in splits}
     values = {name: list(split[LABEL]) for name, split in splits.items()}
     for name, split_values in values.items():
-        _check_no_missing(split_values, name)
+        _check_no_missing(split_values, places[name])
     known = None if class_names is None else _Known(dict(enumerate(class_names)), num_labels)
     feature = splits["train" if "train" in splits else next(iter(splits))].features[LABEL]
     kind = _label_kind(feature)
-    whole, fractional, whole_share = _first_whole_and_fractional(values) if kind == "float" else (None, None, 0.0)
+    whole, fractional, whole_share = (_first_whole_and_fractional(values, places) if kind == "float"
+                                      else (None, None, 0.0))
     given = problem_type is not None
     if not given and kind == "float":
         problem_type = _float_problem_type(whole, fractional, whole_share)
@@ -86,15 +100,15 @@ def encode_labels(
     _check_kind_fits(kind, problem_type)
     if problem_type == REGRESSION:
         _agreeing_num_labels(num_labels, 1, "score per example that regression labels hold")
-        encoded, id2label = _regression(values), default_id2label(1)
+        encoded, id2label = _regression(values, places), default_id2label(1)
         why = f"the label column holds non-integer floats (e.g. {_at(fractional)})" if fractional else ""
         if fractional and whole:
             why += f"; {whole_share:.0%} are whole numbers, read as scores too"
     elif problem_type == SINGLE_LABEL:
-        encoded, id2label = _single_label(values, kind, feature, num_labels, known)
+        encoded, id2label = _single_label(values, kind, feature, num_labels, places, known)
         why = _single_label_why(kind, feature, id2label, whole)
     else:
-        encoded, id2label, why = _multi_label(values, feature.feature.dtype, num_labels, known)
+        encoded, id2label, why = _multi_label(values, feature.feature.dtype, num_labels, places, known)
     reason = f"{problem_type}: {'set by problem_type' if given else why}"
     encoded_feature = _encoded_feature(problem_type, len(id2label))
     new_splits = datasets.DatasetDict(
@@ -106,9 +120,10 @@ def encode_labels(
     return TaskData(new_splits, problem_type, len(id2label), id2label, problem_type_reason=reason)
 
 
-def _first_whole_and_fractional(values: dict[str, list[float]]) -> tuple[_Where | None, _Where | None, float]:
-    """The first whole-number label, the first other label (NaN included), train split first,
-    and the share of whole numbers among all labels."""
+def _first_whole_and_fractional(values: dict[str, list[float]], places: Mapping[str, RowPlaces]
+                                ) -> tuple[_Where | None, _Where | None, float]:
+    """The first whole-number label, the first other label, train split first, and the share of
+    whole numbers among all labels (missing ones are refused before)."""
     whole = fractional = None
     count = total = 0
     for name in sorted(values, key=lambda name: name != "train"):
@@ -116,9 +131,9 @@ def _first_whole_and_fractional(values: dict[str, list[float]]) -> tuple[_Where 
             total += 1
             if float(value).is_integer():
                 count += 1
-                whole = whole or (name, row, value)
+                whole = whole or (places[name].at(row), value)
             else:
-                fractional = fractional or (name, row, value)
+                fractional = fractional or (places[name].at(row), value)
     return whole, fractional, count / max(total, 1)
 
 
@@ -133,13 +148,13 @@ def _float_problem_type(whole: _Where | None, fractional: _Where | None, whole_s
         f"the float label column is mostly whole numbers ({whole_share:.0%}, e.g. {_at(whole)}) with some other "
         f"values (first: {_at(fractional)}), so it is unclear whether the labels are class ids or scores. Pass "
         f"problem_type='{REGRESSION}' to read every label as a score, or, if they are class ids, "
-        f"fix the label {fractional[2]!r} in row {fractional[1]} of the {fractional[0]} split"
+        f"fix the label {fractional[1]!r} at {fractional[0]}"
     )
 
 
 def _at(where: _Where) -> str:
-    split_name, row, value = where
-    return f"{value!r} at {split_name} row {row}"
+    place, value = where
+    return f"{value!r} at {place}"
 
 
 def _single_label_why(kind: str, feature, id2label: dict[int, str], whole: _Where | None) -> str:
@@ -179,10 +194,16 @@ def _label_kind(feature) -> str:
     raise ValueError(f"unsupported label column type {feature}; expected strings, numbers or lists")
 
 
-def _check_no_missing(values: Sequence, split_name: str) -> None:
+def is_missing(value) -> bool:
+    """None, or NaN (how pandas and numpy mark a missing value)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _check_no_missing(values: Sequence, place: RowPlaces) -> None:
     for row, value in enumerate(values):
-        if value is None:
-            raise ValueError(f"the label is missing in row {row} of the {split_name} split")
+        if is_missing(value):
+            raise ValueError(f"the label is missing at {place.at(row)} ({value!r}); give every row its label, or "
+                             "remove the row")
 
 
 def _check_kind_fits(kind: str, problem_type: str) -> None:
@@ -197,19 +218,19 @@ def _check_kind_fits(kind: str, problem_type: str) -> None:
         )
 
 
-def _regression(values: dict[str, list]) -> dict[str, list[float]]:
-    return {name: [_score(v, name, row) for row, v in enumerate(vs)] for name, vs in values.items()}
+def _regression(values: dict[str, list], places: Mapping[str, RowPlaces]) -> dict[str, list[float]]:
+    return {name: [_score(v, places[name], row) for row, v in enumerate(vs)] for name, vs in values.items()}
 
 
-def _score(value, split_name: str, row: int) -> float:
+def _score(value, place: RowPlaces, row: int) -> float:
     try:
         score = float(value)
     except (TypeError, ValueError):
         score = math.nan  # reported below, like infinities and NaN
     if not math.isfinite(score):
         raise ValueError(
-            f"problem_type='{REGRESSION}' needs finite numeric labels, but row {row} of the {split_name} "
-            f"split has the label {value!r}; convert the labels to numbers or choose another problem_type"
+            f"problem_type='{REGRESSION}' needs finite numeric labels, but {place.at(row)} has the label {value!r}; "
+            "convert the labels to numbers or choose another problem_type"
         )
     return score
 
@@ -222,29 +243,55 @@ class _Known:
         self.id2label = id2label
 
 
-def _single_label(values, kind, feature, num_labels, known: _Known | None = None):
+def _single_label(values, kind, feature, num_labels, places: Mapping[str, RowPlaces], known: _Known | None = None):
     if kind == "string":
+        _check_ids_or_names(values, places)
         id2label = known.id2label if known else _names_from_train(values["train"], num_labels)
         label2id = {name: i for i, name in id2label.items()}
         for name, vs in values.items():
-            _check_names_known(enumerate(vs), label2id, name, known)
+            _check_names_known(enumerate(vs), label2id, places[name], known)
         return {name: [label2id[v] for v in vs] for name, vs in values.items()}, id2label
-    class_ids = {name: [_class_id(v, name, row) for row, v in enumerate(vs)] for name, vs in values.items()}
+    class_ids = {name: [_class_id(v, places[name], row) for row, v in enumerate(vs)] for name, vs in values.items()}
     if kind == "class":
         id2label = dict(enumerate(feature.names))
         _agreeing_num_labels(num_labels, len(id2label), "ClassLabel names")
     else:
         id2label = known.id2label if known else default_id2label(num_labels or max(class_ids["train"]) + 1)
     for name, ids in class_ids.items():
-        _check_ids_in_range(enumerate(ids), len(id2label), name)
+        _check_ids_in_range(enumerate(ids), len(id2label), places[name])
     return class_ids, id2label
 
 
-def _class_id(value, split_name: str, row: int) -> int:
+def _check_ids_or_names(values: dict[str, list[str]], places: Mapping[str, RowPlaces]) -> None:
+    """String labels are class names, or class ids written in digits (a CSV column of ids with a
+    name among them is read as strings): labels of both kinds are read as most of them are, and
+    the first of the other kind is refused, rather than every id becoming a name of its own."""
+    first: dict[bool, tuple[RowPlaces, int, str]] = {}
+    counts = {True: 0, False: 0}
+    for name in sorted(values, key=lambda name: name != "train"):
+        for row, value in enumerate(values[name]):
+            is_id = bool(_INTEGER.fullmatch(value))
+            counts[is_id] += 1
+            first.setdefault(is_id, (places[name], row, value))
+    if not (counts[True] and counts[False]):
+        return
+    ids = counts[True] > counts[False]
+    (typical_places, typical_row, typical), (odd_places, odd_row, odd) = first[ids], first[not ids]
+    odd_place = odd_places.row(odd_row) if odd_places is typical_places else odd_places.at(odd_row)
+    most = (f"the labels of {typical_places.source} are mostly class {'ids' if ids else 'names'} "
+            f"({counts[ids]} of {sum(counts.values())}, e.g. {typical!r} at {typical_places.row(typical_row)})")
+    if ids:
+        raise ValueError(f"{most}, but {odd_place} holds the name {odd!r}: give it the class id it means, or give "
+                         "every row its class name (a column of ids and names mixed reads as neither)")
+    raise ValueError(f"{most}, but {odd_place} holds the number {odd!r}: give it its class name, or give every row "
+                     "its class id (a column of names and ids mixed reads as neither)")
+
+
+def _class_id(value, place: RowPlaces, row: int) -> int:
     if not float(value).is_integer():
         raise ValueError(
-            f"problem_type='{SINGLE_LABEL}' needs integer class ids, but row {row} of the "
-            f"{split_name} split has the label {value!r}; use problem_type='{REGRESSION}' for scores"
+            f"problem_type='{SINGLE_LABEL}' needs integer class ids, but {place.at(row)} has the label {value!r}; "
+            f"use problem_type='{REGRESSION}' for scores"
         )
     return int(value)
 
@@ -261,25 +308,25 @@ def _agreeing_num_labels(requested: int | None, found: int, what: str) -> int:
     return found
 
 
-def _check_names_known(rows_and_names: Iterable[tuple[int, str]], label2id, split_name: str,
+def _check_names_known(rows_and_names: Iterable[tuple[int, str]], label2id, place: RowPlaces,
                        known: _Known | None = None) -> None:
     for row, name in rows_and_names:
         if name not in label2id and known is not None:
-            raise ValueError(f"label {name!r} in row {row} of the {split_name} split is not one of the model's "
-                             f"classes {list(label2id)}: score the model on data labelled with its own classes")
+            raise ValueError(f"label {name!r} at {place.at(row)} is not one of the model's classes {list(label2id)}: "
+                             "score the model on data labelled with its own classes")
         if name not in label2id:
             raise ValueError(
-                f"label {name!r} in row {row} of the {split_name} split does not occur in the "
-                f"train split, whose labels are {sorted(label2id)}"
+                f"label {name!r} at {place.at(row)} does not occur in the train split, whose labels are "
+                f"{sorted(label2id)}"
             )
 
 
-def _check_ids_in_range(rows_and_ids: Iterable[tuple[int, int]], num_labels: int, split_name: str) -> None:
+def _check_ids_in_range(rows_and_ids: Iterable[tuple[int, int]], num_labels: int, place: RowPlaces) -> None:
     for row, class_id in rows_and_ids:
         if not 0 <= class_id < num_labels:
             raise ValueError(
-                f"label {class_id} in row {row} of the {split_name} split is outside "
-                f"[0, {num_labels}); pass a num_labels larger than the largest class id, or fix the label"
+                f"label {class_id} at {place.at(row)} is outside [0, {num_labels}); pass a num_labels larger than "
+                "the largest class id, or fix the label"
             )
 
 
@@ -287,7 +334,7 @@ def _entries_with_rows(rows: Sequence[Sequence]) -> list[tuple[int, object]]:
     return [(row_index, entry) for row_index, row in enumerate(rows) for entry in row]
 
 
-def _multi_label(values, element_type: str, num_labels, known: _Known | None = None):
+def _multi_label(values, element_type: str, num_labels, places: Mapping[str, RowPlaces], known: _Known | None = None):
     """(encoded labels, id2label, how the lists were read)."""
     if known is not None:
         num_labels = len(known.id2label)
@@ -296,44 +343,57 @@ def _multi_label(values, element_type: str, num_labels, known: _Known | None = N
                                                                   num_labels)
         label2id = {name: i for i, name in id2label.items()}
         for name, rows in values.items():
-            _check_names_known(_entries_with_rows(rows), label2id, name, known)
+            _check_names_known(_entries_with_rows(rows), label2id, places[name], known)
         ids = {name: [[label2id[n] for n in row] for row in rows] for name, rows in values.items()}
         why = f"the label column holds lists of strings ({_names(id2label)})"
         return _multi_hot_from_ids(ids, len(id2label)), id2label, why
-    if element_type.startswith("float") or _int_lists_are_multi_hot(values, num_labels):
-        width = num_labels if known else len(values["train"][0])
+    floats = element_type.startswith("float")
+    width = _multi_hot_width(values, num_labels, floats)
+    if width is not None:
         _agreeing_num_labels(num_labels, width, "entries of the multi-hot label lists")
-        reference = "the model's classes number" if known else "the train split's have"
+        reference = "the model's classes number" if known else "most rows have"
         for name, rows in values.items():
-            _check_multi_hot_width(rows, width, name, reference)
-        entries = "floats" if element_type.startswith("float") else "0/1 integers"
+            _check_multi_hot_rows(rows, width, places[name], reference, zero_one=not floats)
+        entries = "floats" if floats else "0/1 integers"
         why = f"the label column holds lists of {width} {entries}, read as multi-hot rows"
         return values, known.id2label if known else default_id2label(width), why
     num_labels = num_labels or 1 + max((max(row) for row in values["train"] if row), default=0)
     for name, rows in values.items():
-        _check_ids_in_range(_entries_with_rows(rows), num_labels, name)
+        _check_ids_in_range(_entries_with_rows(rows), num_labels, places[name])
     why = f"the label column holds lists of integers, read as class ids in [0, {num_labels})"
     return _multi_hot_from_ids(values, num_labels), known.id2label if known else default_id2label(num_labels), why
 
 
-def _int_lists_are_multi_hot(values: dict[str, list], num_labels: int | None) -> bool:
-    """Integer lists read as multi-hot rows when all have one length >= 2 (equal to num_labels
-    if given) and hold only 0 and 1; otherwise they are lists of class ids. Only id lists drawn
-    from {0, 1} in which every row holds exactly two ids are ambiguous, and they are rare."""
+def _multi_hot_width(values: dict[str, list], num_labels: int | None, floats: bool) -> int | None:
+    """The length of the multi-hot rows, or None when integer lists are lists of class ids.
+
+    Float lists are multi-hot rows (soft targets too) as long as most of them are. Integer
+    lists are multi-hot when most rows (more than half) have one length of at least 2 (the
+    commonest, or num_labels if given) and hold only 0 and 1; otherwise they are lists of class
+    ids. Most rows, not all: one row of another length is refused where it is, not taken as a
+    sign that every row is a list of class ids. Only id lists of which most are [0, 1] are
+    ambiguous, and they are rare (a num_labels other than their length reads them as class ids)."""
     rows = [row for split_rows in values.values() for row in split_rows]
-    widths = {len(row) for row in rows}
-    if len(widths) != 1 or min(widths) < 2 or (num_labels is not None and widths != {num_labels}):
-        return False
-    return all(v in (0, 1) for row in rows for v in row)
+    lengths = collections.Counter(len(row) for row in rows)
+    width = num_labels if num_labels is not None else lengths.most_common(1)[0][0]
+    if floats:
+        return width
+    fitting = sum(1 for row in rows if len(row) == width and all(v in (0, 1) for v in row))
+    return width if width >= 2 and 2 * fitting > len(rows) else None
 
 
-def _check_multi_hot_width(rows: Sequence[Sequence[float]], width: int, split_name: str,
-                           reference: str = "the train split's have") -> None:
+def _check_multi_hot_rows(rows: Sequence[Sequence[float]], width: int, place: RowPlaces,
+                          reference: str = "most rows have", *, zero_one: bool = False) -> None:
     for row_index, row in enumerate(rows):
         if len(row) != width:
             raise ValueError(
-                f"the multi-hot label in row {row_index} of the {split_name} split has "
-                f"{len(row)} entries, but {reference} {width}"
+                f"the multi-hot label at {place.at(row_index)} has {len(row)} entries, but {reference} {width}: "
+                f"give it {width}, one per class"
+            )
+        if zero_one and any(v not in (0, 1) for v in row):
+            raise ValueError(
+                f"the multi-hot label at {place.at(row_index)} holds {_short([v for v in row if v not in (0, 1)][0])}, "
+                "but multi-hot rows hold 0 and 1, as most rows here do: fix it"
             )
 
 
@@ -345,6 +405,80 @@ def _multi_hot_from_ids(ids: dict[str, list[list[int]]], num_labels: int) -> dic
         return row
 
     return {name: [multi_hot(row) for row in rows] for name, rows in ids.items()}
+
+
+def check_label_kinds(labels: Iterable, places: RowPlaces, column: str, parameter: str) -> None:
+    """Raises ValueError naming the first label whose type (number, string, boolean, list of
+    strings, ...) is not the type most labels have, and any label that is no label at all (a
+    dict, say). Missing labels (None, NaN) are left to `encode_labels`, which names them.
+
+    For labels whose types the reader keeps as they are (JSON, data held in Python): one odd
+    label is refused where it is, never the kind every other label is read as."""
+    kinds: dict[str, list] = {}  # kind -> [count, first row, first label]
+    total = 0
+    for row, label in enumerate(labels):
+        if is_missing(label):
+            continue
+        kind = label_kind_of(label)
+        if kind == "object":
+            raise ValueError(f"the label column {column!r} ({parameter}) holds {_a(type(label).__name__)} at "
+                             f"{places.at(row)} ({_short(label)}); a label is a class name, a class id, a score or "
+                             "a list of them (multi-label)")
+        total += 1
+        kinds.setdefault(kind, [0, row, label])[0] += 1
+    lists = [kind for kind in kinds if kind.startswith("list")]
+    if "empty list" in kinds and lists != ["empty list"]:  # an empty list fits a column of any lists
+        empty = kinds.pop("empty list")
+        total -= empty[0]
+    if len(kinds) < 2:
+        return
+    typical = max(kinds, key=lambda kind: (kinds[kind][0], -kinds[kind][1]))
+    odd = min((kind for kind in kinds if kind != typical), key=lambda kind: kinds[kind][1])
+    count, typical_row, typical_label = kinds[typical]
+    _, odd_row, odd_label = kinds[odd]
+    raise ValueError(
+        f"the label column {column!r} ({parameter}) of {places.source} mixes types: most labels ({count} of {total}) "
+        f"are {_plural(typical)} (e.g. {_short(typical_label)} at {places.row(typical_row)}), but "
+        f"{places.row(odd_row)} holds {_a(odd)} ({_short(odd_label)}). Give every label one type: class names "
+        "(all strings) or class ids (all integers) for classification, numbers with problem_type='regression' for "
+        "scores, or lists for multi-label; e.g. quote numbers that are class names"
+    )
+
+
+def label_kind_of(value) -> str:
+    """"number", "string", "boolean", "list of numbers", "empty list", ... ("object" for what is
+    no label), as JSON would type `value`; numpy scalars and arrays as the numbers and lists
+    they hold. Not for missing values (`is_missing`)."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"  # 1 and 1.0 are one kind: encode_labels decides what numbers mean
+    if isinstance(value, str):
+        return "string"
+    if not isinstance(value, (list, tuple)):
+        return "object"
+    if not value:
+        return "empty list"
+    entry_kinds = sorted({"null" if is_missing(entry) else label_kind_of(entry) for entry in value})
+    return "list of " + " and ".join(_plural(kind) for kind in entry_kinds)
+
+
+def _plural(kind: str) -> str:
+    first, _, rest = kind.partition(" ")  # "list of numbers" -> "lists of numbers"
+    return f"{first}s {rest}".rstrip()
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _encoded_feature(problem_type: str, num_labels: int):

@@ -10,8 +10,9 @@ from flaxheads.data.files import not_utf8_message
 
 
 def read_lines(input_file: str) -> list[str]:
-    """One text per line of a UTF-8 file ("-": standard input), blank lines included, so that
-    output row i answers input line i. Only the line ending goes: "\\n" or "\\r\\n"."""
+    """One text per line of a UTF-8 file ("-": standard input), so that output row i answers
+    input line i. A blank line (only white space) is refused, naming it: a label for it would be
+    made up from nothing. Only the line ending goes: "\\n" or "\\r\\n"."""
     if input_file == "-":
         # A replaced sys.stdin (a StringIO in tests, say) has text but no bytes.
         data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
@@ -30,7 +31,12 @@ def read_lines(input_file: str) -> list[str]:
     lines = text.split("\n")  # not splitlines(): it also splits at \x0b, \x1c, \u2028..., which are no line ends
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line starts no new one
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    blank = next((number for number, line in enumerate(lines, 1) if not line.strip()), None)
+    if blank is not None:
+        raise ValueError(f"--input_file {input_file} line {blank} is blank: each line is one text, and a blank one "
+                         "has nothing to label. Remove the blank lines (output row i answers input line i)")
+    return lines
 
 
 def text_and_pair(line: str, number: int) -> tuple[str, str]:

@@ -12,10 +12,12 @@ lead by at least that much), else 0.0.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import datasets
 
 from flaxheads import problem
+from flaxheads.data.places import RowPlaces, in_python
 from flaxheads.data.task import CHOSEN, LABEL, REJECTED, TaskData, default_id2label
 
 MARGIN_COLUMN = "margin"
@@ -43,25 +45,30 @@ def pair_column_map(chosen_column: str, rejected_column: str, *, flags: bool,
     return columns
 
 
-def pair_task(splits: datasets.DatasetDict, *, num_labels: int | None, given: bool) -> TaskData:
+def pair_task(splits: datasets.DatasetDict, *, num_labels: int | None, given: bool,
+              places: Mapping[str, RowPlaces] | None = None) -> TaskData:
     """`splits` (canonical `chosen` and `rejected` columns, and `label` where a margin column was
     read) as a pairwise_reward TaskData whose labels are the margins (0.0 where none was given).
-    `given`: whether the caller set the problem type.
+    `given`: whether the caller set the problem type; `places`: how messages name each split's
+    rows (default: by index, as data held in Python).
 
     Raises ValueError when `num_labels` is not None or 1 (a reward model scores with one number),
     and for a margin that is missing or not a finite number."""
     problem.check_problem_type(problem.PAIRWISE_REWARD, num_labels)
-    with_margins = datasets.DatasetDict({name: _with_margins(split, name) for name, split in splits.items()})
+    with_margins = datasets.DatasetDict({
+        name: _with_margins(split, (places or {}).get(name) or in_python(f"the {name} split"))
+        for name, split in splits.items()
+    })
     why = "set by problem_type" if given else f"the data has {CHOSEN!r} and {REJECTED!r} text columns and no text column"
     return TaskData(with_margins, problem.PAIRWISE_REWARD, 1, default_id2label(1),
                     problem_type_reason=f"{problem.PAIRWISE_REWARD}: {why}")
 
 
-def _with_margins(split: datasets.Dataset, name: str) -> datasets.Dataset:
+def _with_margins(split: datasets.Dataset, places: RowPlaces) -> datasets.Dataset:
     if LABEL not in split.column_names:
         return split.add_column(LABEL, [NO_MARGIN] * len(split), feature=datasets.Value("float32"))
     for row, margin in enumerate(split[LABEL]):
         if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not math.isfinite(margin):
-            raise ValueError(f"the {MARGIN_COLUMN!r} column of the {name} split holds {margin!r} in row {row}; "
-                             "margins are finite numbers (leave the column out for none)")
+            raise ValueError(f"the {MARGIN_COLUMN!r} column holds {margin!r} at {places.at(row)}; margins are "
+                             "finite numbers (leave the column out for none)")
     return split.cast_column(LABEL, datasets.Value("float32"))

@@ -19,15 +19,19 @@ Columns not given are detected (`find_choice_columns`): the context is the first
 (`ending0`, `choice1`, `option2`, ...: one prefix, numbers from 0 or 1 without a gap) or the
 first of `LIST_COLUMNS`. `TaskData.problem_type_reason` says which were read.
 
-Errors name the file, the row (counted from 1; a CSV header is not a row) and the columns found,
-and say what to change: a missing column, a row with a missing or empty context or choice, a row
-with another number of choices than the rest (every split has the same number), a label that is
-missing, not an integer, or outside 0..N-1.
+Errors name the file, the row (its line, or its record in a JSON array or Parquet file, or its
+index in data held in Python: `flaxheads.data.places`) and the columns found, and say what to
+change: a missing column, a row with a missing or empty context or choice, a row with another
+number of choices than most rows (every split has the train split's number), a label that is
+missing, not an integer, or outside 0..N-1. Nothing is left out to make a row fit: a choice that
+is empty is refused, never dropped (dropped, the choices after it would move and the label point
+at another).
 """
 
 from __future__ import annotations
 
 import ast
+import collections
 import csv
 import dataclasses
 import json
@@ -39,8 +43,10 @@ import datasets
 
 from flaxheads.conversion.table import MULTIPLE_CHOICE
 from flaxheads.data.batching import ExampleFormat
-from flaxheads.data.files import read_split
+from flaxheads.data.files import file_places, read_split
 from flaxheads.data.in_memory import SplitData, as_dataset
+from flaxheads.data.labels import is_missing
+from flaxheads.data.places import RowPlaces, in_python
 from flaxheads.data.task import LABEL, TEXT, TaskData
 from flaxheads.data.tokenization import encode_groups, tokenize_with
 
@@ -153,32 +159,45 @@ def _detected_choices(names: list[str], where: str, found: str) -> tuple[str, ..
 
 
 def canonical_choices(split: datasets.Dataset, columns: ChoiceColumns, *, where: str,
-                      num_choices: int | None = None, labelled: bool = True) -> datasets.Dataset:
+                      num_choices: int | None = None, labelled: bool = True,
+                      places: RowPlaces | None = None) -> datasets.Dataset:
     """`split` as the canonical columns (`TaskData`): `text` the context, `choices` the second
     text of every choice (start and ending joined by a space), `label` the right choice's index
-    (with `labelled`; else none). `num_choices`: how many every row must have (None: the first
-    row's). Raises ValueError as the module docstring says, naming `where` and the row."""
-    contexts, rows, labels = [], [], []
+    (with `labelled`; else none). `num_choices`: how many every row must have (None: the number
+    of choice columns, or for a list column the number most rows have). `places` names the rows
+    (default: by index in `where`). Raises ValueError as the module docstring says, naming the
+    row."""
+    places = places or in_python(where)
+    records = list(split)
+    if not records:
+        raise ValueError(f"{places.source} has no rows: give it examples, or leave it out")
+    endings = [_endings(record, columns, places.at(index)) for index, record in enumerate(records)]
     expected, reference = num_choices, "the train split has"
     if expected is None and not columns.holds_lists:
         expected, reference = len(columns.choices), "the data has"
-    for index, record in enumerate(split):
-        row = f"{where}, row {index + 1}"
+    elif expected is None and endings:
+        counts = collections.Counter(len(row_endings) for row_endings in endings)
+        expected, reference = counts.most_common(1)[0][0], "most rows have"
+        if expected < 2:
+            raise ValueError(f"most rows of {places.source} have {expected} choice ({columns.describe(expected)}); a "
+                             "multiple-choice example needs two choices or more")
+    contexts, rows, labels = [], [], []
+    for index, (record, row_endings) in enumerate(zip(records, endings)):
+        row = places.at(index)
         contexts.append(_text(record[columns.context], row, columns.context, "context_column="))
         start = None if columns.question is None else _text(record[columns.question], row, columns.question,
                                                            "question_column=")
-        endings, empty = _endings(record, columns, row)
-        if expected is None:
-            expected, reference = len(endings), "the first row has"
-            if expected < 2:
-                raise ValueError(f"{row} has {expected} choice ({columns.describe(expected)}); a multiple-choice "
-                                 "example needs two choices or more")
-        elif len(endings) != expected:
-            blank = f" ({', '.join(map(repr, empty))} empty)" if empty else ""
-            raise ValueError(f"{row} has {len(endings)} choices{blank} and {reference} {expected} "
+        if len(row_endings) != expected:
+            raise ValueError(f"{row} has {len(row_endings)} choices and {reference} {expected} "
                              f"({columns.describe(expected)}); every row needs the same number of choices: give it "
                              f"{expected}, or remove the row")
-        rows.append([ending if start is None else f"{start} {ending}" for ending in endings])
+        names = columns.choice_names(expected)
+        empty = next((i for i, ending in enumerate(row_endings) if ending is None), None)
+        if empty is not None:
+            raise ValueError(f"{row}: the choice {names[empty]!r} is empty; give every choice its text, or remove "
+                             f"the row (an empty choice is not left out: the choices after it would move, and the "
+                             "label point at another)")
+        rows.append([ending if start is None else f"{start} {ending}" for ending in row_endings])
         if labelled:
             labels.append(_label(record[columns.label], expected, row, columns))
     canonical = {TEXT: contexts, CHOICES: rows}
@@ -189,22 +208,19 @@ def canonical_choices(split: datasets.Dataset, columns: ChoiceColumns, *, where:
 
 
 def _text(value, row: str, column: str, parameter: str) -> str:
-    if value is None:
+    if is_missing(value) or not str(value).strip():
         raise ValueError(f"{row}: the {column!r} column ({parameter}) is empty; give every row one, or remove the row")
     return str(value)
 
 
-def _endings(record: dict, columns: ChoiceColumns, row: str) -> tuple[list[str], list[str]]:
-    """The row's choices, and the names of those empty or missing, which are left out (the count
-    of choices then tells)."""
+def _endings(record: dict, columns: ChoiceColumns, row: str) -> list[str | None]:
+    """The row's choices, all of them in order: None for one that is empty or missing (refused
+    after the count of choices is checked, never left out)."""
     if columns.holds_lists:
         values = _as_list(record[columns.choices[0]], row, columns.choices[0])
-        names = [f"{columns.choices[0]}[{i}]" for i in range(len(values))]
     else:
-        values, names = [record[column] for column in columns.choices], list(columns.choices)
-    present = [value is not None and bool(str(value).strip()) for value in values]
-    return ([str(value) for value, kept in zip(values, present) if kept],
-            [name for name, kept in zip(names, present) if not kept])
+        values = [record[column] for column in columns.choices]
+    return [None if is_missing(value) or not str(value).strip() else str(value) for value in values]
 
 
 def _as_list(value, row: str, column: str) -> list:
@@ -225,7 +241,9 @@ def _as_list(value, row: str, column: str) -> list:
 def _label(value, num_choices: int, row: str, columns: ChoiceColumns) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
-    if value is None:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a CSV label column with a blank cell is read as floats: 1.0 is choice 1
+    if is_missing(value):
         raise ValueError(f"{row} has no label in {columns.label!r} (label_column=); give every row the index of its "
                          f"right choice, 0 to {num_choices - 1}")
     if isinstance(value, bool) or not isinstance(value, int):
@@ -245,21 +263,25 @@ def _short(value, limit: int = 60) -> str:
 
 def choice_task(splits: Mapping[str, SplitData | None], *, context_column: str | None = None,
                 question_column: str | None = None, choice_columns: Sequence[str] | None = None,
-                label_column: str = "label", sources: Mapping[str, str] | None = None) -> TaskData:
+                label_column: str = "label", sources: Mapping[str, str] | None = None,
+                places: Mapping[str, RowPlaces] | None = None) -> TaskData:
     """Multiple-choice splits ("train", and "validation", "test"; each a `datasets.Dataset`, a
     dict of columns or a list of row dicts) as the `TaskData` a `MultipleChoice` trains on:
     problem type multiple choice, `num_labels` the number of choices, `id2label` the choice
     columns. The columns are read from the train split (`find_choice_columns`) and every split
     must have them and as many choices. `sources`: how errors name each split (default "the
-    <split> data"). Raises ValueError as the module docstring says."""
-    given = {name: as_dataset(split) for name, split in splits.items() if split is not None}
+    <split> data"); `places`: how they name its rows (default: by index). Raises ValueError as
+    the module docstring says."""
+    where = {name: (sources or {}).get(name, f"the {name} data") for name, split in splits.items()}
+    given = {name: as_dataset(split, label_column=label_column, where=where[name]) for name, split in splits.items()
+             if split is not None}
     if "train" not in given:
         raise ValueError(f"multiple-choice data needs a 'train' split; got {sorted(given)}")
-    where = {name: (sources or {}).get(name, f"the {name} data") for name in given}
+    places = {name: (places or {}).get(name) or in_python(where[name]) for name in given}
     columns = find_choice_columns(given["train"].column_names, where=where["train"], context_column=context_column,
                                   question_column=question_column, choice_columns=choice_columns,
                                   label_column=label_column)
-    canonical = {"train": canonical_choices(given["train"], columns, where=where["train"])}
+    canonical = {"train": canonical_choices(given["train"], columns, where=where["train"], places=places["train"])}
     num_choices = len(canonical["train"][0][CHOICES])
     for name, split in given.items():
         if name != "train":
@@ -268,7 +290,8 @@ def choice_task(splits: Mapping[str, SplitData | None], *, context_column: str |
                 raise ValueError(f"{where[name]} has no column {missing[0]!r}, which the train data has "
                                  f"({columns.describe(num_choices)}); its columns are {split.column_names}. Give "
                                  "every split the train data's columns")
-            canonical[name] = canonical_choices(split, columns, where=where[name], num_choices=num_choices)
+            canonical[name] = canonical_choices(split, columns, where=where[name], num_choices=num_choices,
+                                                places=places[name])
     return TaskData(datasets.DatasetDict(canonical), None, num_choices, columns.choice_names(num_choices),
                     problem_type_reason=f"{PROBLEM}: {columns.describe(num_choices)}", rows=CHOICE_ROWS,
                     task=MULTIPLE_CHOICE, example_format=CHOICE_EXAMPLES)
@@ -314,10 +337,10 @@ def load_choice_files(*, train_file: str | pathlib.Path, validation_file: str | 
     question_column, choice_columns, label_column), errors naming the file."""
     files = {"train": train_file, "validation": validation_file, "test": test_file}
     label_column = columns.get("label_column", "label")
-    splits = {name: read_split(name, pathlib.Path(path), cache_dir, label_column)
-              for name, path in files.items() if path is not None}
-    return choice_task(splits, sources={name: str(path) for name, path in files.items() if path is not None},
-                       **columns)
+    given = {name: pathlib.Path(path) for name, path in files.items() if path is not None}
+    splits = {name: read_split(name, path, cache_dir, label_column) for name, path in given.items()}
+    return choice_task(splits, sources={name: str(path) for name, path in given.items()},
+                       places={name: file_places(path, str(path)) for name, path in given.items()}, **columns)
 
 
 def read_choice_file(path: str | pathlib.Path, *, num_choices: int | None = None, cache_dir=None,
@@ -326,13 +349,14 @@ def read_choice_file(path: str | pathlib.Path, *, num_choices: int | None = None
                      ) -> tuple[datasets.Dataset, ChoiceColumns]:
     """The examples of one file to predict (labels read where it has `label_column`, else
     none): the canonical split and the columns read. `num_choices`: how many every row must have
-    (a model's training data's; None: the first row's)."""
+    (a model's training data's; None: as many as most rows have)."""
     split = read_split("test", pathlib.Path(path), cache_dir, label_column)
     labelled = label_column in split.column_names
     columns = find_choice_columns(split.column_names, where=str(path), context_column=context_column,
                                   question_column=question_column, choice_columns=choice_columns,
                                   label_column=label_column, labelled=labelled)
-    return canonical_choices(split, columns, where=str(path), num_choices=num_choices, labelled=labelled), columns
+    return canonical_choices(split, columns, where=str(path), num_choices=num_choices, labelled=labelled,
+                             places=file_places(pathlib.Path(path), str(path))), columns
 
 
 def looks_like_choice_file(path: str | pathlib.Path, text_column: str = "text") -> bool:

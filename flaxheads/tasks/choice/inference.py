@@ -63,8 +63,8 @@ def predict_choices(model_dir: str | Path, path: str | os.PathLike, *, max_seq_l
                      tokenizer_name=tokenizer_name, unlabelled=True).predictions
     bad = np.flatnonzero(~np.isfinite(logits).all(axis=-1))
     if bad.size:
-        raise FloatingPointError(f"the model in {model_dir} gives non-finite scores for {path}, row {bad[0] + 1}; no "
-                                 "choice is reported")
+        row = data.files.file_places(Path(path), str(path)).at(int(bad[0]))
+        raise FloatingPointError(f"the model in {model_dir} gives non-finite scores for {row}; no choice is reported")
     probabilities = metrics_lib.probabilities(problem.SINGLE_LABEL, logits)  # a softmax over each row's choices
     return [{"context": row[data.task.TEXT], "label": int(np.argmax(p)), "choice": row[CHOICES][np.argmax(p)],
              "probabilities": [float(x) for x in p]} for row, p in zip(rows, probabilities)]

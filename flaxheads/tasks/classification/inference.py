@@ -18,7 +18,7 @@ from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import tokenize_texts
 from flaxheads.inference import (
     UNBOUNDED, UNBOUNDED_START, check_batch_size, eval_copy, open_trained, padding, refuse_non_finite,
-    open_model_folder, rows_per_batch,
+    open_model_folder, readable_texts, rows_per_batch,
 )
 from flaxheads.model import FLAXHEADS_CONFIG_KEY
 from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
@@ -66,10 +66,12 @@ def predict(model_dir: str | Path, texts: Iterable[str], *, text_pairs: Iterable
     `text_pairs` (one per text) "text_pair" too.
 
     Raises UntrainedModel for a classifier that was never trained; ValueError for lone texts
-    given to a model trained on pairs, or a count of text_pairs other than of texts;
-    FloatingPointError naming the texts whose scores are not finite. `packing`: score the texts
-    in packed rows (`TextScorer`).
+    given to a model trained on pairs, a count of text_pairs other than of texts, and a text that
+    is blank or no str (`readable_texts`); FloatingPointError naming the texts whose scores are
+    not finite. `packing`: score the texts in packed rows (`TextScorer`).
     """
+    texts = readable_texts(texts)
+    text_pairs = None if text_pairs is None else readable_texts(text_pairs, "text_pairs")
     model, tokenizer, _ = open_trained(model_dir, SequenceClassifier, tokenizer_name=tokenizer_name)
     scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
                         source=f"the model in {model_dir}", packing=packing,
@@ -158,10 +160,12 @@ class TextScorer:
     def logits(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None) -> np.ndarray:
         """(len(texts), num_labels) float32 logits, in order.
 
-        Raises ValueError for lone texts given to a model trained on pairs, or texts that give no
-        tokens; FloatingPointError naming the (0-based) texts whose scores are not finite.
+        Raises ValueError for lone texts given to a model trained on pairs, texts (or text_pairs)
+        that are blank or no str (`readable_texts`), or texts that give no tokens;
+        FloatingPointError naming the (0-based) texts whose scores are not finite.
         """
-        texts = list(texts)
+        texts = readable_texts(texts)
+        text_pairs = None if text_pairs is None else readable_texts(text_pairs, "text_pairs")
         if not texts:
             return np.zeros((0, self.num_labels), np.float32)
         if self.text_pair and text_pairs is None:

@@ -11,6 +11,7 @@ takes).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -160,9 +161,12 @@ def _texts(inputs) -> tuple[list[str], list[str] | None, bool]:
             "list (transformers refuses a tuple too, rather than guess which of the two it is)"
         )
     single = isinstance(inputs, (str, dict))
+    if not single and not isinstance(inputs, Iterable) or isinstance(inputs, bytes):
+        raise ValueError(f"the pipeline takes a text (str), a pair {{'text': ..., 'text_pair': ...}}, or a list of "
+                         f"one of these kinds; got {type(inputs).__name__}")
     items = [inputs] if single else list(inputs)
-    if all(isinstance(item, str) for item in items):
-        return items, None, single
+    if not any(isinstance(item, dict) for item in items):
+        return items, None, single  # every one a text: `TextScorer` names the first that is not
     if all(isinstance(item, dict) and set(item) <= {"text", "text_pair"} and "text" in item for item in items):
         if all("text_pair" in item for item in items):
             return [item["text"] for item in items], [item["text_pair"] for item in items], single

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from flaxheads import data, problem
-from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION
+from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
+from flaxheads.data.files import MissingColumn
 from flaxheads.model import FLAXHEADS_CONFIG_KEY
 from flaxheads.tasks.classification.command import predict_rows
 from flaxheads.tasks.classification.inference import evaluate
@@ -51,8 +52,17 @@ class TextClassification(Task):
                                                                                            "test"))
         class_names = source.get("class_names")
         if train_file or (class_names is not None and (validation_file or test_file)):
-            return data.load_local_files(train_file=train_file, validation_file=validation_file, test_file=test_file,
-                                         class_names=None if train_file else class_names, **columns)
+            try:
+                return data.load_local_files(train_file=train_file, validation_file=validation_file,
+                                             test_file=test_file, class_names=None if train_file else class_names,
+                                             **columns)
+            except MissingColumn as error:
+                if source.get("task") is None and train_file and str(train_file).lower().endswith(".tsv"):
+                    # A .tsv is a table of texts or CoNLL columns; it was read as a table.
+                    raise ValueError(f"{error} ({train_file} was read as a table of texts and labels; if it holds "
+                                     f"words and their tags in CoNLL columns, pass task='{TOKEN_CLASSIFICATION}')"
+                                     ) from error
+                raise
         if validation_file or test_file:
             # Without this, the built-in or hub data set below would be scored instead of the user's file.
             named = " and ".join(f"{flag}={path}" for flag, path in (("validation_file", validation_file),

@@ -21,6 +21,8 @@ arguments) let a caller name a file and line instead.
 
 from __future__ import annotations
 
+import collections
+
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -67,10 +69,13 @@ def split_tag(tag: str) -> tuple[str, str] | None:
 def detect_scheme(sequences: Sequence[Sequence[str]], label_names: Iterable[str] = ()) -> tuple[str, str]:
     """(scheme, the reason, in words) read from the tags of `sequences` and `label_names`.
 
-    Tags that are all O or prefix-type (B-PER) give IOBES when any has an E- or S- prefix;
-    otherwise IOB1 when entities start with I- and never with B- (B- only after the same type),
-    else IOB2. Tags of which none is prefixed give `none`. Raises ValueError when typed scheme
-    tags are mixed with others, naming the first odd tag and where it is.
+    Tags that are all O or prefix-type (B-PER) give IOBES when most entities end with an E- or
+    S- tag (IOBES ends each with one); otherwise IOB1 when more entities start with I- than with
+    B- (B- only after the same type), else IOB2. Most entities, not one: a stray S- among IOB2
+    tags, or a B- start among IOB1's, is then refused where it is by `check_tags`, rather than
+    taken as the scheme of every other sentence. Tags of which none is prefixed give `none`.
+    Raises ValueError when typed scheme tags are mixed with others, naming the first odd tag and
+    where it is.
     """
     names = sorted({tag for sequence in sequences for tag in sequence} | set(label_names))
     parts = {name: split_tag(name) for name in names}
@@ -87,13 +92,18 @@ def detect_scheme(sequences: Sequence[Sequence[str]], label_names: Iterable[str]
             "label (entity metrics then do not apply)"
         )
     prefixes = {part[0] for part in parts.values()}
-    if prefixes & {"E", "S"}:
-        return IOBES, "E- or S- tags are present"
     if prefixes == {OUTSIDE}:
         return IOB2, "only O tags: nothing tells the scheme, IOB2 assumed"
     starts_with_b, starts_with_i = _entity_starts(sequences)
-    if starts_with_i and not starts_with_b:
-        return IOB1, f"entities start with I- ({starts_with_i} times) and B- only follows its own type"
+    ends = collections.Counter(split_tag(tag)[0] for sequence in sequences for tag in sequence if split_tag(tag))
+    entities = starts_with_b + starts_with_i + ends["S"]
+    if not entities and prefixes & {"E", "S"}:
+        return IOBES, "E- or S- tags are among the label names"  # no entity in the tags to count
+    if 2 * (ends["E"] + ends["S"]) > entities:
+        return IOBES, f"most entities end with an E- or S- tag ({ends['E'] + ends['S']} of them)"
+    if starts_with_i > starts_with_b:
+        b_starts = f", B- {starts_with_b}" if starts_with_b else ""
+        return IOB1, f"entities start with I- ({starts_with_i} times{b_starts}) and B- only follows its own type"
     return IOB2, "B- and I- tags, entities start with B-"
 
 

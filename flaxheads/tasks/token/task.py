@@ -6,6 +6,7 @@ windows, entity-level metrics at the word level (seqeval's), transformers'
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,10 +38,17 @@ class TokenClassification(Task):
     # -- data ----------------------------------------------------------------------------------
 
     def reads(self, source: Mapping[str, Any]) -> bool:
-        train_file = source.get("train_file")
-        if train_file:
-            return word_task.looks_like_word_file(train_file, source.get("text_column") or "text")
-        return source.get("label_names") is not None
+        """Words and tags: the train file looks like a word file (`word_task.looks_like_word_file`),
+        or is a .tsv (a table, or CoNLL columns) beside a validation or test file that does; without
+        a train file, a trained model's tags (`label_names`) say so."""
+        train_file, text_column = source.get("train_file"), source.get("text_column") or "text"
+        if not train_file:
+            return source.get("label_names") is not None
+        if word_task.looks_like_word_file(train_file, text_column):
+            return True
+        others = (source.get("validation_file"), source.get("test_file"))
+        return _is_tsv(train_file) and any(path and not _is_tsv(path) and word_task.looks_like_word_file(
+            path, text_column) for path in others)
 
     def given(self, source: Mapping[str, Any]) -> list[str]:
         shown = given_settings(source, ("label_all_tokens", "stride", "tag_scheme"))
@@ -143,6 +151,10 @@ class TokenClassification(Task):
 
     def pipeline(self, model, tokenizer, **options):
         return token_classification_pipeline(model, tokenizer, **options)
+
+
+def _is_tsv(path) -> bool:
+    return os.fspath(path).lower().endswith(".tsv")
 
 
 TASK = TokenClassification()

@@ -7,16 +7,21 @@
 | `read_word_records` | .json (array or JSON Lines), .jsonl,    | one record with a tokens list and a tags list   |
 |                     | .csv                                    |                                                 |
 
-`read_word_file` picks the reader by suffix. CoNLL files: columns are separated by spaces or
-tabs (`separator=None`; "\t" keeps spaces inside tokens), the token is in column 0 and the tag in
-the last one unless chosen; `-DOCSTART-` lines, trailing whitespace, CRLF line ends and a UTF-8
-byte-order mark are skipped. CSV cells hold a JSON list (`["EU", "rejects"]`), a Python list as
-pandas writes it (`['EU', 'rejects']`) or words separated by spaces (`EU rejects`). Tags are
-strings, or integer ids with `label_names` (the tag of each id, as a `datasets` ClassLabel holds
-them).
+`read_word_file` picks the reader by suffix. CoNLL files: columns are separated by tabs where
+every word line has one (then spaces stay inside tokens: "New York\tB-LOC"), else by runs of
+spaces and tabs (CoNLL-2003's), never by other white space (a no-break space stays inside its
+token); every word line has as many columns as most of them, so a space that cuts a token in two
+is refused, not read as a column. The token is in column 0 and the tag in the last one unless
+chosen; `-DOCSTART-` lines, trailing whitespace, CRLF line ends and a UTF-8 byte-order mark are
+skipped. CoNLL-U's `_` (no value) is no tag: refused. CSV cells hold a JSON list
+(`["EU", "rejects"]`), a Python list as pandas writes it (`['EU', 'rejects']`) or words separated
+by spaces (`EU rejects`). Tags are strings, or integer ids with `label_names` (the tag of each
+id, as a `datasets` ClassLabel holds them).
 
-Every error is a ValueError that names the file, the sentence (and the line where the format has
-lines) and the word, counted from 1 as an editor counts lines, and says what to change.
+Every error is a ValueError that names the file, the sentence and the word (counted from 1) and,
+where the format has lines, the line as an editor shows it (`flaxheads.data.places`), and says
+what to change. Nothing is dropped or merged to make a sentence fit: tokens and tags are counted
+as they are.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import dataclasses
 import io
 import json
 import pathlib
+import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import datasets
@@ -74,12 +81,22 @@ class WordSplit:
 def word_split(tokens: Sequence[Sequence[str]], tags: Sequence[Sequence], *, label_names: Sequence[str] | None = None,
                source: str = "the given sentences") -> WordSplit:
     """Sentences in memory (a `datasets` split's columns, say) as a checked `WordSplit`: the same
-    checks and messages as the file readers."""
-    split = WordSplit([list(t) for t in tokens], [list(t) for t in tags], source)
+    checks and messages as the file readers. A sentence's tokens and tags are lists (a str is
+    refused: its letters are no words)."""
+    split = WordSplit([_sentence_list(t, source, i, "tokens") for i, t in enumerate(tokens)],
+                      [_sentence_list(t, source, i, "tags") for i, t in enumerate(tags)], source)
     if len(split.tokens) != len(split.tags):
         raise ValueError(f"{source}: {len(split.tokens)} token lists and {len(split.tags)} tag lists; give one of each "
                          "per sentence")
     return _checked(split, label_names)
+
+
+def _sentence_list(values, source: str, sentence: int, what: str) -> list:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not hasattr(values, "tolist"):
+        words = " (split each sentence into its words: text.split())" if isinstance(values, str) else ""
+        raise ValueError(f"{source}, sentence {sentence + 1}: the {what} are {type(values).__name__} {_short(values)}, "
+                         f"not a list (one entry per word){words}")
+    return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
 def words_in_memory(split, *, tokens_column: str = TOKENS_COLUMN, tags_column: str | None = None
@@ -90,17 +107,24 @@ def words_in_memory(split, *, tokens_column: str = TOKENS_COLUMN, tags_column: s
     `split`: a `(tokens, tags)` tuple (`(tokens,)` or a list of token lists alone: sentences to
     tag), or a `datasets.Dataset`, a dict of columns or a list of row dicts with `tokens_column`
     and a tags column (`tags_column`; default: the first of `TAGS_COLUMNS` present, none: no
-    tags), as `read_word_records` reads a file's records. ValueError naming a missing column,
-    TypeError for another kind of object."""
+    tags), as `read_word_records` reads a file's records. ValueError naming a missing column, or
+    for another kind of object."""
     if isinstance(split, tuple):
         if len(split) not in (1, 2):
             raise ValueError(f"a tuple of sentences is (tokens, tags) or (tokens,); got {len(split)} items")
+        for item, what in zip(split, ("tokens", "tags")):
+            if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) and not hasattr(item, "tolist"):
+                raise ValueError(f"the {what} of a (tokens, tags) tuple are {type(item).__name__} {_short(item)}, not "
+                                 "a list with one list per sentence")
         return list(split[0]), list(split[1]) if len(split) == 2 else None, None
     if isinstance(split, datasets.Dataset):
         columns = split.to_dict()
     elif isinstance(split, Mapping):
         columns = {name: list(values) for name, values in split.items()}
     else:
+        if isinstance(split, (str, bytes)) or split is None or not hasattr(split, "__iter__"):
+            raise ValueError(f"sentences must be a (tokens, tags) tuple, a list of token lists, or a datasets.Dataset, "
+                             f"a dict of columns or a list of row dicts; got {type(split).__name__}")
         rows = list(split)
         if rows and all(isinstance(row, Mapping) for row in rows):
             columns = {name: [row.get(name) for row in rows] for name in rows[0]}
@@ -108,7 +132,7 @@ def words_in_memory(split, *, tokens_column: str = TOKENS_COLUMN, tags_column: s
             return rows, None, None
         else:
             texts = " of texts: split each sentence into its words" if rows and isinstance(rows[0], str) else ""
-            raise TypeError("sentences must be a (tokens, tags) tuple, a list of token lists, or a datasets.Dataset, "
+            raise ValueError("sentences must be a (tokens, tags) tuple, a list of token lists, or a datasets.Dataset, "
                             f"a dict of columns or a list of row dicts with a {tokens_column!r} column; got "
                             f"{type(split).__name__}{texts}")
     if tokens_column not in columns:
@@ -148,33 +172,66 @@ def read_conll(
     label_names: Sequence[str] | None = None,
 ) -> WordSplit:
     """Sentences of a CoNLL column file: a word per line, its token in `token_column` and its
-    tag in `tag_column` (negative counts from the last column), columns split on runs of spaces
-    and tabs (`separator=None`) or on `separator`; a line of only whitespace ends a sentence.
-    Lines whose token is `-DOCSTART-` end a sentence and are skipped. Integer tags need
-    `label_names`. Raises ValueError naming the line for a line without those columns, an empty
-    token or tag, and a file that is empty, not UTF-8 or has no sentence."""
+    tag in `tag_column` (negative counts from the last column), columns split on `separator`, or
+    (`separator=None`) on tabs where every word line has one, else on runs of spaces and tabs; a
+    line of only whitespace ends a sentence. Lines whose token is `-DOCSTART-` end a sentence and
+    are skipped. Integer tags need `label_names`. Raises ValueError naming the line for a line
+    without those columns or with another number of columns than most lines (a space inside a
+    token), an empty token or tag, and a file that is empty, not UTF-8 or has no sentence."""
     path = pathlib.Path(path)
+    lines = _text_lines(path)
+    split, tabs = _column_splitter(lines, separator)
+    counts = Counter(len(split(line)) for line in lines if line.strip() and not _is_docstart(line))
+    most = counts.most_common(1)[0][0] if counts else 0
 
     def read_word(line: str, number: int, sentence: int, word: int):
-        columns = line.split(separator)
-        if columns[0] == DOCSTART:
+        if _is_docstart(line):
             return _END
+        columns = split(line)
+        if len(columns) != most and len(columns) > 1:
+            where = f"{path}, sentence {sentence + 1}, word {word + 1} (line {number})"
+            cut = ("a space inside a token cuts it in two: separate the columns with tabs (which keep spaces inside "
+                   "tokens) on every line" if not tabs else "a tab inside a token, or a column missing: fix the line")
+            raise ValueError(f"{where}: the line has {len(columns)} columns and most lines have {most} "
+                             f"({line[:60]!r}); {cut}, or remove the line")
         return _conll_columns(columns, token_column, tag_column, path, number, sentence, word)
 
-    return _checked(_sentences(path, read_word), label_names)
+    return _checked(_sentences(path, read_word, lines), label_names)
+
+
+def _is_docstart(line: str) -> bool:
+    return line.lstrip(" \t").startswith(DOCSTART) and line.split(None, 1)[0] == DOCSTART
+
+
+def _column_splitter(lines: Sequence[str], separator: str | None):
+    """(how a CoNLL line splits into columns, whether on tabs alone): on `separator` (each
+    column stripped of spaces), or on tabs when every word line holds one between its columns,
+    else on runs of spaces and tabs; never on other white space, so a no-break space (U+00A0)
+    stays inside its token."""
+    if separator is not None:
+        return (lambda line: [column.strip(" ") for column in line.rstrip(" \r").split(separator)]), separator == "\t"
+    words = [line.rstrip(" \t") for line in lines if line.strip() and not _is_docstart(line)]
+    if words and all("\t" in line for line in words):
+        return (lambda line: [column.strip(" ") for column in line.rstrip(" \t").split("\t")]), True
+    return (lambda line: _SPACES.split(line.strip(" \t\n\r\f\v"))), False
+
+
+_SPACES = re.compile(r"[ \t\n\r\f\v]+")
+"""ASCII white space: what separates words and columns (str.split would also cut at a no-break space)."""
 
 
 _END = object()
 """What a line reader returns for a line that ends the sentence before it (CoNLL's -DOCSTART-)."""
 
 
-def _sentences(path: pathlib.Path, read_word) -> WordSplit:
+def _sentences(path: pathlib.Path, read_word, text_lines: Sequence[str] | None = None) -> WordSplit:
     """The sentences of a file with a word per line and blank lines (only whitespace) between
     sentences: `read_word(line, line number, sentence index, word index)` returns the line's
-    (token, tag), None to skip the line, or `_END` to end the sentence there."""
+    (token, tag), None to skip the line, or `_END` to end the sentence there. `text_lines`: the
+    file's lines, where the caller has read them."""
     tokens, tags, lines = [], [], []
     sentence: tuple[list, list, list] = ([], [], [])
-    for number, line in enumerate(_text_lines(path), start=1):
+    for number, line in enumerate(_text_lines(path) if text_lines is None else text_lines, start=1):
         word = _END if not line.strip() else read_word(line, number, len(tokens), len(sentence[0]))
         if word is _END:
             _close(sentence, tokens, tags, lines)
@@ -237,7 +294,8 @@ def read_conllu(path: str | pathlib.Path, *, tag_field: str = "upos", label_name
     """Sentences of a Universal Dependencies file: each word's FORM and its `tag_field` ("upos",
     column 4, or "xpos", column 5). Comment lines (#), multiword-token lines (ids such as 3-4)
     and empty nodes (ids such as 5.1) are skipped: the words are the syntactic words UD tags.
-    Raises ValueError naming the line of a word line without ten tab-separated columns."""
+    Raises ValueError naming the line of a word line without ten tab-separated columns, or whose
+    tag is `_` (no value: never read as a tag of its own)."""
     fields = {"upos": 3, "xpos": 4}
     if tag_field not in fields:
         raise ValueError(f"tag_field={tag_field!r}; choose one of {sorted(fields)}")
@@ -254,6 +312,12 @@ def read_conllu(path: str | pathlib.Path, *, tag_field: str = "upos", label_name
             )
         if "-" in columns[0] or "." in columns[0]:
             return None
+        if columns[fields[tag_field]] == "_":
+            raise ValueError(
+                f"{path}, sentence {sentence + 1}, word {word + 1} ({columns[1]!r}, line {number}): the "
+                f"{tag_field.upper()} column is _ (no value), which is no tag; give the word its tag, or read the "
+                f"tags of another column (tag_field={next(f for f in fields if f != tag_field)!r})"
+            )
         return columns[1], columns[fields[tag_field]]
 
     return _checked(_sentences(path, read_word), label_names)
@@ -277,7 +341,7 @@ def read_word_records(
     if suffix not in RECORD_SUFFIXES:
         raise ValueError(f"cannot tell the format of {path}; record files end in one of {RECORD_SUFFIXES}")
     text = "\n".join(_text_lines(path))
-    records = _csv_records(text) if suffix == ".csv" else _json_records(text, path)
+    records = _csv_records(text, path) if suffix == ".csv" else _json_records(text, path)
     if not records:
         raise ValueError(f"{path} holds no record")
     if tags_column is None:
@@ -329,10 +393,26 @@ def _json_records(text: str, path: pathlib.Path) -> list[tuple[int | None, dict]
     return found
 
 
-def _csv_records(text: str) -> list[tuple[int, dict]]:
-    """(line where the row ends, row) of each CSV row under its header."""
-    reader = csv.DictReader(io.StringIO(text))
-    return [(reader.line_num, row) for row in reader]
+def _csv_records(text: str, path: pathlib.Path) -> list[tuple[int, dict]]:
+    """(line where the row starts, row) of each CSV row under its header (blank lines are no
+    row). ValueError naming the line of a row with more or fewer cells than the header."""
+    reader = csv.reader(io.StringIO(text))
+    header, records, end = None, [], 0
+    for cells in reader:
+        start, end = end + 1, reader.line_num
+        if not cells or (len(cells) == 1 and not cells[0].strip()):
+            continue
+        if header is None:
+            header = cells
+        elif len(cells) != len(header):
+            raise ValueError(
+                f"{path}, sentence {len(records) + 1} (line {start}) has {len(cells)} cells and the header "
+                f"{len(header)} ({', '.join(header)}); quote a cell that holds a comma, e.g. "
+                '"[""EU"", ""rejects""]", or write its words separated by spaces'
+            )
+        else:
+            records.append((start, dict(zip(header, cells))))
+    return records
 
 
 def _as_list(value, where: str, column: str, suffix: str) -> list:
@@ -349,7 +429,7 @@ def _as_list(value, where: str, column: str, suffix: str) -> list:
 def _parse_csv_cell(cell: str, where: str, column: str):
     stripped = cell.strip()
     if not stripped.startswith("["):
-        return stripped.split()
+        return _SPACES.split(stripped.strip(" \t\n\r\f\v")) if stripped else []  # a no-break space stays in its word
     try:
         return json.loads(stripped)
     except json.JSONDecodeError:

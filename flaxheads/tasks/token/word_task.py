@@ -179,8 +179,8 @@ def words_beside(task: TaskData, split: str, sentences) -> InMemoryTask:
 
 def looks_like_word_file(path: str | pathlib.Path, text_column: str = "text") -> bool:
     """Whether `path` holds words and tags (token classification) rather than texts and labels:
-    a CoNLL or CoNLL-U suffix (.tsv only without a `text_column` header), or JSON / JSON Lines /
-    CSV whose first record has a `tokens` column and no `text_column`."""
+    a CoNLL or CoNLL-U suffix (.tsv: see `_tsv_holds_words`), or JSON / JSON Lines / CSV whose
+    first record has a `tokens` column and no `text_column`."""
     path = pathlib.Path(path)
     suffix = path.suffix.lower()
     if suffix == ".conllu" or (suffix in CONLL_SUFFIXES and suffix != ".tsv"):
@@ -191,7 +191,7 @@ def looks_like_word_file(path: str | pathlib.Path, text_column: str = "text") ->
         head = f.read(65536)
     first = head.lstrip()
     if suffix == ".tsv":
-        return text_column not in first.split("\n", 1)[0].split("\t")
+        return _tsv_holds_words(first, text_column)
     if suffix == ".csv":
         header = first.split("\n", 1)[0]
         return TOKENS_COLUMN in [c.strip().strip('"') for c in header.split(",")] and text_column not in header
@@ -199,5 +199,27 @@ def looks_like_word_file(path: str | pathlib.Path, text_column: str = "text") ->
     return f'"{TOKENS_COLUMN}"' in first[:4096] and f'"{text_column}"' not in first[:4096]
 
 
-__all__ = ["PROBLEM", "TOKENS", "TOKEN_EXAMPLES", "WORD_ROWS", "WordLabelling", "WordRows", "WordTask", "default_stride", "load_word_files", "looks_like_word_file",
-           "token_task_data", "word_task", "words_beside"]
+def _tsv_holds_words(head: str, text_column: str) -> bool:
+    """Whether the start of a .tsv file is CoNLL columns (a word and its tags per line) rather
+    than a table of texts: yes with a -DOCSTART- line; else, when its first line names
+    `text_column` (a table's header, or a sentence whose first token is that word), when most
+    lines start with a single word (a text has spaces; a token seldom does) and a blank line
+    parts sentences; without such a first line, when either holds."""
+    lines = head.split("\n")
+    if len(lines) > 1:
+        lines.pop()  # the last may be cut by the read
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    if not filled:
+        return False
+    first_fields = [field.strip() for field in lines[filled[0]].split("\t")]
+    if any(lines[i].split("\t", 1)[0].strip() == "-DOCSTART-" for i in filled):
+        return True
+    single_words = 2 * sum(" " not in lines[i].split("\t", 1)[0].strip() for i in filled) > len(filled)
+    parts_sentences = len(filled) < filled[-1] - filled[0] + 1  # a blank line between two filled ones
+    if text_column in first_fields:
+        return single_words and parts_sentences
+    return single_words or parts_sentences
+
+
+__all__ = ["PROBLEM", "TOKENS", "TOKEN_EXAMPLES", "WORD_ROWS", "WordLabelling", "WordRows", "WordTask", "default_stride",
+           "load_word_files", "looks_like_word_file", "token_task_data", "word_task", "words_beside"]
