@@ -276,7 +276,7 @@ def test_a_tsv_file_of_conll_columns_is_read_as_words(tmp_path, content):
 
     task = load_task(train_file=_write(tmp_path, "train.tsv", content))
 
-    assert task.problem_type == "token_classification"
+    assert task.task == "token-classification"
 
 
 def test_a_tsv_table_of_texts_is_not_read_as_words(tmp_path):
@@ -304,7 +304,7 @@ def test_a_tsv_train_file_beside_a_conll_validation_file_is_read_as_words(tmp_pa
     train = _write(tmp_path, "train.tsv", "text\tO\nrejects\tO\n")
     task = load_task(train_file=train, validation_file=_write(tmp_path, "dev.conll", "rejects O\n"))
 
-    assert task.problem_type == "token_classification"
+    assert task.task == "token-classification"
 
 
 # ---------------------------------------------------------------------------------------------
