@@ -168,10 +168,6 @@ class Task:
         identities hold)."""
         return {"trained": {}, "settings": {}}
 
-    def report_figures(self) -> bool:
-        """Whether the run report draws per-class figures (a confusion matrix) for this task."""
-        return True
-
     # -- a trained model -----------------------------------------------------------------------
 
     def evaluate(self, folder, data_task: data.TaskData, split: str, *, options: Mapping[str, Any]) -> dict:

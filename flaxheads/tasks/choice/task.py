@@ -82,9 +82,6 @@ class MultipleChoiceTask(Task):
             lines.append(f"{index}\t{choice}\t{' '.join(texts[choice].split())}")
         return "\n".join(lines) + "\n"
 
-    def report_figures(self) -> bool:
-        return False
-
     # -- a trained model -----------------------------------------------------------------------
 
     def evaluate(self, folder, data_task: data.TaskData, split: str, *, options: Mapping[str, Any]) -> dict:

@@ -133,9 +133,6 @@ class TokenClassification(Task):
                                              "scheme": words.task.scheme}},
                 "settings": {"eval_mode": args.eval_mode}}
 
-    def report_figures(self) -> bool:
-        return False
-
     # -- a trained model -----------------------------------------------------------------------
 
     def evaluate(self, folder, data_task: data.TaskData, split: str, *, options: Mapping[str, Any]) -> dict:
