@@ -37,8 +37,10 @@ from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.run_files import (  # noqa: F401 (re-exported: the names of a run folder belong to run_dir too)
     ADAPTER_DIR, BEST_MODEL_DIR, CHECKPOINTS_DIR, PREDICTIONS_FILE, RESULTS_FILE, RUN_FILE, RUN_OUTPUTS, SCORING_RECORD,
-    SET_ASIDE_DIR, TOKENIZED_DIR, RunConflict, not_a_model, read_run, recorded_outputs,
+    SET_ASIDE_DIR, TOKENIZED_DIR, RunConflict, not_a_model, read_run, read_scoring_record, recorded_outputs,
+    results_sha256, write_record, write_run_record,
 )
+from flaxheads.training import run_files
 
 TRAINING_SETTINGS = (
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
@@ -221,13 +223,17 @@ def refuse_output_inside_model(output_dir: str | os.PathLike, model_dir: str | o
 
 def write_run(output_dir: str | os.PathLike, identity: dict[str, Any], *, complete: bool, model_name: str,
               exported: Iterable[str] = ()) -> None:
-    """run.json: the identity, whether the run finished, every name it writes in the folder, and
-    the command that started it (quoted back to whoever finds the run unfinished)."""
-    atomic.write_json(Path(output_dir) / RUN_FILE, {
+    """run.json, marked as flaxheads' (`run_files.write_record`): the identity, whether the run
+    finished, every name it writes in the folder, the command that started it (quoted back to
+    whoever finds the run unfinished) and, finished, the SHA-256 of its results.json."""
+    record = {
         "identity": identity, "complete": complete, "model_name": model_name,
         "outputs": list(RUN_OUTPUTS), "exported": sorted(exported),
         "command": " ".join(shlex.quote(arg) for arg in sys.argv),
-    })
+    }
+    if complete:
+        record["results_sha256"] = results_sha256(output_dir)
+    write_run_record(output_dir, record)
 
 
 def _strangers(output_dir: Path, record: dict[str, Any] | None, names: Iterable[str] = RUN_OUTPUTS) -> list[str]:
@@ -299,11 +305,14 @@ def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, exp
 
 def clear_run(output_dir: str | os.PathLike) -> list[str]:
     """Removes what the folder's earlier run recorded writing (never the user's other files);
-    returns the names removed."""
+    returns the names removed. RunConflict, removing nothing, when the folder's run.json is not a
+    record flaxheads can prove it wrote (`read_run`)."""
     output_dir = Path(output_dir)
     record = read_run(output_dir)
+    records = [name for name, found in ((RUN_FILE, record), (SCORING_RECORD, read_scoring_record(output_dir)))
+               if found is not None]
     removed = []
-    for name in sorted(recorded_outputs(record, output_dir) - {RUN_FILE}) + [RUN_FILE, SCORING_RECORD]:
+    for name in sorted(recorded_outputs(record, output_dir) - set(records)) + records:
         target = output_dir / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
@@ -327,12 +336,10 @@ def exported_since(output_dir: str | os.PathLike, before: dict[str, int]) -> lis
     return [name for name, inode in export_snapshot(folder).items() if before.get(name) != inode]
 
 
-def read_results(output_dir: str | os.PathLike) -> dict[str, Any] | None:
-    file = Path(output_dir) / RESULTS_FILE
-    try:
-        return json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
+def read_results(output_dir: str | os.PathLike, record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The finished run's results.json, when its run.json `record` proves the run wrote it
+    (`run_files.read_results`: RunConflict otherwise); None when there is none."""
+    return run_files.read_results(output_dir, record)
 
 
 def write_results(output_dir: str | os.PathLike, results: dict[str, Any]) -> None:
@@ -354,5 +361,5 @@ def write_predictions(output_dir: str | os.PathLike, text: str, *, overwrite: bo
         raise RunConflict(f"{file} exists; pass overwrite_output_dir=True to replace it, or choose another output_dir")
     output_dir.mkdir(parents=True, exist_ok=True)
     if record is None:
-        atomic.write_json(output_dir / SCORING_RECORD, {"outputs": [PREDICTIONS_FILE]})
+        write_record(output_dir / SCORING_RECORD, "scoring", {"outputs": [PREDICTIONS_FILE]})
     return atomic.write_text(file, text)

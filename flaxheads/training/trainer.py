@@ -578,7 +578,7 @@ class Trainer:
             return None
         # Without resume_from_checkpoint, check_folder has compared the whole identity already.
         if record and record.get("complete") and args.resume_from_checkpoint is None:
-            results = run_dir.read_results(output_dir)
+            results = run_dir.read_results(output_dir, record)
             if results is not None:
                 print0(f"the run in {output_dir} is already complete ({results.get('steps')} steps); its results "
                        f"are in {run_dir.RESULTS_FILE}. Pass overwrite_output_dir=True to train again")
