@@ -9,14 +9,25 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxheads import atomic, conversion, tasks
+from flaxheads import atomic, conversion
 from flaxheads.conversion import checkpoint_io
 from flaxheads.conversion.formats import FLAXHEADS, PYTORCH, checkpoint_files, tokenizer_files
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.loading import flat_variables, open_checkpoint, weight_format, writable_format
-from flaxheads.conversion.table import SEQUENCE_CLASSIFICATION
-from flaxheads.inference import checkpoint_task
-from flaxheads.model import save_pretrained
+from flaxheads.model import SequenceClassifier, save_pretrained
+from flaxheads.multiple_choice import MultipleChoice
+from flaxheads.token_classifier import TokenClassifier
+
+_MODEL_CLASSES = (SequenceClassifier, TokenClassifier, MultipleChoice)
+"""The model classes a checkpoint may hold, one per task (`config_class.task`). `flaxheads.tasks.MODELS`
+names them too, on a floor above this module's."""
+
+
+def model_class(checkpoint) -> type:
+    """The model class of the task `checkpoint` (a `Checkpoint`) holds; a sequence classifier for
+    a bare or pretraining checkpoint."""
+    task = checkpoint.task
+    return next((cls for cls in _MODEL_CLASSES if cls.config_class.task == task), SequenceClassifier)
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
     """Copies whatever tokenizer files `src` has into `dst`; returns their names."""
@@ -60,9 +71,9 @@ def convert(
     src = resolve_checkpoint(src)  # a folder, or a hub id in the huggingface_hub cache
     fmt = writable_format(to or default_direction(src), argument="to")
     _check_destination(src, dst, {checkpoint_io.CONFIG_NAME, fmt.written_as, *tokenizer_files(src)}, overwrite)
-    task = checkpoint_task(src) or SEQUENCE_CLASSIFICATION
-    model, info = tasks.MODELS[task].from_pretrained(
-        src, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
+    checkpoint = open_checkpoint(src)
+    model, info = model_class(checkpoint).from_pretrained(
+        checkpoint, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
         output_loading_info=True,
     )
     with atomic.staged_into(dst, describe=f"converting {src} to {fmt.name}") as staging:
@@ -127,8 +138,7 @@ def describe(
     """A readable report: architecture, sizes, weight file, and what a head would load or create."""
     checkpoint = open_checkpoint(path)
     table = conversion.architecture_table(checkpoint.config.get("model_type"))
-    task = checkpoint_task(checkpoint.folder) or SEQUENCE_CLASSIFICATION
-    model, info = tasks.MODELS[task].from_pretrained(
+    model, info = model_class(checkpoint).from_pretrained(
         checkpoint, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
         output_loading_info=True,
     )
@@ -145,7 +155,7 @@ def describe(
         f"  canonical head: {table.canonical_head!r} ({table.classification_architecture}); "
         f"head shown: {cfg.head!r}, " + (f"num_labels {cfg.num_labels}, labels {list(cfg.label_names)}"
                                         if hasattr(cfg, "label_names") else "one score per choice"),
-        f"  task: {task}",
+        f"  task: {cfg.task}",
         "",
         str(info),
     ]

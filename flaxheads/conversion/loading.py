@@ -46,6 +46,15 @@ class Checkpoint:
     format: WeightFormat | None
     """None: the folder holds no weights (an error once they are asked for)."""
 
+    @property
+    def task(self) -> str | None:
+        """The task of the transformers class config.json's `architectures` name
+        (`SEQUENCE_CLASSIFICATION`, `TOKEN_CLASSIFICATION`, ...); None for a bare or pretraining
+        checkpoint, whose head any task would start anew."""
+        table = conversion.architecture_table(self.config.get("model_type"))
+        return next((task for architecture in self.config.get("architectures") or ()
+                     if (task := table.task_of(architecture)) is not None), None)
+
     @functools.cached_property
     def reader(self) -> TensorReader:
         """The weights, opened on first use (so config errors come first, as they are cheaper to fix)."""
