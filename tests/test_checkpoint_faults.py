@@ -329,7 +329,21 @@ def test_release_removes_only_the_file_it_locked(tmp_path):
     assert not (tmp_path / LOCK_NAME).exists()
 
 
-def test_a_flipped_byte_is_read_back_silently_without_the_checksums(tmp_path):
+def test_a_step_without_its_checksum_file_is_restored_with_a_warning_naming_it(tmp_path, capsys):
+    _saved(tmp_path, [1, 2]).close()
+    (tmp_path / "checkpoints" / "2" / "flaxheads_checksums.process_0.json").unlink()
+
+    state, _, step = _checkpoints(tmp_path).restore_newest_intact(_abstract(_state(2)))
+
+    assert step == 2
+    _assert_state(state, 2)
+    assert (f"checkpoint step 2 in {tmp_path / 'checkpoints'} has no flaxheads_checksums.process_0.json"
+            in capsys.readouterr().err)
+    _checkpoints(tmp_path).restore(_abstract(_state(1)), step=1)
+    assert "has no" not in capsys.readouterr().err  # a step with its checksums: no warning
+
+
+def test_a_flipped_byte_is_read_back_without_the_checksums(tmp_path):
     """Why the checksums exist: without them the damaged step restores with other values."""
     _saved(tmp_path, [1, 2]).close()
     step_dir = tmp_path / "checkpoints" / "2"

@@ -10,7 +10,9 @@ file of a step once Orbax has finished it (`flaxheads_checksums.process_<i>.json
 its own files, process 0 the shared ones) and checks them before the step is read. A damaged step
 is moved aside, never deleted, and the run falls back to an older one. A step saved before
 checksums existed, or whose process was killed between Orbax's commit and the checksum file,
-has none and is read unchecked, as before.
+has none: it is read unchecked, with a warning naming the missing file (not refused: Orbax
+renamed it into place whole, and it is often the newest step of a run killed right after saving;
+refusing it would discard good training to guard against damage nothing suggests).
 
 A checkpoint at step s holds the weights after update s. It is *confirmed* once a loss computed
 from those weights was finite (the trainer learns that at step s+1, or from an evaluation) and
@@ -237,7 +239,9 @@ class RunCheckpoints:
             try:
                 meta = self._read_meta(step)
                 self._check_identity(meta)
-                return self._read_state(abstract_state, step), meta
+                state = self._read_state(abstract_state, step)
+                _warn_if_unchecked(os.path.join(self.directory, str(step)), step)
+                return state, meta
             except _UnreadableStep as err:
                 reason = str(err)  # raised below, outside: its frames would keep Orbax's reads alive
         others = ", ".join(str(s) for s in self.all_steps() if s != step) or "none"
@@ -276,6 +280,7 @@ class RunCheckpoints:
                     except _UnreadableStep as err:
                         failure = str(err)
                 if _on_every_process(failure is None):
+                    _warn_if_unchecked(os.path.join(self.directory, str(step)), step)
                     return state, metas[step], step
                 destination = self.set_aside([step], "damaged")
                 ocp.multihost.sync_global_processes("flaxheads_checkpoint_set_aside")
@@ -407,6 +412,16 @@ def _write_checksums(step_dir: str) -> None:
     sums = {relative: _file_sha256(os.path.join(step_dir, relative))
             for relative in _step_files(step_dir) if _written_by(relative, process)}
     atomic.write_json(os.path.join(step_dir, f"{CHECKSUMS_PREFIX}{process}.json"), {"sha256": sums})
+
+
+def _warn_if_unchecked(step_dir: str, step: int) -> None:
+    """A warning on stderr when this process's checksum file of the step is missing: its files were
+    read without a check."""
+    name = f"{CHECKSUMS_PREFIX}{jax.process_index()}.json"
+    if not os.path.isfile(os.path.join(step_dir, name)):
+        print(f"warning: checkpoint step {step} in {os.path.dirname(step_dir)} has no {name} (saved before flaxheads "
+              "kept checksums, or the run stopped right after Orbax finished it), so damage to its files cannot be "
+              "detected; it was read as it is", file=sys.stderr)
 
 
 def _changed_files(step_dir: str) -> list[str]:
