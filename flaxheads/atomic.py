@@ -15,6 +15,7 @@ either: the one home of every write flaxheads makes that someone else may read.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -36,6 +37,52 @@ STAGING_MARK = ".flaxheads-staging"
 
 class IncompleteFolder(ValueError):
     """A folder whose last multi-file update was interrupted: its files may come from two versions."""
+
+
+class NoSpace(OSError):
+    """No space left on a device (errno ENOSPC); the message, all of `str()`, names where and what to do."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def is_no_space(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, says the device is full: an OSError with
+    errno ENOSPC, or a library's wrapping of one (TensorStore's, through Orbax, is a ValueError
+    saying "No space left on device")."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def require_space(folder: str | os.PathLike, needed: int, what: str) -> None:
+    """NoSpace before `what` writes about `needed` bytes into `folder` (or, while it is missing,
+    its nearest existing parent) on a device with less free space: said in one sentence, rather
+    than by the writer failing half-way."""
+    place = Path(folder)
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    try:
+        free = shutil.disk_usage(place).free
+    except OSError:
+        return  # cannot tell: the write itself will say
+    if free < needed:
+        raise NoSpace(f"{what} needs about {_size(needed)} in {folder}, and its device has {_size(free)} free")
+
+
+def _size(count: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
 
 
 def _umask() -> int:
@@ -108,6 +155,7 @@ def staged_into(dst: str | os.PathLike, *, describe: str = "") -> Iterator[Path]
     of `dst` are removed first: `remove_abandoned`). Files in `dst` that the block did not write
     are never touched."""
     target = Path(dst).resolve()
+    require_folder(dst)
     created = make_folders(target.parent)
     try:
         with _staging(target, beside=_may_stage_beside(target)) as root:
@@ -194,6 +242,18 @@ def _staging(dst: Path, *, beside: bool) -> Iterator[Path]:
         os.close(fd)
 
 
+def require_folder(folder: str | os.PathLike, *, argument: str = "", fix: str = "pass a folder (a new one, or one "
+                   "that exists)") -> None:
+    """NotADirectoryError when `folder`, or a folder it lies in, exists as a file (so it could
+    never be made), naming it as `argument` (a parameter's name) and saying `fix`."""
+    name = f"{argument} {folder}" if argument else str(folder)
+    path = Path(folder)
+    for place in (path, *path.parents):
+        if os.path.lexists(place) and not place.is_dir():
+            where = "is a file, not a folder" if place == path else f"lies in {place}, which is a file"
+            raise NotADirectoryError(f"{name} {where}: {fix}")
+
+
 def make_folders(folder: Path) -> list[Path]:
     """Creates `folder` and any missing parents; returns those it created, deepest first."""
     missing = []
@@ -254,11 +314,15 @@ def _move_into(staging: Path, dst: Path, names: set[str], describe: str, replace
 __all__ = [
     "INCOMPLETE_MARKER",
     "IncompleteFolder",
+    "NoSpace",
+    "is_no_space",
     "make_folders",
     "remove_abandoned",
     "remove_empty",
     "replace_folder",
     "require_complete",
+    "require_folder",
+    "require_space",
     "staged_into",
     "write_file",
     "write_json",

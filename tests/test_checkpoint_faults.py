@@ -329,6 +329,37 @@ def test_release_removes_only_the_file_it_locked(tmp_path):
     assert not (tmp_path / LOCK_NAME).exists()
 
 
+def test_a_save_onto_a_full_device_is_refused_in_one_sentence_before_orbax_writes(tmp_path, monkeypatch):
+    from flaxheads import atomic
+
+    checkpoints = _saved(tmp_path, [1])
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+
+    with pytest.raises(atomic.NoSpace) as err:
+        checkpoints.save(_state(2), 2, {"data_position": 2})
+
+    assert str(err.value).startswith(f"checkpoint step 2 needs about 8.3 KB in {tmp_path / 'checkpoints'}, and its "
+                                     "device has 1.0 KB free")
+    assert checkpoints.all_steps() == [1]
+
+
+def test_a_device_that_fills_up_while_orbax_writes_is_said_naming_the_folder(tmp_path, monkeypatch):
+    from flaxheads import atomic
+
+    checkpoints = _saved(tmp_path, [1])
+    checkpoints.save(_state(2), 2, {"data_position": 2})
+
+    def full():  # what Orbax raises from TensorStore's failed write
+        raise ValueError('RESOURCE_EXHAUSTED: Error writing "step/0" in OCDBT database at local file '
+                         f'"{tmp_path}/checkpoints/2.orbax-checkpoint-tmp/": No space left on device [os_error_code=\'28\']')
+
+    monkeypatch.setattr(checkpoints.manager, "wait_until_finished", full)
+    with pytest.raises(atomic.NoSpace) as err:
+        checkpoints.wait()
+
+    assert str(err.value) == f"no space left on the device of {tmp_path / 'checkpoints'} while saving checkpoint step 2"
+
+
 def test_a_step_without_its_checksum_file_is_restored_with_a_warning_naming_it(tmp_path, capsys):
     _saved(tmp_path, [1, 2]).close()
     (tmp_path / "checkpoints" / "2" / "flaxheads_checksums.process_0.json").unlink()

@@ -524,7 +524,8 @@ def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", 
     and a reader never pairs new weights with an old config.json.
 
     Raises ValueError for a format it cannot write, FileExistsError when `path` holds another
-    format's weights."""
+    format's weights, NotADirectoryError when `path` is a file, `atomic.NoSpace` (writing
+    nothing) when its device has less free space than the weights take."""
     fmt = writable_format(format)
     path = Path(path)
     for other in conversion.WEIGHT_FORMATS.values():
@@ -534,6 +535,7 @@ def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", 
                 "mistaken for the other"
             )
     hf_config, tensors = _exported(model, fmt)
+    atomic.require_space(path, sum(tensor.nbytes for tensor in tensors.values()), f"saving {fmt.written_as}")
     # Staged even without a tokenizer: config.json and the weights must change together.
     with atomic.staged_into(path, describe=f"saving a {fmt.name} checkpoint") as staging:
         checkpoint_io.write_checkpoint(staging, hf_config, tensors, fmt.written_as)

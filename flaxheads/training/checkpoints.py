@@ -153,16 +153,19 @@ class RunCheckpoints:
         unconfirmed, then deletes the steps beyond the `max_to_keep` newest except the newest
         confirmed one (asynchronous: once the step is written, see `__init__`)."""
         self._settle()
+        # Said before Orbax starts: a full device mid-save gives hundreds of lines of TensorStore errors.
+        atomic.require_space(self.directory, _state_bytes(state), f"checkpoint step {step}")
         # Recorded before Orbax writes: a step on disk without a record would count as confirmed.
         self._write_record(set(self.confirmed_steps()) - {step})
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                meta=ocp.args.JsonSave({**meta, "identity": self.identity}),
-            ),
-            force=True,
-        )
+        with self._no_space_said(step):
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    meta=ocp.args.JsonSave({**meta, "identity": self.identity}),
+                ),
+                force=True,
+            )
         self._writing, self._saving_step = True, step
         if not self.asynchronous:
             self._settle()
@@ -175,8 +178,10 @@ class RunCheckpoints:
     def _settle(self, *, prune: bool = True) -> None:
         """Waits for the save being written; then (`prune`) deletes the surplus steps."""
         if self._writing:
-            self.manager.wait_until_finished()
-            self._writing, self._unpruned = False, True
+            self._writing = False  # once: a failed save is reported here, not again by close
+            with self._no_space_said(self._saving_step):
+                self.manager.wait_until_finished()
+            self._unpruned = True
             _write_checksums(os.path.join(self.directory, str(self._saving_step)))
         if prune and self._unpruned:
             self._unpruned = False
@@ -306,6 +311,19 @@ class RunCheckpoints:
 
     # Internals.
 
+    @contextlib.contextmanager
+    def _no_space_said(self, step: int):
+        """A full device while Orbax writes `step` raised as `atomic.NoSpace`, naming the folder
+        (TensorStore's error, wrapped by Orbax, names a temporary file)."""
+        try:
+            yield
+            return
+        except Exception as error:
+            if not atomic.is_no_space(error):
+                raise
+            message = f"no space left on the device of {self.directory} while saving checkpoint step {step}"
+        raise atomic.NoSpace(message) from None
+
     def _read_meta(self, step: int) -> dict[str, Any]:
         """Raises _UnreadableStep when the files are not all there or do not read back."""
         step_dir = os.path.join(self.directory, str(step))
@@ -374,6 +392,11 @@ class RunCheckpoints:
             return
         os.makedirs(self.directory, exist_ok=True)
         atomic.write_json(self._record_path, {"confirmed_steps": sorted(confirmed)})
+
+
+def _state_bytes(state) -> int:
+    """About what this process writes of `state`: its share of the arrays' bytes."""
+    return sum(int(getattr(leaf, "nbytes", 0)) for leaf in jax.tree.leaves(state)) // jax.process_count()
 
 
 def _step_files(step_dir: str) -> list[str]:

@@ -210,6 +210,24 @@ def _short(value: Any) -> str:
 # The folder
 
 
+def check_output_dir(output_dir: str | os.PathLike) -> None:
+    """NotADirectoryError, before anything is loaded, when output_dir (or a folder it lies in) is a
+    file: a run writes its checkpoints, results and model into a folder."""
+    atomic.require_folder(output_dir, argument="output_dir",
+                          fix="a run writes its checkpoints, results and model into a folder. Choose another "
+                              "output_dir (a new folder, or the folder of an earlier run)")
+
+
+def no_space_message(output_dir: str | os.PathLike, error: BaseException) -> str:
+    """What a run says when its device fills up (`atomic.is_no_space(error)`): where, and that the
+    same command resumes once there is room."""
+    what = str(error) if isinstance(error, atomic.NoSpace) else (
+        f"no space left on the device of {output_dir}" + (f" (writing {error.filename})"
+                                                          if getattr(error, "filename", None) else ""))
+    return (f"{what}. Free space there (or choose an output_dir on another device), then run the same command "
+            "again: it resumes from its newest checkpoint")
+
+
 def refuse_output_inside_model(output_dir: str | os.PathLike, model_dir: str | os.PathLike) -> None:
     """RunConflict when the output folder is the model folder or inside it: the export would
     write over the pretrained checkpoint a run starts from."""

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads import data, lora, problem
+from flaxheads import atomic, data, lora, problem
 from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import stacking
 from flaxheads.conversion import peft
@@ -383,8 +383,9 @@ class Trainer:
         run's results with "already_complete": True."""
         if self.output_dir is None:
             return self._run()
+        run_dir.check_output_dir(self.output_dir)
         lock = RunLock(self.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
-        with lock:
+        with lock, self._no_space_said():
             previous = self._claim_folder() if self.args.do_train else None
             if previous is not None:
                 return TrainOutput(None, previous, None)
@@ -393,6 +394,19 @@ class Trainer:
         # shutdown barrier, whose deadline a slow disk (or a busy CPU) can pass.
         sync("flaxheads: run written")
         return output
+
+    @contextlib.contextmanager
+    def _no_space_said(self):
+        """A full device anywhere in the run (checkpoints, export, records, tokenized cache) as one
+        sentence naming output_dir and how to go on (`run_dir.no_space_message`)."""
+        try:
+            yield
+            return
+        except Exception as error:
+            if not atomic.is_no_space(error):
+                raise
+            message = run_dir.no_space_message(self.output_dir, error)
+        raise atomic.NoSpace(message) from None
 
     def _run(self) -> TrainOutput:
         args = self.args
@@ -774,6 +788,7 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     if cfg.output_dir is None:
         raise ValueError("train() needs output_dir=: it writes its checkpoints and model there (flaxheads.Trainer "
                          "trains in memory with output_dir=None)")
+    run_dir.check_output_dir(cfg.output_dir)
     run_dir.refuse_output_inside_model(cfg.output_dir, cfg.model_folder())
     output = Trainer.from_config(cfg).train()
     return output.metrics
