@@ -14,6 +14,9 @@ import pytest
 from flaxheads import atomic
 from flaxheads.cli import main
 from flaxheads.training import run_dir
+from flaxheads.training.run_lock import RunLock
+from flaxheads.training.trainer import Trainer, train
+from runs import four_step_config
 
 
 def _four_step_flags(model: Path, data: dict[str, Path], output_dir: Path) -> list[str]:
@@ -72,3 +75,76 @@ def test_a_full_device_stops_the_run_in_one_sentence_and_the_same_command_resume
     assert main(_four_step_flags(tiny_bert, snippets_csv, out)) == 0
     assert f"resuming from step {2 if full_at == 'checkpoint' else 4}" in capsys.readouterr().out
     assert (out / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs refused before they train, and folders a run cannot write
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", ["new", "the_users"])
+def test_a_run_refused_before_it_trains_leaves_the_folder_as_it_found_it(tiny_bert, snippets_csv, tmp_path, folder):
+    out = tmp_path / "run"
+    if folder == "the_users":
+        out.mkdir()
+        (out / "NOTES.md").write_text("my notes")
+
+    with pytest.raises(ValueError, match="has no checkpoint at step 7"):  # found once the data is tokenized
+        train(four_step_config(tiny_bert, snippets_csv, out, resume_from_checkpoint="7"))
+
+    assert (not out.exists()) if folder == "new" else sorted(os.listdir(out)) == ["NOTES.md"]
+
+
+@pytest.mark.slow
+def test_a_refused_explicit_resume_of_a_finished_run_leaves_it_as_it_was(finished_run, tiny_bert, snippets_csv,
+                                                                         tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = _snapshot(out)
+
+    with pytest.raises(ValueError, match="has no checkpoint at step 7"):
+        train(four_step_config(tiny_bert, snippets_csv, out, resume_from_checkpoint="7"))
+
+    assert _snapshot(out) == before  # run.json still says complete: the same command reports it
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_it_trains_is_recorded_so_the_next_run_is_not_refused(
+        tiny_bert, snippets_csv, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setattr(run_dir, "undo_unstarted", lambda *args: [])  # as if SIGKILLed: nothing is put back
+    real_loop = Trainer._loop
+
+    def killed(self, *args):
+        raise KeyboardInterrupt  # after its tokenized cache is written, before any checkpoint
+
+    monkeypatch.setattr(Trainer, "_loop", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(four_step_config(tiny_bert, snippets_csv, out))
+    assert (out / "tokenized").is_dir() and (out / "run.json").is_file()
+    monkeypatch.setattr(Trainer, "_loop", real_loop)
+
+    assert train(four_step_config(tiny_bert, snippets_csv, out))["steps"] == 4
+
+
+@pytest.mark.slow
+def test_a_finished_run_on_read_only_media_reports_itself_complete_without_writing(
+        finished_run, tiny_bert, snippets_csv, monkeypatch, capsys):
+    before = _snapshot(finished_run)
+
+    def read_only(self):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.path.join(self.output_dir, ".flaxheads.lock"))
+
+    monkeypatch.setattr(RunLock, "acquire", read_only)
+    result = train(four_step_config(tiny_bert, snippets_csv, finished_run))
+
+    assert result["already_complete"] and result["steps"] == 4
+    assert "already complete" in capsys.readouterr().out
+    with pytest.raises(run_dir.UnwritableFolder) as err:  # an explicit resume writes: said in one sentence
+        train(four_step_config(tiny_bert, snippets_csv, finished_run, resume_from_checkpoint="2"))
+    assert str(err.value).startswith(f"output_dir {finished_run} cannot be written (Read-only file system)")
+    assert _snapshot(finished_run) == before

@@ -18,6 +18,7 @@ turns them into its flags.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -25,7 +26,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
@@ -49,6 +50,17 @@ TRAINING_SETTINGS = (
 """Settings that change how the weights are trained, not what is trained: an explicit
 `resume_from_checkpoint` may continue a run with other values (e.g. a lower learning rate
 after a non-finite loss); an implicit resume must match them too."""
+
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+"""The errors of a folder a run cannot write: read-only media, or no permission."""
+
+
+class UnwritableFolder(OSError):
+    """An output folder the run cannot write; the message, all of `str()`, says what to do."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
 
 FINGERPRINT = "sha256:"
 """How a content fingerprint starts; an identity recorded before fingerprints named the model by its path."""
@@ -339,6 +351,47 @@ def clear_run(output_dir: str | os.PathLike) -> list[str]:
         else:
             continue
         removed.append(name)
+    return removed
+
+
+class FolderBefore(NamedTuple):
+    """What an output folder held before a run claimed it (`folder_before`)."""
+
+    existed: bool
+    names: frozenset[str]
+    run_record: bytes | None
+    """run.json's bytes, to put back when the run is refused after rewriting it."""
+
+
+def folder_before(output_dir: str | os.PathLike, *, existed: bool) -> FolderBefore:
+    """What the folder holds now, which a run about to write there may have to put back; `existed`:
+    whether the folder was there before the run (its lock) created it."""
+    output_dir = Path(output_dir)
+    record = output_dir / RUN_FILE
+    return FolderBefore(existed, frozenset(os.listdir(output_dir)), record.read_bytes() if record.is_file() else None)
+
+
+def undo_unstarted(output_dir: str | os.PathLike, before: FolderBefore) -> list[str]:
+    """Undoes what a run refused before it trained wrote in its folder: the names of `RUN_OUTPUTS`
+    it created there (its tokenized cache, an empty checkpoints/, its run.json) are removed, a
+    run.json it rewrote gets its earlier content back, and a folder the run created is removed
+    once empty. Files the folder held before, and everything else, stay. Returns the names removed."""
+    output_dir = Path(output_dir)
+    removed = []
+    for name in RUN_OUTPUTS:
+        target = output_dir / name
+        if name in before.names or not os.path.lexists(target):
+            continue
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+        removed.append(name)
+    if before.run_record is not None and (output_dir / RUN_FILE).read_bytes() != before.run_record:
+        # A run.json the refused run rewrote (an explicit resume of a finished run): as it was.
+        atomic.write_file(output_dir / RUN_FILE, lambda tmp: Path(tmp).write_bytes(before.run_record))
+    if not before.existed:
+        atomic.remove_empty([output_dir])
     return removed
 
 

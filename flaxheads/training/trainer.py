@@ -233,6 +233,11 @@ class Trainer:
         """Printed when a run starts afresh (not when it resumes)."""
         self._exported: list[str] = []
         """The files the final export wrote in output_dir, for run.json."""
+        self._folder_existed = False
+        self._folder_before: run_dir.FolderBefore | None = None
+        """What output_dir held when this run recorded itself there, to put back if it is refused
+        before it trains (process 0)."""
+        self._training_started = False
         self._scorer: SplitScorer | None = None
 
     @classmethod
@@ -384,12 +389,31 @@ class Trainer:
         if self.output_dir is None:
             return self._run()
         run_dir.check_output_dir(self.output_dir)
-        lock = RunLock(self.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
-        with lock, self._no_space_said():
-            previous = self._claim_folder() if self.args.do_train else None
-            if previous is not None:
-                return TrainOutput(None, previous, None)
-            output = self._run()
+        self._folder_existed = self.output_dir.is_dir()
+        lock = RunLock(self.output_dir) if jax.process_index() == 0 else None
+        try:
+            if lock is not None:
+                lock.acquire()
+        except OSError as error:
+            if error.errno not in run_dir.UNWRITABLE:
+                raise
+            return self._unwritable(error)
+        try:
+            try:
+                with self._no_space_said():
+                    previous = self._claim_folder() if self.args.do_train else None
+                    if previous is not None:
+                        return TrainOutput(None, previous, None)
+                    output = self._run()
+            finally:
+                if lock is not None:
+                    lock.release()
+        except BaseException:
+            # Refused before it trained (a bad resume step, data the tokenizer refuses, ctrl-C): the
+            # folder is left as it was, so the next run does not take this one's cache for a stranger's.
+            if self._folder_before is not None and not self._training_started:
+                run_dir.undo_unstarted(self.output_dir, self._folder_before)
+            raise
         # Process 0 writes the export and the records alone: the others wait here, not at jax's
         # shutdown barrier, whose deadline a slow disk (or a busy CPU) can pass.
         sync("flaxheads: run written")
@@ -414,8 +438,7 @@ class Trainer:
         self._scorer = scorer = self._scorer_for(splits, self.data.unlabelled)
         if args.do_train:
             loop = self._loop(splits, scorer)
-            if self.output_dir is not None and jax.process_index() == 0:
-                run_dir.write_run(self.output_dir, self.identity, complete=False, model_name=self.model_name)
+            self._training_started = True
             results = loop.run()
             self.params = loop.params()
             changed = bool(args.load_best_model_at_end and self._take_the_best(loop, results))
@@ -574,7 +597,10 @@ class Trainer:
 
     def _claim_folder(self) -> dict[str, Any] | None:
         """Decides what the output folder allows; returns the results of this run when the folder
-        already holds it finished (a re-run of the same command), else None."""
+        already holds it finished (a re-run of the same command), else None, having recorded the
+        run in run.json before anything else is written there (so its tokenized cache and
+        checkpoints are never strangers to the next run), and what to put back if it is refused
+        before it trains (`_folder_before`)."""
         args, output_dir = self.args, self.output_dir
         explicit_resume = args.resume_from_checkpoint is not None
         record = run_dir.check_folder(output_dir, self.identity, explicit_resume=explicit_resume,
@@ -589,15 +615,42 @@ class Trainer:
                     print(f"overwrite_output_dir: removed the earlier run's {', '.join(removed)} from {output_dir}",
                           file=sys.stderr)
             sync("flaxheads: output_dir cleared")
-            return None
-        # Without resume_from_checkpoint, check_folder has compared the whole identity already.
-        if record and record.get("complete") and args.resume_from_checkpoint is None:
-            results = run_dir.read_results(output_dir, record)
-            if results is not None:
-                print0(f"the run in {output_dir} is already complete ({results.get('steps')} steps); its results "
-                       f"are in {run_dir.RESULTS_FILE}. Pass overwrite_output_dir=True to train again")
-                return {**results, "already_complete": True}
+            record = None
+        else:
+            finished = self._finished_results(record)
+            if finished is not None:
+                return finished
+        if jax.process_index() == 0:
+            self._folder_before = run_dir.folder_before(output_dir, existed=self._folder_existed)
+            run_dir.write_run(output_dir, self.identity, complete=False, model_name=self.model_name,
+                              exported=(record or {}).get("exported") or ())
         return None
+
+    def _finished_results(self, record: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The results of this run when `record` (the folder's run.json, checked against this run's
+        identity) is it finished and the command asks no explicit resume; else None."""
+        # Without resume_from_checkpoint, check_folder has compared the whole identity already.
+        if not (record and record.get("complete") and self.args.resume_from_checkpoint is None):
+            return None
+        results = run_dir.read_results(self.output_dir, record)
+        if results is None:
+            return None
+        print0(f"the run in {self.output_dir} is already complete ({results.get('steps')} steps); its results "
+               f"are in {run_dir.RESULTS_FILE}. Pass overwrite_output_dir=True to train again")
+        return {**results, "already_complete": True}
+
+    def _unwritable(self, error: OSError) -> TrainOutput:
+        """An output folder the run cannot write (read-only media): the results of this run when the
+        folder holds it finished, for nothing needs writing then; else OSError saying so."""
+        record = (run_dir.check_folder(self.output_dir, self.identity, explicit_resume=False)
+                  if self.args.do_train and not self.args.overwrite_output_dir else None)
+        finished = self._finished_results(record)
+        if finished is None:
+            raise run_dir.UnwritableFolder(error.errno, (
+                f"output_dir {self.output_dir} cannot be written ({error.strerror}), and it does not hold this run "
+                "finished: a run writes its checkpoints, results and model there. Make it writable, or choose "
+                "another output_dir"))
+        return TrainOutput(None, finished, None)
 
     # -- evaluate and predict -------------------------------------------------------------------
 
