@@ -22,7 +22,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 try:
     import fcntl
@@ -146,14 +146,17 @@ def require_complete(folder: str | os.PathLike, *, fix: str) -> None:
 
 
 @contextlib.contextmanager
-def staged_into(dst: str | os.PathLike, *, describe: str = "") -> Iterator[Path]:
+def staged_into(dst: str | os.PathLike, *, describe: str = "",
+                remove: Callable[[set[str]], Iterable[str]] | None = None) -> Iterator[Path]:
     """An empty folder to write files into. When the block ends without error, every file written
     there moves into `dst` (created if missing) with one rename each, `dst` holding
     `INCOMPLETE_MARKER` (saying `describe`) from before the first rename to after the last; on
     any error before the moves `dst` is left as it was, and folders created for it are removed
     again. The staging folder is gone either way (and staging folders abandoned by killed writers
     of `dst` are removed first: `remove_abandoned`). Files in `dst` that the block did not write
-    are never touched."""
+    are never touched, except those `remove(names written)` returns: they go in the same moves
+    (put back if a move fails), so a reader never finds them beside the new files. `remove` may
+    raise to refuse the update, leaving `dst` as it was."""
     target = Path(dst).resolve()
     require_folder(dst)
     created = make_folders(target.parent)
@@ -162,7 +165,9 @@ def staged_into(dst: str | os.PathLike, *, describe: str = "") -> Iterator[Path]
             staging = root / "files"
             staging.mkdir()
             yield staging
-            _move_into(staging, target, set(os.listdir(staging)), describe, root / "replaced")
+            names = set(os.listdir(staging))
+            removing = set(remove(names)) - names if remove is not None else set()
+            _move_into(staging, target, names, describe, root / "replaced", removing)
     except BaseException:
         remove_empty(created)
         raise
@@ -279,18 +284,23 @@ def _may_stage_beside(dst: Path) -> bool:
     return not dst.is_dir() or (os.access(parent, os.W_OK) and dst.stat().st_dev == parent.stat().st_dev)
 
 
-def _move_into(staging: Path, dst: Path, names: set[str], describe: str, replaced: Path) -> None:
+def _move_into(staging: Path, dst: Path, names: set[str], describe: str, replaced: Path,
+               remove: set[str] = frozenset()) -> None:
     """Moves the files `names` from `staging` into `dst` (created if missing) with one rename
-    each, under `INCOMPLETE_MARKER`; the files they replace wait in the new folder `replaced`, and
-    are put back if any move fails."""
+    each, and the files `remove` out of it, under `INCOMPLETE_MARKER`; the files they replace (or
+    remove) wait in the new folder `replaced`, and are put back if any move fails."""
     created = make_folders(dst)
     replaced.mkdir()
     marker = dst / INCOMPLETE_MARKER
-    several = len(names) > 1
+    several = len(names) + len(remove) > 1
     if several:
         write_text(marker, (describe or f"moving {', '.join(sorted(names))} into place") + "\n")
     moved = []
     try:
+        for name in sorted(remove):
+            if os.path.lexists(dst / name):
+                os.replace(dst / name, replaced / name)
+                moved.append(name)
         for name in sorted(names):
             if os.path.lexists(dst / name):
                 os.replace(dst / name, replaced / name)

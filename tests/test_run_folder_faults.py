@@ -5,6 +5,7 @@ there is room), a tokenized cache cut short."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from flaxheads import atomic
 from flaxheads.cli import main
 from flaxheads.training import run_dir
+from flaxheads.training.run_files import RunConflict
 from flaxheads.training.run_lock import RunLock
 from flaxheads.training.trainer import Trainer, train
 from runs import four_step_config
@@ -148,3 +150,83 @@ def test_a_finished_run_on_read_only_media_reports_itself_complete_without_writi
         train(four_step_config(tiny_bert, snippets_csv, finished_run, resume_from_checkpoint="2"))
     assert str(err.value).startswith(f"output_dir {finished_run} cannot be written (Read-only file system)")
     assert _snapshot(finished_run) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# An export holds only what this run made
+
+
+SWAPPED = {"cls_token": "[SEP]", "sep_token": "[CLS]"}  # what a stale file read beside the new model would say
+
+
+@pytest.fixture
+def tokenizer_writing_a_special_tokens_map(monkeypatch):
+    """Tokenizers whose save_pretrained also writes special_tokens_map.json (as transformers 4 did);
+    undone by `monkeypatch.undo()`."""
+    import transformers
+
+    real = transformers.PreTrainedTokenizerBase.save_pretrained
+
+    def save_pretrained(self, folder, *args, **kwargs):
+        saved = real(self, folder, *args, **kwargs)
+        Path(folder, "special_tokens_map.json").write_text(json.dumps(SWAPPED))
+        return saved
+
+    monkeypatch.setattr(transformers.PreTrainedTokenizerBase, "save_pretrained", save_pretrained)
+
+
+@pytest.mark.slow
+def test_overwrite_output_dir_leaves_no_file_of_an_export_killed_before_its_record(
+        tiny_bert, snippets_csv, tmp_path, monkeypatch, tokenizer_writing_a_special_tokens_map):
+    out = tmp_path / "run"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # after the export, before results.json and the final run.json
+
+    monkeypatch.setattr(run_dir, "write_results", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(four_step_config(tiny_bert, snippets_csv, out))
+    assert json.loads((out / "special_tokens_map.json").read_text()) == SWAPPED
+    monkeypatch.undo()  # a tokenizer that writes no special_tokens_map.json
+
+    train(four_step_config(tiny_bert, snippets_csv, out, learning_rate=5e-4, overwrite_output_dir=True))
+
+    assert not (out / "special_tokens_map.json").exists()
+    assert "special_tokens_map.json" not in json.loads((out / "run.json").read_text())["exported"]
+
+
+@pytest.mark.slow
+def test_a_tokenizer_file_no_run_wrote_that_the_export_would_leave_is_refused_before_training(
+        tiny_bert, snippets_csv, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(tiny_bert, out)  # a model no run wrote there: overwrite_output_dir replaces it
+    (out / "special_tokens_map.json").write_text(json.dumps(SWAPPED))
+    (out / "added_tokens.json").write_text("{}")
+    before = _snapshot(out)
+
+    with pytest.raises(RunConflict, match=r"holds added_tokens.json, special_tokens_map.json, vocab.txt, which no flaxheads run "
+                                          r"recorded writing.*Move them out of the folder"):
+        train(four_step_config(tiny_bert, snippets_csv, out, overwrite_output_dir=True))
+
+    assert _snapshot(out) == before
+
+
+def test_an_export_removes_the_files_it_replaces_and_refuses_others_a_loader_would_read(hf_checkpoint, tmp_path):
+    import transformers
+
+    import flaxheads
+    from flaxheads.shipped_model import minilm_path
+
+    model = flaxheads.from_pretrained(hf_checkpoint("BertForSequenceClassification", num_labels=2).path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path())
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "special_tokens_map.json").write_text(json.dumps(SWAPPED))
+
+    with pytest.raises(FileExistsError, match=r"holds special_tokens_map.json, which this save does not write"):
+        model.save_pretrained(out, tokenizer=tokenizer)
+    assert sorted(os.listdir(out)) == ["special_tokens_map.json"]  # nothing written
+    model.save_pretrained(out)  # no tokenizer: tokenizer files are not its to judge
+    assert (out / "special_tokens_map.json").exists()
+    model.save_pretrained(out, tokenizer=tokenizer, replaces=["special_tokens_map.json"])  # the caller's own
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]

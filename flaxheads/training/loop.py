@@ -18,6 +18,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from flaxheads import data
+from flaxheads.conversion.formats import checkpoint_files
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
@@ -46,7 +47,7 @@ class Scorer(Protocol):
 
     def scores(self, split: str, params, *, max_batches: int | None = None) -> dict[str, float]: ...
 
-    def export(self, params, directory: Path) -> None: ...
+    def export(self, params, directory: Path, *, replaces=()) -> None: ...
 
 
 class TrainLoop:
@@ -248,7 +249,8 @@ class TrainLoop:
         if self._improves_best(value):
             self.best.update(value=float(value), step=self.step)
             if self.output_dir is not None:
-                self.scorer.export(self.params(), self.output_dir / "best_model")
+                best = self.output_dir / "best_model"  # the run's own folder: every file in it an earlier best's
+                self.scorer.export(self.params(), best, replaces=checkpoint_files(best))
             if self.cfg.load_best_model_at_end:
                 self.best_params = self.runner.host_params(self.state)
         if patience is not None and self.best["evaluations_without_improvement"] >= patience:

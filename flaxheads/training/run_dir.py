@@ -31,7 +31,7 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 
 from flaxheads import atomic, data
-from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion import checkpoint_io, loading
 from flaxheads.conversion.formats import PYTORCH, TOKENIZER_FILES, checkpoint_files
 from flaxheads.data.packing import segments_per_row
 from flaxheads.training.checkpoints import CheckpointMismatch
@@ -272,23 +272,32 @@ def _strangers(output_dir: Path, record: dict[str, Any] | None, names: Iterable[
     return [name for name in names if os.path.lexists(output_dir / name) and name not in ours]
 
 
-def _stale_weights(output_dir: Path, record: dict[str, Any] | None) -> list[str]:
-    """Weight files the run's export (config.json + model.safetensors) would leave beside its own,
-    where a loader could read them instead: another format's, or a .bin or sharded index."""
+def export_names(tokenizer) -> set[str]:
+    """The files a run's export writes in its output folder: config.json, model.safetensors and
+    what `tokenizer.save_pretrained` writes."""
+    return {checkpoint_io.CONFIG_NAME, PYTORCH.written_as, *loading.saved_tokenizer_files(tokenizer)}
+
+
+def _stale_files(output_dir: Path, record: dict[str, Any] | None, exports: Iterable[str] | None) -> list[str]:
+    """Files a loader reads (config, weights, tokenizer files) that the run's export, writing
+    `exports` (None: config.json, model.safetensors and any tokenizer file), would leave beside
+    its own and that no run recorded writing (those the export removes): another format's weights,
+    a .bin or sharded index, another tokenizer's special_tokens_map.json."""
     ours = recorded_outputs(record, output_dir)
-    keep = {checkpoint_io.CONFIG_NAME, PYTORCH.written_as, *TOKENIZER_FILES}
+    keep = set(exports) if exports is not None else {checkpoint_io.CONFIG_NAME, PYTORCH.written_as, *TOKENIZER_FILES}
     return [name for name in checkpoint_files(output_dir) if name not in keep and name not in ours]
 
 
 def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, explicit_resume: bool,
-                 overwrite: bool = False) -> dict | None:
+                 overwrite: bool = False, exports: Iterable[str] | None = None) -> dict | None:
     """The folder's run record when this run may continue it (None for a fresh folder, or with
     `overwrite`, where `clear_run` then removes the earlier run's files). Reads only; the caller
     writes.
 
     Raises RunConflict for a folder holding files with the names a run writes that no run
-    recorded writing (with `overwrite` too), weights of another format the export would leave
-    beside its own, or (without `overwrite`) a model no flaxheads run wrote there; and
+    recorded writing (with `overwrite` too), files a loader reads that the export (writing
+    `exports`, `export_names`) would leave beside its own and no run recorded writing (with
+    `overwrite` too), or (without `overwrite`) a model no flaxheads run wrote there; and
     CheckpointMismatch naming every setting that differs from the folder's run."""
     output_dir = Path(output_dir)
     record = read_run(output_dir)
@@ -299,12 +308,13 @@ def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, exp
             "and this run would write over them. Move them out of the folder, or choose another output_dir "
             "(overwrite_output_dir=True removes only what an earlier run recorded writing)"
         )
-    stale = _stale_weights(output_dir, record)
+    stale = _stale_files(output_dir, record, exports)
     if stale:
         raise RunConflict(
-            f"output_dir {output_dir} holds {', '.join(stale)}, which the run's export (config.json + "
-            f"{PYTORCH.written_as}) would leave beside its own, so a loader could read either. Move them out of "
-            "the folder, or choose another output_dir"
+            f"output_dir {output_dir} holds {', '.join(stale)}, which no flaxheads run recorded writing, and the "
+            f"run's export (config.json, {PYTORCH.written_as}, its tokenizer's files) would leave them beside its own, "
+            "so a loader (transformers, flaxheads predict) could read them with the new model. Move them out of the "
+            "folder, or choose another output_dir"
         )
     if overwrite:
         return None

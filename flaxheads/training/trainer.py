@@ -233,6 +233,8 @@ class Trainer:
         """Printed when a run starts afresh (not when it resumes)."""
         self._exported: list[str] = []
         """The files the final export wrote in output_dir, for run.json."""
+        self._recorded_exports: list[str] = []
+        """The files earlier exports of this run wrote in output_dir (its run.json's record)."""
         self._folder_existed = False
         self._folder_before: run_dir.FolderBefore | None = None
         """What output_dir held when this run recorded itself there, to put back if it is refused
@@ -449,8 +451,11 @@ class Trainer:
             if changed or args.calibrate or args.tune_thresholds:
                 self._rescore(results)  # once, after every change to the weights and thresholds
             if self.output_dir is not None:
+                if jax.process_index() == 0:  # recorded before they are written: a kill mid-export leaves them ours
+                    run_dir.write_run(self.output_dir, self.identity, complete=False, model_name=self.model_name,
+                                      exported={*self._recorded_exports, *run_dir.export_names(self.tokenizer)})
                 before = run_dir.export_snapshot(self.output_dir)
-                scorer.export(self.params, self.output_dir)
+                scorer.export(self.params, self.output_dir, replaces=self._recorded_exports)
                 self._exported = run_dir.exported_since(self.output_dir, before)
                 if args.lora and args.lora_export == "both":
                     self._export_adapter(self.output_dir / run_dir.ADAPTER_DIR)
@@ -604,7 +609,7 @@ class Trainer:
         args, output_dir = self.args, self.output_dir
         explicit_resume = args.resume_from_checkpoint is not None
         record = run_dir.check_folder(output_dir, self.identity, explicit_resume=explicit_resume,
-                                      overwrite=args.overwrite_output_dir)
+                                      overwrite=args.overwrite_output_dir, exports=run_dir.export_names(self.tokenizer))
         # Every process reads the folder before any writes to it (process 0's tokenized cache
         # would otherwise look like a stranger's files to a process still checking).
         sync("flaxheads: output_dir checked")
@@ -620,10 +625,13 @@ class Trainer:
             finished = self._finished_results(record)
             if finished is not None:
                 return finished
+        # The files an earlier export of this run wrote: kept recorded, and removed by the export
+        # that replaces them where it does not write them again.
+        self._recorded_exports = list((record or {}).get("exported") or ())
         if jax.process_index() == 0:
             self._folder_before = run_dir.folder_before(output_dir, existed=self._folder_existed)
             run_dir.write_run(output_dir, self.identity, complete=False, model_name=self.model_name,
-                              exported=(record or {}).get("exported") or ())
+                              exported=self._recorded_exports)
         return None
 
     def _finished_results(self, record: dict[str, Any] | None) -> dict[str, Any] | None:
