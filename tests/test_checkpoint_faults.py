@@ -154,6 +154,20 @@ def test_checkpoints_of_another_run_are_refused_before_anything_is_set_aside(tmp
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()) == ["1", "2"]
 
 
+def test_a_checkpoint_from_before_the_selection_was_recorded_is_refused_for_another_best_metric(tmp_path):
+    checkpoints = _checkpoints(tmp_path)  # an identity without "selection", as earlier versions saved it
+    checkpoints.save(_state(1), 1, {"data_position": 1, "best": {"metric": "accuracy", "value": 0.7, "step": 1}})
+    checkpoints.close()
+    selection = {"metric_for_best_model": "loss", "greater_is_better": False, "load_best_model_at_end": False}
+
+    with pytest.raises(CheckpointMismatch, match="selection"):
+        _checkpoints(tmp_path, identity={**IDENTITY, "selection": selection}).restore_newest_intact(_abstract(_state(1)))
+    same = {**selection, "metric_for_best_model": "accuracy", "greater_is_better": True}
+    _, _, step = _checkpoints(tmp_path, identity={**IDENTITY, "selection": same}).restore_newest_intact(
+        _abstract(_state(1)))
+    assert step == 1
+
+
 def test_a_target_that_does_not_fit_is_the_callers_error_and_moves_nothing(tmp_path):
     checkpoints = _saved(tmp_path, [1, 2])
     wrong = _abstract(_state(1))._replace(opt_state=(jax.ShapeDtypeStruct((16, 32), jnp.float32), jnp.ones(())))

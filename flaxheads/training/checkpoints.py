@@ -352,7 +352,12 @@ class RunCheckpoints:
         raise _UnreadableStep(reason)
 
     def _check_identity(self, meta: dict[str, Any]) -> None:
-        differing = self.differences(meta.get("identity"), self.identity)
+        saved, best = meta.get("identity"), meta.get("best")
+        if (isinstance(saved, dict) and "selection" not in saved and "selection" in self.identity
+                and isinstance(best, dict) and "metric" in best):
+            # Saved before identities recorded the selection: the best evaluation it carries names its metric.
+            saved = {**saved, "selection": {**self.identity["selection"], "metric_for_best_model": best["metric"]}}
+        differing = self.differences(saved, self.identity)
         if differing:
             raise CheckpointMismatch(
                 f"{self.directory} holds checkpoints of a different run ({'; '.join(differing[:4])}). Use another "

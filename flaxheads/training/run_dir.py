@@ -34,7 +34,9 @@ from flaxheads import atomic, data
 from flaxheads.conversion import checkpoint_io, loading
 from flaxheads.conversion.formats import PYTORCH, TOKENIZER_FILES, checkpoint_files
 from flaxheads.data.packing import segments_per_row
+from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.checkpoints import CheckpointMismatch
+from flaxheads.training.loop import best_metric_name
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.run_files import (  # noqa: F401 (re-exported: the names of a run folder belong to run_dir too)
     ADAPTER_DIR, BEST_MODEL_DIR, CHECKPOINTS_DIR, PREDICTIONS_FILE, RESULTS_FILE, RUN_FILE, RUN_OUTPUTS, SCORING_RECORD,
@@ -158,6 +160,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
                                    "scheme": task.words.task.scheme}
     if objective:  # the loss's class weights (resolved) and label smoothing (recorded only when set)
         trained["objective"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(objective.items())}
+    if "validation" in task.splits:  # which evaluation is the best, and when the run stops (`_selection`)
+        trained["selection"] = _selection(cfg, task.problem_type)
     settings = {name: getattr(cfg, name) for name in TRAINING_SETTINGS}
     settings["warmup_steps"] = cfg.num_warmup_steps(total_steps)
     if cfg.calibrate:  # what the export is (recorded only when set, so earlier runs' identities hold)
@@ -169,15 +173,41 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     return {"trained": trained, "settings": settings}
 
 
+def _selection(cfg: TrainConfig, problem_type: str) -> dict[str, Any]:
+    """What picks the weights the run keeps as its best (best_model/, and its export with
+    load_best_model_at_end) and when it stops: the metric and its direction, resolved,
+    load_best_model_at_end, early stopping, and, where the best evaluation's weights are exported
+    or decide the end, the evaluations' schedule.
+
+    In the trained identity, so that neither a re-run nor an explicit resume_from_checkpoint may
+    change it: the best value a checkpoint carries was measured by the folder's metric on the
+    folder's schedule, and best_model/ holds the weights it picked; compared with another metric,
+    it would keep the old metric's choice (or export it). calibrate and tune_thresholds are not
+    here: they act once on the final weights, after training, so an explicit resume may change
+    them (a re-run may not: they are settings)."""
+    metric = best_metric_name(cfg, problem_type)
+    greater = cfg.greater_is_better if cfg.greater_is_better is not None else metrics_lib.higher_is_better(metric)
+    selection: dict[str, Any] = {"metric_for_best_model": metric, "greater_is_better": greater,
+                                 "load_best_model_at_end": cfg.load_best_model_at_end}
+    if cfg.early_stopping_patience is not None:
+        selection["early_stopping"] = {"patience": cfg.early_stopping_patience,
+                                       "threshold": cfg.early_stopping_threshold}
+    if cfg.load_best_model_at_end or cfg.early_stopping_patience is not None:
+        selection["evaluations"] = {"eval_strategy": cfg.eval_strategy, "eval_steps": cfg.eval_steps}
+    return selection
+
+
 def _implied_trained(saved: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:
     """`saved` (a trained identity) read as this version records it: a run recorded before
-    content fingerprints named its model by path and had no tokenizer entry, and named its data
-    files too; those entries take the current values, so a re-run of the same command still
-    resumes it."""
+    content fingerprints named its model by path and had no tokenizer entry, named its data
+    files too, and had no selection; those entries take the current values, so a re-run of the
+    same command still resumes it."""
     saved = dict(saved or {})
     if not str(saved.get("model", "")).startswith(FINGERPRINT):
         saved["model"] = current.get("model")
     saved.setdefault("tokenizer", current.get("tokenizer"))
+    if "selection" in current and "selection" not in saved:  # recorded since 2026-11-28; before, unknown
+        saved["selection"] = current["selection"]
     files = (saved.get("data") or {}).get("files")
     if isinstance(files, dict):
         stripped = {split: {k: v for k, v in entry.items() if k != "name"} if isinstance(entry, dict) else entry

@@ -34,6 +34,9 @@ ADAPTER_DIR = "adapter"
 TOKENIZED_DIR = "tokenized"
 REPORT_DIR = "report"
 """The run report's figures (`flaxheads.training.run_report`)."""
+BEST_RECORD = ".flaxheads-best.json"
+"""In best_model/: which best evaluation its weights are (`record_best`), so that a run never
+exports another trajectory's best as its own."""
 SCORING_RECORD = ".flaxheads-outputs.json"
 """Where a run that only scores (do_train=False) records the files it wrote in a folder without run.json."""
 
@@ -135,6 +138,29 @@ def read_scoring_record(output_dir: str | os.PathLike) -> dict[str, Any] | None:
                            what="which files a scoring run wrote")
     except RunConflict:
         return None
+
+
+def forget_best(folder: str | os.PathLike) -> None:
+    """Removes best_model/'s record before new weights go in: killed between the two, the folder
+    holds weights no record vouches for, never weights a record mistakes for others."""
+    (Path(folder) / BEST_RECORD).unlink(missing_ok=True)
+
+
+def record_best(folder: str | os.PathLike, export: str) -> None:
+    """Records in best_model/ that its weights are the best evaluation `export` (an id the
+    training loop gives each export, carried in its checkpoints)."""
+    write_record(Path(folder) / BEST_RECORD, "best", {"export": export})
+
+
+def best_export(folder: str | os.PathLike) -> str | None:
+    """The id of the best evaluation whose weights best_model/ holds; None when no record flaxheads
+    can prove it wrote says so."""
+    try:
+        record = read_record(Path(folder) / BEST_RECORD, "best", legacy=lambda record: False,
+                             what="which evaluation's weights the folder holds")
+    except RunConflict:
+        return None
+    return record.get("export") if record else None
 
 
 def results_sha256(output_dir: str | os.PathLike) -> str | None:

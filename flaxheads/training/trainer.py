@@ -36,7 +36,7 @@ from flaxheads.model import ClassifierConfig, SequenceClassifier, from_pretraine
 from flaxheads.multiple_choice import MultipleChoice, MultipleChoiceConfig
 from flaxheads.token_classifier import TokenClassifier, TokenClassifierConfig
 from flaxheads.tokenizer import check_room_for_text, fitting_max_length, for_model, load_tokenizer
-from flaxheads.training import calibration, run_dir, run_report, token_scoring
+from flaxheads.training import calibration, run_dir, run_files, run_report, token_scoring
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
@@ -488,7 +488,16 @@ class Trainer:
             if loop.best_params is not None:
                 self.params = loop.best_params
             else:
-                self.params = self._read_best_model(self.output_dir / run_dir.BEST_MODEL_DIR)
+                folder = self.output_dir / run_dir.BEST_MODEL_DIR
+                export = results["best"].get("export")
+                if export is None or run_files.best_export(folder) != export:
+                    print0(f"warning: load_best_model_at_end: {folder} does not hold the weights of step {best}, this "
+                           "run's best evaluation (it holds those of another evaluation, after the checkpoint this run "
+                           "resumed from, or no record says which); the last weights, of step "
+                           f"{results['steps']}, are the run's model", file=sys.stderr)
+                    results["exported_step"] = results["steps"]
+                    return False
+                self.params = self._read_best_model(folder)
         results["exported_step"] = best
         print0(f"load_best_model_at_end: the weights of step {best} ({results['best']['metric']} "
                f"{results['best']['value']}) are the run's model")
