@@ -73,8 +73,8 @@ def convert(
     _check_destination(src, dst, {checkpoint_io.CONFIG_NAME, fmt.written_as, *tokenizer_files(src)}, overwrite)
     checkpoint = open_checkpoint(src)
     model, info = model_class(checkpoint).from_pretrained(
-        checkpoint, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
-        output_loading_info=True,
+        checkpoint, head=head, num_labels=num_labels, param_dtype="auto",
+        ignore_mismatched_sizes=ignore_mismatched_sizes, output_loading_info=True,
     )
     with atomic.staged_into(dst, describe=f"converting {src} to {fmt.name}") as staging:
         save_pretrained(model, staging, format=fmt.name)

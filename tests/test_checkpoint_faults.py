@@ -160,8 +160,9 @@ def test_a_checkpoint_from_before_the_selection_was_recorded_is_refused_for_anot
     checkpoints.close()
     selection = {"metric_for_best_model": "loss", "greater_is_better": False, "load_best_model_at_end": False}
 
+    other_metric = _checkpoints(tmp_path, identity={**IDENTITY, "selection": selection})
     with pytest.raises(CheckpointMismatch, match="selection"):
-        _checkpoints(tmp_path, identity={**IDENTITY, "selection": selection}).restore_newest_intact(_abstract(_state(1)))
+        other_metric.restore_newest_intact(_abstract(_state(1)))
     same = {**selection, "metric_for_best_model": "accuracy", "greater_is_better": True}
     _, _, step = _checkpoints(tmp_path, identity={**IDENTITY, "selection": same}).restore_newest_intact(
         _abstract(_state(1)))
@@ -365,7 +366,8 @@ def test_a_device_that_fills_up_while_orbax_writes_is_said_naming_the_folder(tmp
 
     def full():  # what Orbax raises from TensorStore's failed write
         raise ValueError('RESOURCE_EXHAUSTED: Error writing "step/0" in OCDBT database at local file '
-                         f'"{tmp_path}/checkpoints/2.orbax-checkpoint-tmp/": No space left on device [os_error_code=\'28\']')
+                         f'"{tmp_path}/checkpoints/2.orbax-checkpoint-tmp/": No space left on device '
+                         "[os_error_code='28']")
 
     monkeypatch.setattr(checkpoints.manager, "wait_until_finished", full)
     with pytest.raises(atomic.NoSpace) as err:

@@ -204,8 +204,8 @@ def test_a_tokenizer_file_no_run_wrote_that_the_export_would_leave_is_refused_be
     (out / "added_tokens.json").write_text("{}")
     before = _snapshot(out)
 
-    with pytest.raises(RunConflict, match=r"holds added_tokens.json, special_tokens_map.json, vocab.txt, which no flaxheads run "
-                                          r"recorded writing.*Move them out of the folder"):
+    with pytest.raises(RunConflict, match=r"holds added_tokens.json, special_tokens_map.json, vocab.txt, which no "
+                                          r"flaxheads run recorded writing.*Move them out of the folder"):
         train(four_step_config(tiny_bert, snippets_csv, out, overwrite_output_dir=True))
 
     assert _snapshot(out) == before
