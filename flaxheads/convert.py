@@ -14,8 +14,15 @@ from flaxheads.conversion import checkpoint_io
 from flaxheads.conversion.formats import FLAXHEADS, PYTORCH, checkpoint_files, tokenizer_files
 from flaxheads.conversion.hub import resolve_checkpoint
 from flaxheads.conversion.loading import flat_variables, open_checkpoint, weight_format, writable_format
-from flaxheads.tasks.classification.model import from_pretrained
+from flaxheads import tasks
 from flaxheads.model import save_pretrained
+
+
+def model_class(checkpoint) -> type:
+    """The model class of the task `checkpoint` (a `Checkpoint`) holds (`tasks.of_checkpoint`); a
+    sequence classifier for a bare or pretraining checkpoint."""
+    return (tasks.of_checkpoint(checkpoint) or tasks.TASKS[tasks.DEFAULT]).model_class
+
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
     """Copies whatever tokenizer files `src` has into `dst`; returns their names."""
@@ -41,7 +48,10 @@ def convert(
     ignore_mismatched_sizes: bool = False,
     overwrite: bool = False,
 ):
-    """Converts a checkpoint directory, keeping its dtype so the conversion is exact.
+    """Converts a checkpoint directory, keeping its dtype so the conversion is exact: a model of
+    any task (`flaxheads.tasks.MODELS`: sequence classification, token classification, multiple
+    choice), the one config.json's `architectures` name (a bare or pretraining checkpoint converts
+    as a sequence classifier, whose head `head` and `num_labels` choose).
 
     Returns (LoadingInfo, seconds). Tokenizer files are copied along. Everything is written into
     a temporary folder beside `dst` first and moved in only when complete: a failed conversion
@@ -56,9 +66,10 @@ def convert(
     src = resolve_checkpoint(src)  # a folder, or a hub id in the huggingface_hub cache
     fmt = writable_format(to or default_direction(src), argument="to")
     _check_destination(src, dst, {checkpoint_io.CONFIG_NAME, fmt.written_as, *tokenizer_files(src)}, overwrite)
-    model, info = from_pretrained(
-        src, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
-        output_loading_info=True,
+    checkpoint = open_checkpoint(src)
+    model, info = model_class(checkpoint).from_pretrained(
+        checkpoint, head=head, num_labels=num_labels, param_dtype="auto",
+        ignore_mismatched_sizes=ignore_mismatched_sizes, output_loading_info=True,
     )
     with atomic.staged_into(dst, describe=f"converting {src} to {fmt.name}") as staging:
         save_pretrained(model, staging, format=fmt.name)
@@ -122,7 +133,7 @@ def describe(
     """A readable report: architecture, sizes, weight file, and what a head would load or create."""
     checkpoint = open_checkpoint(path)
     table = conversion.architecture_table(checkpoint.config.get("model_type"))
-    model, info = from_pretrained(
+    model, info = model_class(checkpoint).from_pretrained(
         checkpoint, head=head, num_labels=num_labels, param_dtype="auto", ignore_mismatched_sizes=ignore_mismatched_sizes,
         output_loading_info=True,
     )
@@ -137,7 +148,9 @@ def describe(
         f"  layers {b.num_hidden_layers}, hidden {b.hidden_size}, vocab {b.vocab_size}",
         f"  parameters: backbone {counts['backbone']:,}, head {counts['head']:,}",
         f"  canonical head: {table.canonical_head!r} ({table.classification_architecture}); "
-        f"head shown: {cfg.head!r}, num_labels {cfg.num_labels}, labels {list(cfg.label_names)}",
+        f"head shown: {cfg.head!r}, " + (f"num_labels {cfg.num_labels}, labels {list(cfg.label_names)}"
+                                        if hasattr(cfg, "label_names") else "one score per choice"),
+        f"  task: {cfg.task}",
         "",
         str(info),
     ]

@@ -162,9 +162,9 @@ class PretrainedModel:
     # builds whichever class it is called on (`cls.config_class` reads config.json).
     from_pretrained = classmethod(loading.from_pretrained)
 
-    def save_pretrained(self, path, *, format: str = "pytorch", tokenizer=None) -> None:
+    def save_pretrained(self, path, *, format: str = "pytorch", tokenizer=None, replaces=()) -> None:
         """`flaxheads.save_pretrained(self, path, ...)`: see there."""
-        save_pretrained(self, path, format=format, tokenizer=tokenizer)
+        save_pretrained(self, path, format=format, tokenizer=tokenizer, replaces=replaces)
 
     def with_lora(self, config: lora.LoRAConfig, *, seed: int = 0):
         """A copy whose backbone Linears named by `config.target_modules` (peft's names: Hugging
@@ -206,13 +206,14 @@ class PretrainedModel:
 
 
 
-def save_pretrained(model: PretrainedModel, path, *, format: str = "pytorch", tokenizer=None) -> None:
+def save_pretrained(model: PretrainedModel, path, *, format: str = "pytorch", tokenizer=None, replaces=()) -> None:
     """Saves `model` as a checkpoint folder that transformers loads (`format="pytorch"`: config.json
     + model.safetensors) or in flaxheads' own format (`"flaxheads"`); LoRA adapters are merged
     first, so the folder holds the plain model they compute (`conversion.peft.save_adapter` writes
     the adapters alone). With `tokenizer` its files are saved too. Written into a temporary folder
-    and moved in only when complete (`conversion.loading.save_pretrained`)."""
-    loading.save_pretrained(lora.merged(model), path, format=format, tokenizer=tokenizer)
+    and moved in only when complete; files a loader would read beside the new ones are refused,
+    or removed when named in `replaces` (`conversion.loading.save_pretrained`)."""
+    loading.save_pretrained(lora.merged(model), path, format=format, tokenizer=tokenizer, replaces=replaces)
 
 
 class UntrainedModel(ValueError):

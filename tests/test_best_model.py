@@ -101,6 +101,38 @@ def test_load_best_model_at_end_exports_the_best_evaluations_weights(tiny_bert, 
     assert last["exported_step"] == 2
 
 
+def test_a_best_model_from_checkpoints_after_the_resume_point_is_never_exported(
+        tiny_bert, snippets_csv, tmp_path, scripted_accuracy, capsys):
+    """resume_from_checkpoint=2 abandons steps 3 and 4, whose best evaluation best_model/ holds; the
+    resumed trajectory improves on step 2 no more, and its best weights (step 2's) are gone."""
+    scripted_accuracy([0.5, 0.6, 0.9, 0.95, 0.95])
+    with stopped_after_saving(4):
+        train(_config(tiny_bert, snippets_csv, tmp_path, load_best_model_at_end=True, save_total_limit=6))
+    abandoned = load_file(tmp_path / "best_model" / "model.safetensors")
+    scripted_accuracy([0.1] * 10)
+
+    results = train(_config(tiny_bert, snippets_csv, tmp_path, load_best_model_at_end=True, save_total_limit=6,
+                            learning_rate=5e-4, resume_from_checkpoint="2"))
+
+    assert results["best"]["step"] == 2 and results["exported_step"] == 6
+    assert f"{tmp_path / 'best_model'} does not hold the weights of step 2" in capsys.readouterr().err
+    exported = load_file(tmp_path / "model.safetensors")
+    assert any(not np.array_equal(exported[name], abandoned[name]) for name in abandoned)
+
+
+def test_resuming_with_another_metric_for_the_best_model_is_refused_naming_it(tiny_bert, snippets_csv, tmp_path):
+    from flaxheads.training.checkpoints import CheckpointMismatch
+
+    with stopped_after_saving(2):
+        train(_config(tiny_bert, snippets_csv, tmp_path))
+
+    for resume in (None, "2"):
+        with pytest.raises(CheckpointMismatch, match='selection.metric_for_best_model: "accuracy" in the folder, '
+                                                     '"macro_f1" now'):
+            train(_config(tiny_bert, snippets_csv, tmp_path, metric_for_best_model="macro_f1",
+                          resume_from_checkpoint=resume))
+
+
 def test_without_load_best_the_last_weights_are_exported(tiny_bert, snippets_csv, tmp_path, scripted_accuracy):
     scripted_accuracy([0.5, 0.8, 0.6, 0.7, 0.6, 0.6])
 

@@ -154,6 +154,21 @@ def test_checkpoints_of_another_run_are_refused_before_anything_is_set_aside(tmp
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()) == ["1", "2"]
 
 
+def test_a_checkpoint_from_before_the_selection_was_recorded_is_refused_for_another_best_metric(tmp_path):
+    checkpoints = _checkpoints(tmp_path)  # an identity without "selection", as earlier versions saved it
+    checkpoints.save(_state(1), 1, {"data_position": 1, "best": {"metric": "accuracy", "value": 0.7, "step": 1}})
+    checkpoints.close()
+    selection = {"metric_for_best_model": "loss", "greater_is_better": False, "load_best_model_at_end": False}
+
+    other_metric = _checkpoints(tmp_path, identity={**IDENTITY, "selection": selection})
+    with pytest.raises(CheckpointMismatch, match="selection"):
+        other_metric.restore_newest_intact(_abstract(_state(1)))
+    same = {**selection, "metric_for_best_model": "accuracy", "greater_is_better": True}
+    _, _, step = _checkpoints(tmp_path, identity={**IDENTITY, "selection": same}).restore_newest_intact(
+        _abstract(_state(1)))
+    assert step == 1
+
+
 def test_a_target_that_does_not_fit_is_the_callers_error_and_moves_nothing(tmp_path):
     checkpoints = _saved(tmp_path, [1, 2])
     wrong = _abstract(_state(1))._replace(opt_state=(jax.ShapeDtypeStruct((16, 32), jnp.float32), jnp.ones(())))
@@ -329,7 +344,53 @@ def test_release_removes_only_the_file_it_locked(tmp_path):
     assert not (tmp_path / LOCK_NAME).exists()
 
 
-def test_a_flipped_byte_is_read_back_silently_without_the_checksums(tmp_path):
+def test_a_save_onto_a_full_device_is_refused_in_one_sentence_before_orbax_writes(tmp_path, monkeypatch):
+    from flaxheads import atomic
+
+    checkpoints = _saved(tmp_path, [1])
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+
+    with pytest.raises(atomic.NoSpace) as err:
+        checkpoints.save(_state(2), 2, {"data_position": 2})
+
+    assert str(err.value).startswith(f"checkpoint step 2 needs about 8.3 KB in {tmp_path / 'checkpoints'}, and its "
+                                     "device has 1.0 KB free")
+    assert checkpoints.all_steps() == [1]
+
+
+def test_a_device_that_fills_up_while_orbax_writes_is_said_naming_the_folder(tmp_path, monkeypatch):
+    from flaxheads import atomic
+
+    checkpoints = _saved(tmp_path, [1])
+    checkpoints.save(_state(2), 2, {"data_position": 2})
+
+    def full():  # what Orbax raises from TensorStore's failed write
+        raise ValueError('RESOURCE_EXHAUSTED: Error writing "step/0" in OCDBT database at local file '
+                         f'"{tmp_path}/checkpoints/2.orbax-checkpoint-tmp/": No space left on device '
+                         "[os_error_code='28']")
+
+    monkeypatch.setattr(checkpoints.manager, "wait_until_finished", full)
+    with pytest.raises(atomic.NoSpace) as err:
+        checkpoints.wait()
+
+    assert str(err.value) == f"no space left on the device of {tmp_path / 'checkpoints'} while saving checkpoint step 2"
+
+
+def test_a_step_without_its_checksum_file_is_restored_with_a_warning_naming_it(tmp_path, capsys):
+    _saved(tmp_path, [1, 2]).close()
+    (tmp_path / "checkpoints" / "2" / "flaxheads_checksums.process_0.json").unlink()
+
+    state, _, step = _checkpoints(tmp_path).restore_newest_intact(_abstract(_state(2)))
+
+    assert step == 2
+    _assert_state(state, 2)
+    assert (f"checkpoint step 2 in {tmp_path / 'checkpoints'} has no flaxheads_checksums.process_0.json"
+            in capsys.readouterr().err)
+    _checkpoints(tmp_path).restore(_abstract(_state(1)), step=1)
+    assert "has no" not in capsys.readouterr().err  # a step with its checksums: no warning
+
+
+def test_a_flipped_byte_is_read_back_without_the_checksums(tmp_path):
     """Why the checksums exist: without them the damaged step restores with other values."""
     _saved(tmp_path, [1, 2]).close()
     step_dir = tmp_path / "checkpoints" / "2"

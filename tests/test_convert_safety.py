@@ -222,5 +222,24 @@ def test_a_conversion_killed_between_two_renames_leaves_a_folder_loaders_refuse(
 
     with pytest.raises(flaxheads.CheckpointError, match="was being written when the writer stopped"):
         flaxheads.from_pretrained(occupied)
+    assert leftovers(occupied.parent)  # the killed writer's staging folder, whole weights in it
     convert(pretraining, occupied, to="pytorch", num_labels=5, head="mean", overwrite=True)  # done again, whole
     assert flaxheads.from_pretrained(occupied).config.num_labels == 5
+    assert leftovers(occupied.parent) == []  # removed by the next write into the folder
+
+
+def test_a_staging_folder_in_use_or_without_the_mark_is_never_removed_as_abandoned(tmp_path):
+    from flaxheads import atomic
+
+    dst = tmp_path / "out"
+    foreign = tmp_path / ".out.tmp-mine"  # the user's, or an earlier version's: no mark
+    foreign.mkdir()
+    (foreign / "model.safetensors").write_bytes(b"weights")
+    with atomic.staged_into(dst) as staging:
+        (staging / "config.json").write_text("{}")
+        in_use = [path for path in tmp_path.iterdir() if path.name.startswith(".out.tmp-") and path != foreign]
+
+        assert len(in_use) == 1 and atomic.remove_abandoned(dst) == []
+
+    assert (dst / "config.json").read_text() == "{}"
+    assert not in_use[0].exists() and (foreign / "model.safetensors").read_bytes() == b"weights"

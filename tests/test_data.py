@@ -363,6 +363,22 @@ def test_tokenization_with_cache_dir_writes_one_file_per_max_seq_length(tmp_path
     assert len(list(tmp_path.glob("tokenized-*.arrow"))) == 2
 
 
+@pytest.mark.parametrize("cut", ["half", "empty"])
+def test_a_cut_short_tokenization_cache_is_named_and_built_again(tmp_path, trec_task, tokenizer, capsys, cut):
+    validation = trec_task.splits["validation"]
+    expected = [list(ids) for ids in tokenize_split(validation, tokenizer, 32, cache_dir=tmp_path)["input_ids"]]
+    (cache,) = tmp_path.glob("tokenized-*.arrow")  # (its memory map released: reading a cut one would crash)
+    with open(cache, "r+b") as f:
+        f.truncate(cache.stat().st_size // 2 if cut == "half" else 0)  # a full disk, or a copy cut short
+
+    again = tokenize_split(validation, tokenizer, 32, cache_dir=tmp_path)
+
+    assert [list(ids) for ids in again["input_ids"]] == expected
+    assert f"warning: the tokenized cache {cache} is damaged" in capsys.readouterr().err
+    assert len(tokenize_split(validation, tokenizer, 32, cache_dir=tmp_path)) == len(expected)  # whole again
+    assert "damaged" not in capsys.readouterr().err
+
+
 def test_max_seq_length_beyond_the_tokenizer_limit_is_rejected(trec_task, tokenizer):
     with pytest.raises(ValueError, match="max_seq_length=1024"):
         tokenize_split(trec_task.splits["test"], tokenizer, 1024)

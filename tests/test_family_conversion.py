@@ -22,7 +22,7 @@ from family_parity import (
     assert_close, assert_same_params, assert_state_dicts_identical, flat_params, flax_logits, state_dict,
     torch_logits,
 )
-from flaxheads.convert import convert
+from flaxheads.convert import convert, describe
 
 ROUND_TRIPS = [
     *(case(row, overrides, "float32", id=f"{row.name}-{name}-float32", fast=name == "default")
@@ -69,6 +69,33 @@ def test_flaxheads_format_round_trip_is_exact_and_converts_back_bit_identically(
     assert_same_params(model, original)
     np.testing.assert_array_equal(flax_logits(model, batch), flax_logits(original, batch))
     assert_state_dicts_identical(state_dict(tmp_path / "pytorch"), state_dict(checkpoint.path))
+
+
+TASK_CHECKPOINTS = [
+    case(row, task, id=f"{row.name}-{task}", fast=row.name == "bert")
+    for row in FAMILIES.values() for task in ("token_classifier", "multiple_choice") if getattr(row, task)
+]
+
+
+@pytest.mark.parametrize(("row", "task"), TASK_CHECKPOINTS)
+def test_token_and_choice_checkpoints_convert_both_ways_bit_identically(hf_checkpoint, tmp_path, row, task):
+    checkpoint = hf_checkpoint(getattr(row, task), family=row.name, num_labels=3)
+
+    convert(checkpoint.path, tmp_path / "flax")
+    convert(tmp_path / "flax", tmp_path / "pytorch")
+
+    assert (tmp_path / "flax" / "flaxheads_model.safetensors").is_file()
+    for folder in ("flax", "pytorch"):
+        assert json.loads((tmp_path / folder / "config.json").read_text())["architectures"] == [getattr(row, task)]
+    assert_state_dicts_identical(state_dict(tmp_path / "pytorch"), state_dict(checkpoint.path))
+
+
+@pytest.mark.parametrize("task, named", [("token_classifier", "task: token-classification"),
+                                         ("multiple_choice", "task: multiple-choice")])
+def test_inspect_describes_token_and_choice_checkpoints_with_their_task(hf_checkpoint, task, named):
+    report = describe(hf_checkpoint(getattr(FAMILIES["bert"], task), num_labels=3).path)
+
+    assert named in report and "every parameter came from the checkpoint" in report
 
 
 @pytest.mark.parametrize("source", ["classifier", "pretrained", "base"])

@@ -349,7 +349,7 @@ def test_the_run_identity_records_packing_only_when_set():
     def identity(**settings):
         cfg = TrainConfig(output_dir=None, dataset=None, **settings)
         return run_dir.run_identity(cfg, task, {"model_type": "bert"}, "cls", 8, total_steps=10,
-                                    model="sha256:model", tokenizer="tokenizer")["trained"]
+                                    model="sha256:model", tokenizer="tokenizer", best_metric="accuracy")["trained"]
 
     assert "packing" not in identity()  # earlier runs' checkpoint identities still match
     assert identity(packing=True)["packing"] == {"max_segments_per_row": 16}  # the default in effect

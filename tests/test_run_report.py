@@ -89,7 +89,10 @@ def test_figures_without_their_data_are_left_out(tmp_path):
 
 
 def _run_record(folder, outputs=("run.json", "results.json", "metrics.jsonl")):
-    (folder / "run.json").write_text(json.dumps({"identity": {}, "complete": True, "outputs": list(outputs)}))
+    """run.json as flaxheads versions before the report and before marked records wrote it."""
+    identity = {"trained": {"backbone": {"model_type": "bert"}, "head": "pooler", "label_names": NAMES},
+                "settings": {"seed": 3}}
+    (folder / "run.json").write_text(json.dumps({"identity": identity, "complete": True, "outputs": list(outputs)}))
 
 
 def test_the_report_command_draws_a_run_again_from_its_files(tmp_path, capsys):
@@ -147,3 +150,29 @@ def test_a_report_that_cannot_be_drawn_costs_the_run_nothing(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "the run report was not drawn (ModuleNotFoundError: drawing figures needs matplotlib" in err
     assert f"flaxheads report {tmp_path}" in err
+
+
+def test_the_report_command_refuses_a_run_json_flaxheads_did_not_write_and_draws_nothing(tmp_path, capsys):
+    (tmp_path / "run.json").write_text(json.dumps({"experiment": "mine", "complete": True}))
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "training_curves.png").write_bytes(b"mine")
+
+    assert main(["report", str(tmp_path)]) == 2
+
+    assert "run.json was not written by flaxheads" in capsys.readouterr().err
+    assert (tmp_path / "report" / "training_curves.png").read_bytes() == b"mine"
+    assert json.loads((tmp_path / "run.json").read_text()) == {"experiment": "mine", "complete": True}
+
+
+def test_the_report_command_refuses_results_changed_since_the_run_wrote_them(tmp_path, capsys):
+    from flaxheads.training import run_dir
+
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+    run_dir.write_run(tmp_path, {"trained": {}, "settings": {}}, complete=True, model_name="m")
+    (tmp_path / "results.json").write_text(json.dumps({**_results(), "steps": 31}))  # somebody's edit
+
+    assert main(["report", str(tmp_path)]) == 2
+
+    assert "results.json is not the one the run wrote" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()

@@ -21,6 +21,7 @@ from flaxheads.tasks.classification.inference import predict
 from flaxheads.model import UntrainedModel
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
+from flaxheads.training import run_files
 from flaxheads.training.run_dir import RunConflict
 from flaxheads.training.run_lock import RunLock, RunLocked
 from flaxheads.training.trainer import NonFiniteLoss
@@ -180,7 +181,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_o
         tiny_bert, snippets_csv, finished, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
-    (out / "run.json").write_text((out / "run.json").read_text().replace('"complete": true', '"complete": false'))
+    run_files.write_run_record(out, {**run_files.read_run(out), "complete": False})
     newest = out / "checkpoints" / "4"
     for f in newest.rglob("*"):
         if f.is_file() and f.stat().st_size > 1000:

@@ -295,7 +295,7 @@ def _identity(**overrides):
 
     task = data.load_in_memory({"train": (["a", "b"], [0, 1])}).task
     return run_dir.run_identity(_args(**overrides), task, {"model_type": "bert"}, "cls", 8, total_steps=10,
-                                model="sha256:model", tokenizer="tokenizer")
+                                model="sha256:model", tokenizer="tokenizer", best_metric="accuracy")
 
 
 def test_the_identity_records_sampling_only_where_group_by_length_does_not_say_it():
@@ -317,6 +317,43 @@ def test_a_run_recorded_before_warmup_steps_existed_is_still_the_same_run(tmp_pa
              "settings": {k: v for k, v in identity["settings"].items() if k != "warmup_steps"}}
     run_dir.write_run(tmp_path, older, complete=False, model_name="m")
     assert run_dir.check_folder(tmp_path, identity, explicit_resume=False) is not None
+
+
+def _identity_following_validation(**overrides):
+    from flaxheads.training import run_dir
+
+    task = data.load_in_memory({"train": (["a", "b"], [0, 1]), "validation": (["a", "b"], [0, 1])}).task
+    return run_dir.run_identity(_args(**overrides), task, {"model_type": "bert"}, "cls", 8, total_steps=10,
+                                model="sha256:model", tokenizer="tokenizer",
+                                best_metric=overrides.get("metric_for_best_model") or "accuracy")
+
+
+@pytest.mark.parametrize("change, named", [
+    (dict(metric_for_best_model="loss"), 'selection.metric_for_best_model: "accuracy" in the folder, "loss" now'),
+    (dict(greater_is_better=False), "selection.greater_is_better: true in the folder, false now"),
+    (dict(load_best_model_at_end=True), "selection.load_best_model_at_end"),
+    (dict(early_stopping_patience=3), "selection.early_stopping"),
+])
+def test_what_picks_the_best_weights_may_change_on_no_resume_not_even_an_explicit_one(tmp_path, change, named):
+    from flaxheads.training import run_dir
+
+    run_dir.write_run(tmp_path, _identity_following_validation(), complete=False, model_name="m")
+
+    with pytest.raises(CheckpointMismatch, match=named) as err:
+        run_dir.check_folder(tmp_path, _identity_following_validation(**change), explicit_resume=True)
+    assert "resume_from_checkpoint=STEP" not in str(err.value)  # a checkpoint's best was picked by the old one
+
+
+@pytest.mark.parametrize("change", [dict(calibrate=True), dict(learning_rate=5e-4)])
+def test_calibrate_may_change_on_an_explicit_resume_only(tmp_path, change):
+    """calibrate acts on the final weights after training: an explicit resume may change it, a re-run may not."""
+    from flaxheads.training import run_dir
+
+    run_dir.write_run(tmp_path, _identity_following_validation(), complete=False, model_name="m")
+
+    assert run_dir.check_folder(tmp_path, _identity_following_validation(**change), explicit_resume=True)
+    with pytest.raises(CheckpointMismatch, match=next(iter(change))):
+        run_dir.check_folder(tmp_path, _identity_following_validation(**change), explicit_resume=False)
 
 
 def test_a_run_recorded_before_content_fingerprints_is_still_the_same_run(tmp_path):

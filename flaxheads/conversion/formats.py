@@ -88,9 +88,10 @@ HF_FLAX = WeightFormat("hf_flax", hf_flax.WEIGHT_NAMES, hf_flax.open_hf_flax, hf
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+    "chat_template.jinja",
 )
-"""The files a transformers tokenizer saves (`tokenizer.save_pretrained`)."""
+"""The files a transformers tokenizer saves (`tokenizer.save_pretrained`), and loads from a folder."""
 WEIGHT_FILES = (*PYTORCH.files, *FLAXHEADS.files, *HF_FLAX.files, "tf_model.h5")
 """Every weight file name a loader (flaxheads or transformers) might read from a checkpoint folder."""
 _SHARD = re.compile(r"(model|pytorch_model|flax_model|tf_model)-\d+-of-\d+\.(safetensors|bin|msgpack|h5)")

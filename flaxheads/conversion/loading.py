@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import numbers
 import os
+import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -503,7 +504,8 @@ def writable_format(format: str, *, argument: str = "format") -> WeightFormat:
     return fmt
 
 
-def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", tokenizer=None) -> None:
+def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", tokenizer=None,
+                    replaces: Iterable[str] = ()) -> None:
     """Writes `model` (a plain classifier: merge LoRA adapters first, as
     `SequenceClassifier.save_pretrained` does) as a checkpoint folder in `format`: `"pytorch"`, a
     Hugging Face directory (`config.json` + `model.safetensors`) that transformers loads, or
@@ -515,8 +517,16 @@ def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", 
     and moved in only when complete (`atomic.staged_into`), so a failure leaves `path` as it was
     and a reader never pairs new weights with an old config.json.
 
-    Raises ValueError for a format it cannot write, FileExistsError when `path` holds another
-    format's weights."""
+    The folder then holds only this save's files of those a loader reads: weight files it does
+    not write (another format's, a shard index, a .bin) and, with `tokenizer`, tokenizer files it
+    does not write (an earlier tokenizer's special_tokens_map.json) are refused, unless named in
+    `replaces`, the files the caller knows it wrote there before (a run's recorded export): those
+    are removed in the same move. Without `tokenizer`, tokenizer files are left alone.
+
+    Raises ValueError for a format it cannot write, FileExistsError (writing nothing) when `path`
+    holds another format's weights or other files a loader would read beside the new ones,
+    NotADirectoryError when `path` is a file, `atomic.NoSpace` (writing nothing) when its device
+    has less free space than the weights take."""
     fmt = writable_format(format)
     path = Path(path)
     for other in conversion.WEIGHT_FORMATS.values():
@@ -526,11 +536,31 @@ def save_pretrained(model, path: str | os.PathLike, *, format: str = "pytorch", 
                 "mistaken for the other"
             )
     hf_config, tensors = _exported(model, fmt)
+    atomic.require_space(path, sum(tensor.nbytes for tensor in tensors.values()), f"saving {fmt.written_as}")
+
+    def stale(written: set[str]) -> set[str]:
+        loaded = {name for name in formats.checkpoint_files(path)
+                  if name not in written and (tokenizer is not None or name not in formats.TOKENIZER_FILES)}
+        foreign = sorted(loaded - set(replaces))
+        if foreign:
+            raise FileExistsError(
+                f"{path} holds {', '.join(foreign)}, which this save does not write: a loader (transformers, "
+                "flaxheads) would read them beside the new files. Move them out of the folder, or save into another one"
+            )
+        return loaded
+
     # Staged even without a tokenizer: config.json and the weights must change together.
-    with atomic.staged_into(path, describe=f"saving a {fmt.name} checkpoint") as staging:
+    with atomic.staged_into(path, describe=f"saving a {fmt.name} checkpoint", remove=stale) as staging:
         checkpoint_io.write_checkpoint(staging, hf_config, tensors, fmt.written_as)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(staging))
+
+
+def saved_tokenizer_files(tokenizer) -> set[str]:
+    """The names `tokenizer.save_pretrained` writes (it saves into a temporary folder to see)."""
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        return set(os.listdir(folder))
 
 
 def _exported(model, fmt: WeightFormat) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

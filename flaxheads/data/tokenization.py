@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import pathlib
+import sys
 from collections.abc import Sequence
 
 import datasets
@@ -52,7 +53,9 @@ def tokenize_split(
 
     The result is cached under a fingerprint of (split fingerprint, tokenizer pipeline,
     max_seq_length): in `cache_dir/tokenized-<fingerprint>.arrow` when `cache_dir` is given,
-    otherwise wherever `datasets` caches the split (in memory for in-memory splits).
+    otherwise wherever `datasets` caches the split (in memory for in-memory splits). A cache file
+    that does not read back whole, one row per example (cut short by a full disk or a copy), is
+    removed with a warning naming it and built again (`_drop_damaged_cache`).
     Raises ValueError if `max_seq_length` exceeds the tokenizer's `model_max_length`.
     """
     unread = [name for name in split.column_names if name not in (TEXT, TEXT_PAIR, LABEL, CHOSEN, REJECTED)]
@@ -83,6 +86,7 @@ def tokenize_with(split: datasets.Dataset, encode_batch, tokenizer, max_seq_leng
     if cache_dir is not None:
         pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
         cache_file_name = str(pathlib.Path(cache_dir) / f"tokenized-{fingerprint}.arrow")
+        _drop_damaged_cache(pathlib.Path(cache_file_name), len(split))
     return split.map(
         functools.partial(encode_batch, tokenizer=tokenizer, max_seq_length=max_seq_length),
         batched=True,
@@ -92,6 +96,25 @@ def tokenize_with(split: datasets.Dataset, encode_batch, tokenizer, max_seq_leng
         cache_file_name=cache_file_name,
         desc="Tokenizing",
     )
+
+
+def _drop_damaged_cache(file: pathlib.Path, rows: int) -> None:
+    """Removes the tokenised cache `file` (flaxheads' own: named by the fingerprint of what it
+    holds) with a warning naming it when it does not read back whole with `rows` rows, so that
+    `map` builds it again instead of failing on it with an Arrow error that names no file."""
+    if not file.is_file():
+        return
+    try:
+        cached = datasets.Dataset.from_file(str(file))
+        found = cached.num_rows
+        del cached  # its memory map, before the file goes
+        problem = None if found == rows else f"{found} rows, and the split has {rows}"
+    except Exception as error:  # noqa: BLE001 (Arrow says damage in several exception types)
+        problem = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    if problem is not None:
+        print(f"warning: the tokenized cache {file} is damaged ({problem}); it is removed and the split tokenized "
+              "again", file=sys.stderr)
+        file.unlink()
 
 
 def tokenize_texts(

@@ -105,6 +105,7 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     if cfg.output_dir is None:
         raise ValueError("train() needs output_dir=: it writes its checkpoints and model there (flaxheads.Trainer "
                          "trains in memory with output_dir=None)")
+    run_dir.check_output_dir(cfg.output_dir)
     model_folder = open_model(cfg)
     run_dir.refuse_output_inside_model(cfg.output_dir, model_folder.folder)
     output = Trainer.from_config(cfg, model_folder=model_folder).train()

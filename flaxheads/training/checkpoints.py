@@ -10,7 +10,9 @@ file of a step once Orbax has finished it (`flaxheads_checksums.process_<i>.json
 its own files, process 0 the shared ones) and checks them before the step is read. A damaged step
 is moved aside, never deleted, and the run falls back to an older one. A step saved before
 checksums existed, or whose process was killed between Orbax's commit and the checksum file,
-has none and is read unchecked, as before.
+has none: it is read unchecked, with a warning naming the missing file (not refused: Orbax
+renamed it into place whole, and it is often the newest step of a run killed right after saving;
+refusing it would discard good training to guard against damage nothing suggests).
 
 A checkpoint at step s holds the weights after update s. It is *confirmed* once a loss computed
 from those weights was finite (the trainer learns that at step s+1, or from an evaluation) and
@@ -151,16 +153,19 @@ class RunCheckpoints:
         unconfirmed, then deletes the steps beyond the `max_to_keep` newest except the newest
         confirmed one (asynchronous: once the step is written, see `__init__`)."""
         self._settle()
+        # Said before Orbax starts: a full device mid-save gives hundreds of lines of TensorStore errors.
+        atomic.require_space(self.directory, _state_bytes(state), f"checkpoint step {step}")
         # Recorded before Orbax writes: a step on disk without a record would count as confirmed.
         self._write_record(set(self.confirmed_steps()) - {step})
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                meta=ocp.args.JsonSave({**meta, "identity": self.identity}),
-            ),
-            force=True,
-        )
+        with self._no_space_said(step):
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    meta=ocp.args.JsonSave({**meta, "identity": self.identity}),
+                ),
+                force=True,
+            )
         self._writing, self._saving_step = True, step
         if not self.asynchronous:
             self._settle()
@@ -173,8 +178,10 @@ class RunCheckpoints:
     def _settle(self, *, prune: bool = True) -> None:
         """Waits for the save being written; then (`prune`) deletes the surplus steps."""
         if self._writing:
-            self.manager.wait_until_finished()
-            self._writing, self._unpruned = False, True
+            self._writing = False  # once: a failed save is reported here, not again by close
+            with self._no_space_said(self._saving_step):
+                self.manager.wait_until_finished()
+            self._unpruned = True
             _write_checksums(os.path.join(self.directory, str(self._saving_step)))
         if prune and self._unpruned:
             self._unpruned = False
@@ -237,7 +244,9 @@ class RunCheckpoints:
             try:
                 meta = self._read_meta(step)
                 self._check_identity(meta)
-                return self._read_state(abstract_state, step), meta
+                state = self._read_state(abstract_state, step)
+                _warn_if_unchecked(os.path.join(self.directory, str(step)), step)
+                return state, meta
             except _UnreadableStep as err:
                 reason = str(err)  # raised below, outside: its frames would keep Orbax's reads alive
         others = ", ".join(str(s) for s in self.all_steps() if s != step) or "none"
@@ -276,6 +285,7 @@ class RunCheckpoints:
                     except _UnreadableStep as err:
                         failure = str(err)
                 if _on_every_process(failure is None):
+                    _warn_if_unchecked(os.path.join(self.directory, str(step)), step)
                     return state, metas[step], step
                 destination = self.set_aside([step], "damaged")
                 ocp.multihost.sync_global_processes("flaxheads_checkpoint_set_aside")
@@ -300,6 +310,19 @@ class RunCheckpoints:
         self.manager.close()
 
     # Internals.
+
+    @contextlib.contextmanager
+    def _no_space_said(self, step: int):
+        """A full device while Orbax writes `step` raised as `atomic.NoSpace`, naming the folder
+        (TensorStore's error, wrapped by Orbax, names a temporary file)."""
+        try:
+            yield
+            return
+        except Exception as error:
+            if not atomic.is_no_space(error):
+                raise
+            message = f"no space left on the device of {self.directory} while saving checkpoint step {step}"
+        raise atomic.NoSpace(message) from None
 
     def _read_meta(self, step: int) -> dict[str, Any]:
         """Raises _UnreadableStep when the files are not all there or do not read back."""
@@ -329,7 +352,12 @@ class RunCheckpoints:
         raise _UnreadableStep(reason)
 
     def _check_identity(self, meta: dict[str, Any]) -> None:
-        differing = self.differences(meta.get("identity"), self.identity)
+        saved, best = meta.get("identity"), meta.get("best")
+        if (isinstance(saved, dict) and "selection" not in saved and "selection" in self.identity
+                and isinstance(best, dict) and "metric" in best):
+            # Saved before identities recorded the selection: the best evaluation it carries names its metric.
+            saved = {**saved, "selection": {**self.identity["selection"], "metric_for_best_model": best["metric"]}}
+        differing = self.differences(saved, self.identity)
         if differing:
             raise CheckpointMismatch(
                 f"{self.directory} holds checkpoints of a different run ({'; '.join(differing[:4])}). Use another "
@@ -371,6 +399,11 @@ class RunCheckpoints:
         atomic.write_json(self._record_path, {"confirmed_steps": sorted(confirmed)})
 
 
+def _state_bytes(state) -> int:
+    """About what this process writes of `state`: its share of the arrays' bytes."""
+    return sum(int(getattr(leaf, "nbytes", 0)) for leaf in jax.tree.leaves(state)) // jax.process_count()
+
+
 def _step_files(step_dir: str) -> list[str]:
     """Every file of a step folder (paths relative to it), the checksum files aside."""
     found = []
@@ -407,6 +440,16 @@ def _write_checksums(step_dir: str) -> None:
     sums = {relative: _file_sha256(os.path.join(step_dir, relative))
             for relative in _step_files(step_dir) if _written_by(relative, process)}
     atomic.write_json(os.path.join(step_dir, f"{CHECKSUMS_PREFIX}{process}.json"), {"sha256": sums})
+
+
+def _warn_if_unchecked(step_dir: str, step: int) -> None:
+    """A warning on stderr when this process's checksum file of the step is missing: its files were
+    read without a check."""
+    name = f"{CHECKSUMS_PREFIX}{jax.process_index()}.json"
+    if not os.path.isfile(os.path.join(step_dir, name)):
+        print(f"warning: checkpoint step {step} in {os.path.dirname(step_dir)} has no {name} (saved before flaxheads "
+              "kept checksums, or the run stopped right after Orbax finished it), so damage to its files cannot be "
+              "detected; it was read as it is", file=sys.stderr)
 
 
 def _changed_files(step_dir: str) -> list[str]:

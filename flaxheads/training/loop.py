@@ -8,6 +8,7 @@ summaries still go to the progress bar.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from flaxheads import data
+from flaxheads.conversion.formats import checkpoint_files
 from flaxheads.training import metrics as metrics_lib
+from flaxheads.training import run_files
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.parallel import host_values
@@ -46,7 +49,7 @@ class Scorer(Protocol):
 
     def scores(self, split: str, params, *, max_batches: int | None = None) -> dict[str, float]: ...
 
-    def export(self, params, directory: Path) -> None: ...
+    def export(self, params, directory: Path, *, replaces=()) -> None: ...
 
 
 class TrainLoop:
@@ -69,6 +72,8 @@ class TrainLoop:
         """The step at which early stopping ended the run."""
         self.best_params = None
         """Host copies of the best evaluation's weights, with load_best_model_at_end."""
+        self.session = _session_id()
+        """Names this session's best_model exports (`_export_best`)."""
         self.step = 0
         self.earlier_seconds = 0.0
         self.unconfirmed: list[int] = []
@@ -249,7 +254,7 @@ class TrainLoop:
         if self._improves_best(value):
             self.best.update(value=float(value), step=self.step)
             if self.output_dir is not None:
-                self.scorer.export(self.params(), self.output_dir / "best_model")
+                self._export_best(self.output_dir / "best_model")
             if self.cfg.load_best_model_at_end:
                 self.best_params = self.runner.host_params(self.state)
         if patience is not None and self.best["evaluations_without_improvement"] >= patience:
@@ -258,6 +263,19 @@ class TrainLoop:
                            f"{self.cfg.early_stopping_threshold} in {patience} evaluation(s); best "
                            f"{self.best['value']} at step {self.best['step']}")
         return result
+
+    def _export_best(self, folder: Path) -> None:
+        """The weights of the best evaluation so far into best_model/ (the run's own folder: every
+        file in it an earlier best's), recorded there and in `best` (and so in the checkpoints) by
+        an id of this session and step: a resumed run reads the folder back only when it holds the
+        best of its own trajectory (`run_files.best_export`)."""
+        export = f"{self.session}-{self.step}"
+        if jax.process_index() == 0:
+            run_files.forget_best(folder)
+        self.scorer.export(self.params(), folder, replaces=checkpoint_files(folder))
+        if jax.process_index() == 0:
+            run_files.record_best(folder, export)
+        self.best["export"] = export
 
     def _timed_scores(self, split: str) -> dict[str, float]:
         """The split's scores; NaN or infinite ones stop the run as a non-finite loss does: such
@@ -381,3 +399,9 @@ class TrainLoop:
             self.checkpoints.close()
 
 
+def _session_id() -> str:
+    """A random id of this training session, the same on every process."""
+    nonce = np.frombuffer(os.urandom(8), np.uint64)
+    if jax.process_count() > 1:
+        nonce = multihost_utils.broadcast_one_to_all(nonce)
+    return f"{int(np.asarray(nonce)[0]):016x}"

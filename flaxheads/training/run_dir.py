@@ -18,6 +18,7 @@ turns them into its flags.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -25,20 +26,23 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
 from flaxheads import atomic, data
-from flaxheads.conversion import checkpoint_io
+from flaxheads.conversion import checkpoint_io, loading
 from flaxheads.conversion.formats import PYTORCH, TOKENIZER_FILES, checkpoint_files
 from flaxheads.data.packing import segments_per_row
+from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.checkpoints import CheckpointMismatch
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.run_files import (  # noqa: F401 (re-exported: the names of a run folder belong to run_dir too)
     ADAPTER_DIR, BEST_MODEL_DIR, CHECKPOINTS_DIR, PREDICTIONS_FILE, RESULTS_FILE, RUN_FILE, RUN_OUTPUTS, SCORING_RECORD,
-    SET_ASIDE_DIR, TOKENIZED_DIR, RunConflict, not_a_model, read_run, recorded_outputs,
+    SET_ASIDE_DIR, TOKENIZED_DIR, RunConflict, not_a_model, read_run, read_scoring_record, recorded_outputs,
+    results_sha256, write_record, write_run_record,
 )
+from flaxheads.training import run_files
 
 TRAINING_SETTINGS = (
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
@@ -47,6 +51,17 @@ TRAINING_SETTINGS = (
 """Settings that change how the weights are trained, not what is trained: an explicit
 `resume_from_checkpoint` may continue a run with other values (e.g. a lower learning rate
 after a non-finite loss); an implicit resume must match them too."""
+
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+"""The errors of a folder a run cannot write: read-only media, or no permission."""
+
+
+class UnwritableFolder(OSError):
+    """An output folder the run cannot write; the message, all of `str()`, says what to do."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
 
 FINGERPRINT = "sha256:"
 """How a content fingerprint starts; an identity recorded before fingerprints named the model by its path."""
@@ -107,8 +122,8 @@ def _data_identity(cfg: TrainConfig) -> dict[str, Any]:
 def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[str, Any], head: str,
                  global_batch_size: int, *, total_steps: int, model: str, tokenizer: str,
                  data_identity: dict[str, Any] | None = None, objective: dict[str, Any] | None = None,
-                 problem: str | None = None, task_identity: dict[str, dict[str, Any]] | None = None
-                 ) -> dict[str, Any]:
+                 problem: str | None = None, task_identity: dict[str, dict[str, Any]] | None = None,
+                 best_metric: str) -> dict[str, Any]:
     """{"trained": what is trained, "settings": how}: both decide whether a folder's run resumes.
 
     `model` and `tokenizer` are content fingerprints (`model_fingerprint`, `params_fingerprint`,
@@ -116,7 +131,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     the hash of their content, a data set's name); `objective` is the loss's options (class weights,
     label smoothing) when any is set; `problem` what the labels are (default: the data's problem
     type); `task_identity` the task's own entries ({"trained": ..., "settings": ...},
-    `Task.identity`)."""
+    `Task.identity`); `best_metric` the metric the best weights follow (metric_for_best_model,
+    else the task's default)."""
     trained = {
         "model": model,
         "tokenizer": tokenizer,
@@ -145,6 +161,8 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     trained.update((task_identity or {}).get("trained", {}))
     if objective:  # the loss's class weights (resolved) and label smoothing (recorded only when set)
         trained["objective"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(objective.items())}
+    if "validation" in task.splits:  # which evaluation is the best, and when the run stops (`_selection`)
+        trained["selection"] = _selection(cfg, best_metric)
     settings = {name: getattr(cfg, name) for name in TRAINING_SETTINGS}
     settings["warmup_steps"] = cfg.num_warmup_steps(total_steps)
     if cfg.calibrate:  # what the export is (recorded only when set, so earlier runs' identities hold)
@@ -155,15 +173,41 @@ def run_identity(cfg: TrainConfig, task: data.TaskData, backbone_config: dict[st
     return {"trained": trained, "settings": settings}
 
 
+def _selection(cfg: TrainConfig, metric: str) -> dict[str, Any]:
+    """What picks the weights the run keeps as its best (best_model/, and its export with
+    load_best_model_at_end) and when it stops: the metric and its direction, resolved,
+    load_best_model_at_end, early stopping, and, where the best evaluation's weights are exported
+    or decide the end, the evaluations' schedule.
+
+    In the trained identity, so that neither a re-run nor an explicit resume_from_checkpoint may
+    change it: the best value a checkpoint carries was measured by the folder's metric on the
+    folder's schedule, and best_model/ holds the weights it picked; compared with another metric,
+    it would keep the old metric's choice (or export it). calibrate and tune_thresholds are not
+    here: they act once on the final weights, after training, so an explicit resume may change
+    them (a re-run may not: they are settings). `metric`: metric_for_best_model, resolved (else the
+    task's default)."""
+    greater = cfg.greater_is_better if cfg.greater_is_better is not None else metrics_lib.higher_is_better(metric)
+    selection: dict[str, Any] = {"metric_for_best_model": metric, "greater_is_better": greater,
+                                 "load_best_model_at_end": cfg.load_best_model_at_end}
+    if cfg.early_stopping_patience is not None:
+        selection["early_stopping"] = {"patience": cfg.early_stopping_patience,
+                                       "threshold": cfg.early_stopping_threshold}
+    if cfg.load_best_model_at_end or cfg.early_stopping_patience is not None:
+        selection["evaluations"] = {"eval_strategy": cfg.eval_strategy, "eval_steps": cfg.eval_steps}
+    return selection
+
+
 def _implied_trained(saved: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:
     """`saved` (a trained identity) read as this version records it: a run recorded before
-    content fingerprints named its model by path and had no tokenizer entry, and named its data
-    files too; those entries take the current values, so a re-run of the same command still
-    resumes it."""
+    content fingerprints named its model by path and had no tokenizer entry, named its data
+    files too, and had no selection; those entries take the current values, so a re-run of the
+    same command still resumes it."""
     saved = dict(saved or {})
     if not str(saved.get("model", "")).startswith(FINGERPRINT):
         saved["model"] = current.get("model")
     saved.setdefault("tokenizer", current.get("tokenizer"))
+    if "selection" in current and "selection" not in saved:  # recorded since 2026-11-28; before, unknown
+        saved["selection"] = current["selection"]
     files = (saved.get("data") or {}).get("files")
     if isinstance(files, dict):
         stripped = {split: {k: v for k, v in entry.items() if k != "name"} if isinstance(entry, dict) else entry
@@ -208,6 +252,24 @@ def _short(value: Any) -> str:
 # The folder
 
 
+def check_output_dir(output_dir: str | os.PathLike) -> None:
+    """NotADirectoryError, before anything is loaded, when output_dir (or a folder it lies in) is a
+    file: a run writes its checkpoints, results and model into a folder."""
+    atomic.require_folder(output_dir, argument="output_dir",
+                          fix="a run writes its checkpoints, results and model into a folder. Choose another "
+                              "output_dir (a new folder, or the folder of an earlier run)")
+
+
+def no_space_message(output_dir: str | os.PathLike, error: BaseException) -> str:
+    """What a run says when its device fills up (`atomic.is_no_space(error)`): where, and that the
+    same command resumes once there is room."""
+    what = str(error) if isinstance(error, atomic.NoSpace) else (
+        f"no space left on the device of {output_dir}" + (f" (writing {error.filename})"
+                                                          if getattr(error, "filename", None) else ""))
+    return (f"{what}. Free space there (or choose an output_dir on another device), then run the same command "
+            "again: it resumes from its newest checkpoint")
+
+
 def refuse_output_inside_model(output_dir: str | os.PathLike, model_dir: str | os.PathLike) -> None:
     """RunConflict when the output folder is the model folder or inside it: the export would
     write over the pretrained checkpoint a run starts from."""
@@ -221,13 +283,17 @@ def refuse_output_inside_model(output_dir: str | os.PathLike, model_dir: str | o
 
 def write_run(output_dir: str | os.PathLike, identity: dict[str, Any], *, complete: bool, model_name: str,
               exported: Iterable[str] = ()) -> None:
-    """run.json: the identity, whether the run finished, every name it writes in the folder, and
-    the command that started it (quoted back to whoever finds the run unfinished)."""
-    atomic.write_json(Path(output_dir) / RUN_FILE, {
+    """run.json, marked as flaxheads' (`run_files.write_record`): the identity, whether the run
+    finished, every name it writes in the folder, the command that started it (quoted back to
+    whoever finds the run unfinished) and, finished, the SHA-256 of its results.json."""
+    record = {
         "identity": identity, "complete": complete, "model_name": model_name,
         "outputs": list(RUN_OUTPUTS), "exported": sorted(exported),
         "command": " ".join(shlex.quote(arg) for arg in sys.argv),
-    })
+    }
+    if complete:
+        record["results_sha256"] = results_sha256(output_dir)
+    write_run_record(output_dir, record)
 
 
 def _strangers(output_dir: Path, record: dict[str, Any] | None, names: Iterable[str] = RUN_OUTPUTS) -> list[str]:
@@ -236,23 +302,32 @@ def _strangers(output_dir: Path, record: dict[str, Any] | None, names: Iterable[
     return [name for name in names if os.path.lexists(output_dir / name) and name not in ours]
 
 
-def _stale_weights(output_dir: Path, record: dict[str, Any] | None) -> list[str]:
-    """Weight files the run's export (config.json + model.safetensors) would leave beside its own,
-    where a loader could read them instead: another format's, or a .bin or sharded index."""
+def export_names(tokenizer) -> set[str]:
+    """The files a run's export writes in its output folder: config.json, model.safetensors and
+    what `tokenizer.save_pretrained` writes."""
+    return {checkpoint_io.CONFIG_NAME, PYTORCH.written_as, *loading.saved_tokenizer_files(tokenizer)}
+
+
+def _stale_files(output_dir: Path, record: dict[str, Any] | None, exports: Iterable[str] | None) -> list[str]:
+    """Files a loader reads (config, weights, tokenizer files) that the run's export, writing
+    `exports` (None: config.json, model.safetensors and any tokenizer file), would leave beside
+    its own and that no run recorded writing (those the export removes): another format's weights,
+    a .bin or sharded index, another tokenizer's special_tokens_map.json."""
     ours = recorded_outputs(record, output_dir)
-    keep = {checkpoint_io.CONFIG_NAME, PYTORCH.written_as, *TOKENIZER_FILES}
+    keep = set(exports) if exports is not None else {checkpoint_io.CONFIG_NAME, PYTORCH.written_as, *TOKENIZER_FILES}
     return [name for name in checkpoint_files(output_dir) if name not in keep and name not in ours]
 
 
 def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, explicit_resume: bool,
-                 overwrite: bool = False) -> dict | None:
+                 overwrite: bool = False, exports: Iterable[str] | None = None) -> dict | None:
     """The folder's run record when this run may continue it (None for a fresh folder, or with
     `overwrite`, where `clear_run` then removes the earlier run's files). Reads only; the caller
     writes.
 
     Raises RunConflict for a folder holding files with the names a run writes that no run
-    recorded writing (with `overwrite` too), weights of another format the export would leave
-    beside its own, or (without `overwrite`) a model no flaxheads run wrote there; and
+    recorded writing (with `overwrite` too), files a loader reads that the export (writing
+    `exports`, `export_names`) would leave beside its own and no run recorded writing (with
+    `overwrite` too), or (without `overwrite`) a model no flaxheads run wrote there; and
     CheckpointMismatch naming every setting that differs from the folder's run."""
     output_dir = Path(output_dir)
     record = read_run(output_dir)
@@ -263,12 +338,13 @@ def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, exp
             "and this run would write over them. Move them out of the folder, or choose another output_dir "
             "(overwrite_output_dir=True removes only what an earlier run recorded writing)"
         )
-    stale = _stale_weights(output_dir, record)
+    stale = _stale_files(output_dir, record, exports)
     if stale:
         raise RunConflict(
-            f"output_dir {output_dir} holds {', '.join(stale)}, which the run's export (config.json + "
-            f"{PYTORCH.written_as}) would leave beside its own, so a loader could read either. Move them out of "
-            "the folder, or choose another output_dir"
+            f"output_dir {output_dir} holds {', '.join(stale)}, which no flaxheads run recorded writing, and the "
+            f"run's export (config.json, {PYTORCH.written_as}, its tokenizer's files) would leave them beside its own, "
+            "so a loader (transformers, flaxheads predict) could read them with the new model. Move them out of the "
+            "folder, or choose another output_dir"
         )
     if overwrite:
         return None
@@ -299,11 +375,14 @@ def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, exp
 
 def clear_run(output_dir: str | os.PathLike) -> list[str]:
     """Removes what the folder's earlier run recorded writing (never the user's other files);
-    returns the names removed."""
+    returns the names removed. RunConflict, removing nothing, when the folder's run.json is not a
+    record flaxheads can prove it wrote (`read_run`)."""
     output_dir = Path(output_dir)
     record = read_run(output_dir)
+    records = [name for name, found in ((RUN_FILE, record), (SCORING_RECORD, read_scoring_record(output_dir)))
+               if found is not None]
     removed = []
-    for name in sorted(recorded_outputs(record, output_dir) - {RUN_FILE}) + [RUN_FILE, SCORING_RECORD]:
+    for name in sorted(recorded_outputs(record, output_dir) - set(records)) + records:
         target = output_dir / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
@@ -312,6 +391,47 @@ def clear_run(output_dir: str | os.PathLike) -> list[str]:
         else:
             continue
         removed.append(name)
+    return removed
+
+
+class FolderBefore(NamedTuple):
+    """What an output folder held before a run claimed it (`folder_before`)."""
+
+    existed: bool
+    names: frozenset[str]
+    run_record: bytes | None
+    """run.json's bytes, to put back when the run is refused after rewriting it."""
+
+
+def folder_before(output_dir: str | os.PathLike, *, existed: bool) -> FolderBefore:
+    """What the folder holds now, which a run about to write there may have to put back; `existed`:
+    whether the folder was there before the run (its lock) created it."""
+    output_dir = Path(output_dir)
+    record = output_dir / RUN_FILE
+    return FolderBefore(existed, frozenset(os.listdir(output_dir)), record.read_bytes() if record.is_file() else None)
+
+
+def undo_unstarted(output_dir: str | os.PathLike, before: FolderBefore) -> list[str]:
+    """Undoes what a run refused before it trained wrote in its folder: the names of `RUN_OUTPUTS`
+    it created there (its tokenized cache, an empty checkpoints/, its run.json) are removed, a
+    run.json it rewrote gets its earlier content back, and a folder the run created is removed
+    once empty. Files the folder held before, and everything else, stay. Returns the names removed."""
+    output_dir = Path(output_dir)
+    removed = []
+    for name in RUN_OUTPUTS:
+        target = output_dir / name
+        if name in before.names or not os.path.lexists(target):
+            continue
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+        removed.append(name)
+    if before.run_record is not None and (output_dir / RUN_FILE).read_bytes() != before.run_record:
+        # A run.json the refused run rewrote (an explicit resume of a finished run): as it was.
+        atomic.write_file(output_dir / RUN_FILE, lambda tmp: Path(tmp).write_bytes(before.run_record))
+    if not before.existed:
+        atomic.remove_empty([output_dir])
     return removed
 
 
@@ -327,12 +447,10 @@ def exported_since(output_dir: str | os.PathLike, before: dict[str, int]) -> lis
     return [name for name, inode in export_snapshot(folder).items() if before.get(name) != inode]
 
 
-def read_results(output_dir: str | os.PathLike) -> dict[str, Any] | None:
-    file = Path(output_dir) / RESULTS_FILE
-    try:
-        return json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
+def read_results(output_dir: str | os.PathLike, record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The finished run's results.json, when its run.json `record` proves the run wrote it
+    (`run_files.read_results`: RunConflict otherwise); None when there is none."""
+    return run_files.read_results(output_dir, record)
 
 
 def write_results(output_dir: str | os.PathLike, results: dict[str, Any]) -> None:
@@ -354,5 +472,5 @@ def write_predictions(output_dir: str | os.PathLike, text: str, *, overwrite: bo
         raise RunConflict(f"{file} exists; pass overwrite_output_dir=True to replace it, or choose another output_dir")
     output_dir.mkdir(parents=True, exist_ok=True)
     if record is None:
-        atomic.write_json(output_dir / SCORING_RECORD, {"outputs": [PREDICTIONS_FILE]})
+        write_record(output_dir / SCORING_RECORD, "scoring", {"outputs": [PREDICTIONS_FILE]})
     return atomic.write_text(file, text)

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from flaxheads import atomic, plotting
+from flaxheads import plotting
 from flaxheads.training.run_files import (
-    METRICS_FILENAME, REPORT_DIR, RESULTS_FILE, RUN_FILE, RunConflict, read_run, recorded_outputs,
+    METRICS_FILENAME, REPORT_DIR, RESULTS_FILE, RUN_FILE, RunConflict, read_results, read_run, recorded_outputs,
+    write_run_record,
 )
 
 MAX_ANNOTATED_CLASSES = 25
@@ -63,26 +64,24 @@ def draw(output_dir: str | os.PathLike, results: dict[str, Any], log: list[dict[
 def regenerate(run_dir: str | os.PathLike) -> list[Path]:
     """`flaxheads report RUN_DIR`: the figures again, from the run's results.json and metrics.jsonl.
     ValueError when the folder holds no flaxheads run or no finished run's results; RunConflict
-    when its report/ is not one the run recorded writing (it is never written over). A run from
-    before the report existed gets report/ added to the names its run.json records."""
+    when flaxheads cannot prove it wrote the folder's run.json or results.json (another program's,
+    or changed since: `run_files.read_run`, `run_files.read_results`), or when its report/ is not
+    one the run recorded writing (it is never written over). A run from before the report existed
+    gets report/ added to the names its run.json records."""
     run_dir = Path(run_dir)
     record = read_run(run_dir)
     if record is None:
         raise ValueError(f"{run_dir} holds no {RUN_FILE}: a report is drawn only in a flaxheads train run's folder "
                          "(its --output_dir)")
+    results = read_results(run_dir, record)
+    if results is None:
+        raise ValueError(f"{run_dir} holds no {RESULTS_FILE}: a report is drawn from a finished flaxheads train run's "
+                         "folder (its --output_dir)")
     if REPORT_DIR not in recorded_outputs(record, run_dir):
         if os.path.lexists(run_dir / REPORT_DIR):
             raise RunConflict(f"{run_dir / REPORT_DIR} is not the run's (its {RUN_FILE} records no report), and the "
                               "report would write over it: move it out of the folder, then draw the report again")
-        atomic.write_json(run_dir / RUN_FILE, {**record, "outputs": [*record.get("outputs", []), REPORT_DIR]})
-    file = run_dir / RESULTS_FILE
-    if not file.is_file():
-        raise ValueError(f"{run_dir} holds no {RESULTS_FILE}: a report is drawn from a finished flaxheads train run's "
-                         "folder (its --output_dir)")
-    try:
-        results = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{file} is damaged ({error}); run the training command again to rewrite it") from None
+        write_run_record(run_dir, {**record, "outputs": [*record.get("outputs", []), REPORT_DIR]})
     return draw(run_dir, results)
 
 

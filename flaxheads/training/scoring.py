@@ -178,11 +178,12 @@ class SplitScorer:
             in_order[name][order] = gathered
         return in_order["logits"], in_order["labels"], in_order["loss"]
 
-    def export(self, params, directory: Path) -> None:
+    def export(self, params, directory: Path, *, replaces=()) -> None:
         """A Hugging Face directory (config with id2label, weights, tokenizer) from process 0,
-        written as one staged export (`save_pretrained` with the tokenizer). Sharded parameters
-        are gathered first, a collective every process takes part in. Raises NonFiniteScores, and
-        writes nothing, when a parameter holds NaN or infinity."""
+        written as one staged export (`save_pretrained` with the tokenizer; `replaces`: the files
+        an earlier export of the run wrote there, removed when this one does not write them).
+        Sharded parameters are gathered first, a collective every process takes part in. Raises
+        NonFiniteScores, and writes nothing, when a parameter holds NaN or infinity."""
         params = host_copy(params, self.layout)
         bad = [".".join(map(str, path)) for path, value in nnx.to_flat_state(params)
                if jax.numpy.issubdtype(value[...].dtype, jax.numpy.inexact) and not np.isfinite(value[...]).all()]
@@ -191,7 +192,7 @@ class SplitScorer:
                                               f"{directory}")
         if jax.process_index() != 0:
             return
-        save_pretrained(nnx.merge(self.graphdef, params), directory, tokenizer=self.tokenizer)
+        save_pretrained(nnx.merge(self.graphdef, params), directory, tokenizer=self.tokenizer, replaces=replaces)
 
 
 def describe_predictions(problem_type: str, logits: np.ndarray, label_names, thresholds=None) -> list:

@@ -30,14 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxheads import data, lora
+from flaxheads import atomic, data, lora
 from flaxheads import thresholds as thresholds_lib
 from flaxheads.backbones import stacking
 from flaxheads.conversion import peft
 from flaxheads.data.packing import segments_per_row
 from flaxheads.model import PretrainedModel
 from flaxheads.tokenizer import fitting_max_length, for_model
-from flaxheads.training import calibration, run_dir, run_report
+from flaxheads.training import calibration, run_dir, run_files, run_report
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.loop import NonFiniteLoss, TrainLoop, print0, sync
@@ -137,6 +137,8 @@ class Trainer:
             max_segments=segments_per_row(args.packing, args.max_segments_per_row, self.max_seq_length))
         self.config = kind.fit_config(model.config, task, args)
         self.loss_options = kind.loss_options(args, task)
+        self.best_metric = args.metric_for_best_model or kind.default_metric(task)
+        """The metric the best weights follow: metric_for_best_model, else the task's default."""
         """The training loss's options (a text classifier's class weights and label smoothing)."""
         check_param_dtype(model, args.param_dtype)
         self.graphdef, self.params = _split_with_config(_prepared(model, args), self.config)
@@ -161,6 +163,13 @@ class Trainer:
         """Printed when a run starts afresh (not when it resumes)."""
         self._exported: list[str] = []
         """The files the final export wrote in output_dir, for run.json."""
+        self._recorded_exports: list[str] = []
+        """The files earlier exports of this run wrote in output_dir (its run.json's record)."""
+        self._folder_existed = False
+        self._folder_before: run_dir.FolderBefore | None = None
+        """What output_dir held when this run recorded itself there, to put back if it is refused
+        before it trains (process 0)."""
+        self._training_started = False
         self._scorer: SplitScorer | None = None
 
     # -- data -----------------------------------------------------------------------------------
@@ -271,16 +280,49 @@ class Trainer:
         run's results with "already_complete": True."""
         if self.output_dir is None:
             return self._run()
-        lock = RunLock(self.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
-        with lock:
-            previous = self._claim_folder() if self.args.do_train else None
-            if previous is not None:
-                return TrainOutput(None, previous, None)
-            output = self._run()
+        run_dir.check_output_dir(self.output_dir)
+        self._folder_existed = self.output_dir.is_dir()
+        lock = RunLock(self.output_dir) if jax.process_index() == 0 else None
+        try:
+            if lock is not None:
+                lock.acquire()
+        except OSError as error:
+            if error.errno not in run_dir.UNWRITABLE:
+                raise
+            return self._unwritable(error)
+        try:
+            try:
+                with self._no_space_said():
+                    previous = self._claim_folder() if self.args.do_train else None
+                    if previous is not None:
+                        return TrainOutput(None, previous, None)
+                    output = self._run()
+            finally:
+                if lock is not None:
+                    lock.release()
+        except BaseException:
+            # Refused before it trained (a bad resume step, data the tokenizer refuses, ctrl-C): the
+            # folder is left as it was, so the next run does not take this one's cache for a stranger's.
+            if self._folder_before is not None and not self._training_started:
+                run_dir.undo_unstarted(self.output_dir, self._folder_before)
+            raise
         # Process 0 writes the export and the records alone: the others wait here, not at jax's
         # shutdown barrier, whose deadline a slow disk (or a busy CPU) can pass.
         sync("flaxheads: run written")
         return output
+
+    @contextlib.contextmanager
+    def _no_space_said(self):
+        """A full device anywhere in the run (checkpoints, export, records, tokenized cache) as one
+        sentence naming output_dir and how to go on (`run_dir.no_space_message`)."""
+        try:
+            yield
+            return
+        except Exception as error:
+            if not atomic.is_no_space(error):
+                raise
+            message = run_dir.no_space_message(self.output_dir, error)
+        raise atomic.NoSpace(message) from None
 
     def _run(self) -> TrainOutput:
         args = self.args
@@ -288,8 +330,7 @@ class Trainer:
         self._scorer = scorer = self._scorer_for(splits, self.data.unlabelled)
         if args.do_train:
             loop = self._loop(splits, scorer)
-            if self.output_dir is not None and jax.process_index() == 0:
-                run_dir.write_run(self.output_dir, self.identity, complete=False, model_name=self.model_name)
+            self._training_started = True
             results = loop.run()
             self.params = loop.params()
             changed = bool(args.load_best_model_at_end and self._take_the_best(loop, results))
@@ -300,8 +341,11 @@ class Trainer:
             if changed or args.calibrate or args.tune_thresholds:
                 self._rescore(results)  # once, after every change to the weights and thresholds
             if self.output_dir is not None:
+                if jax.process_index() == 0:  # recorded before they are written: a kill mid-export leaves them ours
+                    run_dir.write_run(self.output_dir, self.identity, complete=False, model_name=self.model_name,
+                                      exported={*self._recorded_exports, *run_dir.export_names(self.tokenizer)})
                 before = run_dir.export_snapshot(self.output_dir)
-                scorer.export(self.params, self.output_dir)
+                scorer.export(self.params, self.output_dir, replaces=self._recorded_exports)
                 self._exported = run_dir.exported_since(self.output_dir, before)
                 if args.lora and args.lora_export == "both":
                     self._export_adapter(self.output_dir / run_dir.ADAPTER_DIR)
@@ -334,7 +378,16 @@ class Trainer:
             if loop.best_params is not None:
                 self.params = loop.best_params
             else:
-                self.params = self._read_best_model(self.output_dir / run_dir.BEST_MODEL_DIR)
+                folder = self.output_dir / run_dir.BEST_MODEL_DIR
+                export = results["best"].get("export")
+                if export is None or run_files.best_export(folder) != export:
+                    print0(f"warning: load_best_model_at_end: {folder} does not hold the weights of step {best}, this "
+                           "run's best evaluation (it holds those of another evaluation, after the checkpoint this run "
+                           "resumed from, or no record says which); the last weights, of step "
+                           f"{results['steps']}, are the run's model", file=sys.stderr)
+                    results["exported_step"] = results["steps"]
+                    return False
+                self.params = self._read_best_model(folder)
         results["exported_step"] = best
         print0(f"load_best_model_at_end: the weights of step {best} ({results['best']['metric']} "
                f"{results['best']['value']}) are the run's model")
@@ -421,7 +474,7 @@ class Trainer:
         return TrainLoop(args, runner, state, splits["train"], self.train_format, scorer, total_steps=total,
                          global_batch=self.global_batch, eval_splits=eval_splits, checkpoints=checkpoints,
                          output_dir=self.output_dir, loading_info=self.loading_info,
-                         best_metric=args.metric_for_best_model or self.kind.default_metric(self.task))
+                         best_metric=self.best_metric)
 
     def _scores_without_training(self, splits: dict[str, data.OwnSplit]) -> dict[str, Any]:
         start = time.perf_counter()
@@ -449,7 +502,8 @@ class Trainer:
                                     self.global_batch, total_steps=self.total_steps, model=self.model_identity,
                                     tokenizer=self._tokenizer_identity, data_identity=self.data_identity,
                                     objective=self.loss_options, problem=self.kind.problem_name(self.task),
-                                    task_identity=self.kind.identity(self.task, self.args))
+                                    task_identity=self.kind.identity(self.task, self.args),
+                                    best_metric=self.best_metric)
 
     @functools.cached_property
     def _tokenizer_identity(self) -> str:
@@ -457,11 +511,14 @@ class Trainer:
 
     def _claim_folder(self) -> dict[str, Any] | None:
         """Decides what the output folder allows; returns the results of this run when the folder
-        already holds it finished (a re-run of the same command), else None."""
+        already holds it finished (a re-run of the same command), else None, having recorded the
+        run in run.json before anything else is written there (so its tokenized cache and
+        checkpoints are never strangers to the next run), and what to put back if it is refused
+        before it trains (`_folder_before`)."""
         args, output_dir = self.args, self.output_dir
         explicit_resume = args.resume_from_checkpoint is not None
         record = run_dir.check_folder(output_dir, self.identity, explicit_resume=explicit_resume,
-                                      overwrite=args.overwrite_output_dir)
+                                      overwrite=args.overwrite_output_dir, exports=run_dir.export_names(self.tokenizer))
         # Every process reads the folder before any writes to it (process 0's tokenized cache
         # would otherwise look like a stranger's files to a process still checking).
         sync("flaxheads: output_dir checked")
@@ -472,15 +529,45 @@ class Trainer:
                     print(f"overwrite_output_dir: removed the earlier run's {', '.join(removed)} from {output_dir}",
                           file=sys.stderr)
             sync("flaxheads: output_dir cleared")
-            return None
-        # Without resume_from_checkpoint, check_folder has compared the whole identity already.
-        if record and record.get("complete") and args.resume_from_checkpoint is None:
-            results = run_dir.read_results(output_dir)
-            if results is not None:
-                print0(f"the run in {output_dir} is already complete ({results.get('steps')} steps); its results "
-                       f"are in {run_dir.RESULTS_FILE}. Pass overwrite_output_dir=True to train again")
-                return {**results, "already_complete": True}
+            record = None
+        else:
+            finished = self._finished_results(record)
+            if finished is not None:
+                return finished
+        # The files an earlier export of this run wrote: kept recorded, and removed by the export
+        # that replaces them where it does not write them again.
+        self._recorded_exports = list((record or {}).get("exported") or ())
+        if jax.process_index() == 0:
+            self._folder_before = run_dir.folder_before(output_dir, existed=self._folder_existed)
+            run_dir.write_run(output_dir, self.identity, complete=False, model_name=self.model_name,
+                              exported=self._recorded_exports)
         return None
+
+    def _finished_results(self, record: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The results of this run when `record` (the folder's run.json, checked against this run's
+        identity) is it finished and the command asks no explicit resume; else None."""
+        # Without resume_from_checkpoint, check_folder has compared the whole identity already.
+        if not (record and record.get("complete") and self.args.resume_from_checkpoint is None):
+            return None
+        results = run_dir.read_results(self.output_dir, record)
+        if results is None:
+            return None
+        print0(f"the run in {self.output_dir} is already complete ({results.get('steps')} steps); its results "
+               f"are in {run_dir.RESULTS_FILE}. Pass overwrite_output_dir=True to train again")
+        return {**results, "already_complete": True}
+
+    def _unwritable(self, error: OSError) -> TrainOutput:
+        """An output folder the run cannot write (read-only media): the results of this run when the
+        folder holds it finished, for nothing needs writing then; else OSError saying so."""
+        record = (run_dir.check_folder(self.output_dir, self.identity, explicit_resume=False)
+                  if self.args.do_train and not self.args.overwrite_output_dir else None)
+        finished = self._finished_results(record)
+        if finished is None:
+            raise run_dir.UnwritableFolder(error.errno, (
+                f"output_dir {self.output_dir} cannot be written ({error.strerror}), and it does not hold this run "
+                "finished: a run writes its checkpoints, results and model there. Make it writable, or choose "
+                "another output_dir"))
+        return TrainOutput(None, finished, None)
 
     # -- evaluate and predict -------------------------------------------------------------------
 
