@@ -21,7 +21,7 @@ from flax import nnx
 
 import flaxheads
 from families import randomize_
-from flaxheads import data, problem
+from flaxheads import data
 from flaxheads.cli import main
 from flaxheads.training.config import TrainConfig
 from flaxheads.tasks.choice.objective import OBJECTIVE as CHOICE_OBJECTIVE
