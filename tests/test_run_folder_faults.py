@@ -17,7 +17,7 @@ from flaxheads.cli import main
 from flaxheads.training import run_dir
 from flaxheads.training.run_files import RunConflict
 from flaxheads.training.run_lock import RunLock
-from flaxheads.training.trainer import Trainer, train
+from flaxheads.tasks.runs import Trainer, train
 from runs import four_step_config
 
 
