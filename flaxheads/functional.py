@@ -66,7 +66,12 @@ class FunctionalModel:
         `num_labels=`, `seed=`, `dtype=`, `token=`, ...) and errors; with
         `output_loading_info=True`, `(face, LoadingInfo)`. Newly initialised parameters are named
         in a warning, as transformers' `from_pretrained` names them, since a script written for it
-        relies on that."""
+        relies on that. `use_auth_token=`, transformers 4.x's older name for `token=` (which
+        scripts of that time pass), is taken as `token=`."""
+        if "use_auth_token" in options:
+            if options.get("token") is not None:
+                raise ValueError("use_auth_token= is the older name of token=: pass token= alone")
+            options["token"] = options.pop("use_auth_token")
         wants_info = options.pop("output_loading_info", False)
         model, info = cls.model_class.from_pretrained(path, output_loading_info=True, **options)
         if info.untrained:

@@ -393,3 +393,22 @@ def test_choice_face_loads_with_the_config_a_script_passes(hf_checkpoint):
     model = FunctionalMultipleChoice.from_pretrained(checkpoint.path, config=transformers.AutoConfig.from_pretrained(
         checkpoint.path))
     assert model(**FACES["choice"][3]()).logits.shape == (2, 3)
+
+
+def test_use_auth_token_is_taken_as_token_as_transformers_4_took_it(checkpoint, monkeypatch):
+    """Older copies of the examples/flax scripts (run_flax_ner.py of transformers 4.22, for one) pass
+    `use_auth_token=`."""
+    passed = {}
+    load = SequenceClassifier.from_pretrained.__func__
+
+    def recording(cls, path, **options):
+        passed.update(options)
+        return load(cls, path, **options)
+
+    monkeypatch.setattr(SequenceClassifier, "from_pretrained", classmethod(recording))
+    FunctionalClassifier.from_pretrained(checkpoint.path, use_auth_token=None)
+    assert passed["token"] is None and "use_auth_token" not in passed
+    FunctionalClassifier.from_pretrained(checkpoint.path, use_auth_token=True)
+    assert passed["token"] is True
+    with pytest.raises(ValueError, match="use_auth_token= is the older name of token=: pass token= alone"):
+        FunctionalClassifier.from_pretrained(checkpoint.path, use_auth_token=True, token="hf_x")
