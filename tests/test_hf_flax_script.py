@@ -3,15 +3,16 @@ on flaxheads with only their model lines changed: run_flax_glue.py's (text class
 `flaxheads.FunctionalClassifier`) and run_flax_ner.py's (token classification, over
 `flaxheads.FunctionalTokenClassifier`).
 
-Each loop follows its script's structure (transformers v4.40): a `train_state.TrainState` with
-`apply_fn=model.__call__` and `params=model.params`, `optax.adamw(..., mask=...)`,
-`jax.pmap(train_step, axis_name="batch", donate_argnums=(0,))`, one dropout key per device,
-`state.apply_fn(**batch, params=..., dropout_rng=..., train=True)[0]`, `jax.lax.pmean` of the
-gradients, `replicate` / `unreplicate`, `shard`ed batches, an eval step through `pad_shard_unpad`,
-and `model.save_pretrained(dir, params=...)`; run_flax_ner.py's also builds an `AutoConfig` with the
-tags and passes it to `from_pretrained`, and scores tokens labelled -100 as zero (`onehot(-100)` is
-all zeros). Only the lines marked "model line" differ from a Hugging Face Flax script. Each runs on
-two fake CPU devices in a fresh process (XLA_FLAGS must be set before jax starts).
+Each loop follows its script's structure (run_flax_glue.py of transformers v4.40, run_flax_ner.py
+of v4.22): a `train_state.TrainState` with `apply_fn=model.__call__` and `params=model.params`,
+`optax.adamw(..., mask=...)`, `jax.pmap(train_step, axis_name="batch", donate_argnums=(0,))`, one
+dropout key per device, `state.apply_fn(**batch, params=..., dropout_rng=..., train=True)[0]`,
+`jax.lax.pmean` of the gradients, `replicate` / `unreplicate`, `shard`ed batches, an eval step
+through `pad_shard_unpad`, and `model.save_pretrained(dir, params=...)`; run_flax_ner.py's also
+builds an `AutoConfig` with the tags and passes it to `from_pretrained`, and scores tokens labelled
+-100 as zero (`onehot(-100)` is all zeros). Only the lines marked "model line" differ from a
+Hugging Face Flax script. Each runs on two fake CPU devices in a fresh process (XLA_FLAGS must be
+set before jax starts).
 """
 
 from __future__ import annotations
@@ -267,4 +268,5 @@ def test_run_flax_ner_style_pmap_loop_trains_and_saves_a_folder_holding_the_trai
         assert np.asarray(reloaded[key]).tobytes() == value.tobytes(), f"{key} is not the trained value"
     assert reloaded_model.config.id2label == dict(enumerate(TAGS))
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["architectures"] == ["BertForTokenClassification"] and config["label2id"] == {t: i for i, t in enumerate(TAGS)}
+    assert config["architectures"] == ["BertForTokenClassification"]
+    assert config["label2id"] == {tag: i for i, tag in enumerate(TAGS)}
