@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors; at run t
     from flaxheads.conversion.loading_info import LoadingInfo
     from flaxheads.conversion.table import MULTIPLE_CHOICE, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, ShapeMismatch
     from flaxheads.tasks.classification.functional import ClassifierOutput, FunctionalClassifier
+    from flaxheads.tasks.token.functional import FunctionalTokenClassifier, TokenClassifierOutput
+    from flaxheads.tasks.choice.functional import FunctionalMultipleChoice, MultipleChoiceOutput
     from flaxheads.heads import HEAD_NAMES
     from flaxheads.model import UntrainedModel, load_backbone, save_pretrained
     from flaxheads.tasks.choice.model import MultipleChoice, MultipleChoiceConfig
@@ -67,6 +69,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "flaxheads.conversion.table": (
         "MULTIPLE_CHOICE", "SEQUENCE_CLASSIFICATION", "TOKEN_CLASSIFICATION", "ShapeMismatch"),
     "flaxheads.tasks.classification.functional": ("ClassifierOutput", "FunctionalClassifier"),
+    "flaxheads.tasks.token.functional": ("FunctionalTokenClassifier", "TokenClassifierOutput"),
+    "flaxheads.tasks.choice.functional": ("FunctionalMultipleChoice", "MultipleChoiceOutput"),
     "flaxheads.heads": ("HEAD_NAMES",),
     "flaxheads.model": ("UntrainedModel", "load_backbone", "save_pretrained"),
     "flaxheads.tasks.choice.model": ("MultipleChoice", "MultipleChoiceConfig"),

@@ -20,7 +20,7 @@ FLOORS: dict[str, int] = {
     "tokenizer": 4,
     "data": 5,
     "model": 6,
-    "training": 7,
+    "training": 7, "functional": 7,
     "inference": 8,
     "tasks": 9,
     "convert": 10, "study": 10, "benchmarks": 10,

@@ -1,4 +1,5 @@
-"""FunctionalClassifier (Hugging Face Flax's `.params` + pure `__call__`) and `decay_mask`."""
+"""The Hugging Face Flax faces (`.params` + pure `__call__`): FunctionalClassifier, and the token
+classification and multiple-choice faces over the same `FunctionalModel`; and `decay_mask`."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from flax.core import freeze
 
 import flaxheads
 from flaxheads import conversion
+from flaxheads.tasks.choice.functional import FunctionalMultipleChoice
 from flaxheads.tasks.classification.functional import FunctionalClassifier
 from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
+from flaxheads.tasks.token.functional import FunctionalTokenClassifier
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +277,139 @@ def test_packed_call_returns_each_segments_logits_as_the_model_does(classifier):
 def test_from_pretrained_warns_naming_the_newly_initialised_weights_as_transformers_does(checkpoint):
     with pytest.warns(UserWarning, match=r"newly initialized: \['classifier.weight', 'classifier.bias'\]"):
         FunctionalClassifier.from_pretrained(checkpoint.path, num_labels=5, ignore_mismatched_sizes=True)
+
+
+# ---- the token-classification and multiple-choice faces -----------------------------------------
+
+
+FACES = {
+    # face, the checkpoint's transformers class, transformers' Auto class that loads an export, inputs
+    "token": (FunctionalTokenClassifier, "BertForTokenClassification", transformers.AutoModelForTokenClassification,
+              _batch),
+    "choice": (FunctionalMultipleChoice, "BertForMultipleChoice", transformers.AutoModelForMultipleChoice,
+               lambda: {name: jnp.stack([a, b]) for (name, a), b in zip(_batch(0).items(), _batch(1).values())}),
+}
+"""Each task's face beside FunctionalClassifier, tested for what `FunctionalModel` promises."""
+
+
+@pytest.fixture(scope="module", params=list(FACES))
+def face(request, hf_checkpoint):
+    """(face, its checkpoint, inputs): a face loaded from a tiny BERT of its task."""
+    face_class, architecture, _, batch = FACES[request.param]
+    checkpoint = hf_checkpoint(architecture, num_labels=5)
+    return face_class.from_pretrained(checkpoint.path), checkpoint, batch()
+
+
+def _torch_logits(torch_model, batch) -> np.ndarray:
+    with torch.no_grad():
+        return torch_model(**{k: torch.as_tensor(np.array(v)) for k, v in batch.items()}).logits.numpy()
+
+
+@pytest.mark.slow
+def test_each_faces_eval_call_gives_its_models_logits_bit_for_bit_and_index_0_is_the_logits(face):
+    model, checkpoint, batch = face
+    out = model(**batch, params=model.params)
+    expected = np.asarray(model.model_class.from_pretrained(checkpoint.path)(**batch))
+    assert type(out) is model.output_class and out[0] is out.logits and out.logits.dtype == jnp.float32
+    theirs = _torch_logits(checkpoint.model, batch)
+    assert out.logits.shape == expected.shape == theirs.shape
+    assert np.asarray(out.logits).tobytes() == expected.tobytes()
+    print("max |apply_fn - transformers|", np.abs(np.asarray(out.logits) - theirs).max())
+    np.testing.assert_allclose(np.asarray(out.logits), theirs, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_each_faces_train_call_drops_what_the_model_drops_with_nnx_rngs_of_its_dropout_rng(face):
+    model, checkpoint, batch = face
+    key = jax.random.key(7)
+    in_memory = model.model_class.from_pretrained(checkpoint.path)
+    in_memory.train()
+    expected = np.asarray(in_memory(**batch, rngs=nnx.Rngs(dropout=key)))
+    train = np.asarray(model(**batch, dropout_rng=key, train=True).logits)
+    assert train.tobytes() == expected.tobytes()
+    assert np.abs(train - np.asarray(model(**batch).logits)).max() > 1e-3  # dropout was on
+
+
+@pytest.mark.slow
+def test_each_faces_params_round_trip_bit_exact_through_to_model(face):
+    model, _, _ = face
+    params = _perturbed(model.params)
+    _assert_bit_identical(type(model)(model.to_model(params)).params, params)
+    _assert_bit_identical(type(model)(model.to_model(jax.device_get(params))).params, params)
+
+
+def test_each_faces_save_pretrained_with_params_reloads_to_those_params_in_flaxheads_and_transformers(face, tmp_path):
+    model, checkpoint, batch = face
+    params = _perturbed(model.params)
+    model.save_pretrained(tmp_path, params=jax.device_get(params))
+    reloaded = type(model).from_pretrained(tmp_path)
+    _assert_bit_identical(reloaded.params, params)
+    assert reloaded.config == model.config
+
+    ours = np.asarray(reloaded(**batch).logits)
+    auto_class = next(auto for face_class, _, auto, _ in FACES.values() if face_class is type(model))
+    theirs = _torch_logits(auto_class.from_pretrained(tmp_path).eval(), batch)
+    print("max |flaxheads - transformers| after save_pretrained(params=)", np.abs(ours - theirs).max())
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert np.abs(ours - np.asarray(model(**batch).logits)).max() > 1e-4  # the new params, not the old
+
+
+def test_each_faces_ill_fitting_params_are_refused_naming_the_key(face):
+    model, _, batch = face
+    flat = traverse_util.flatten_dict(model.params)
+    key = next(path for path in flat if path[0] == "head" and path[-1] == "kernel")
+    name, (rows, cols) = ".".join(key), flat[key].shape
+    wrong_shape = traverse_util.unflatten_dict({**flat, key: jnp.zeros((rows, cols + 1))})
+    with pytest.raises(ValueError, match=rf"params\['{name}'\] is float32\[{rows}, {cols + 1}\] but the model "
+                                         rf"expects float32\[{rows}, {cols}\]"):
+        model(**batch, params=wrong_shape)
+    wrong_dtype = traverse_util.unflatten_dict({**flat, key: flat[key].astype(jnp.bfloat16)})
+    with pytest.raises(ValueError, match=rf"params\['{name}'\] is bfloat16"):
+        model.save_pretrained("never_written", params=wrong_dtype)
+    with pytest.raises(ValueError, match=f"params lacks '{name}'"):
+        model.to_model(traverse_util.unflatten_dict({k: v for k, v in flat.items() if k != key}))
+    with pytest.raises(ValueError, match="params has 'head.extra.kernel'"):
+        model.to_model(traverse_util.unflatten_dict({**flat, ("head", "extra", "kernel"): flat[key]}))
+
+
+def test_token_face_takes_the_config_and_options_run_flax_ner_passes(hf_checkpoint):
+    checkpoint = hf_checkpoint("BertModel")
+    tags = ["O", "B-PER", "I-PER"]
+    config = transformers.AutoConfig.from_pretrained(
+        checkpoint.path, num_labels=3, label2id={tag: i for i, tag in enumerate(tags)},
+        id2label={i: tag for i, tag in enumerate(tags)}, finetuning_task="ner")
+    with pytest.warns(UserWarning, match=r"newly initialized: \['classifier.bias', 'classifier.weight'\]"):
+        model = FunctionalTokenClassifier.from_pretrained(
+            checkpoint.path, config=config, cache_dir=None, revision="main", token=None, trust_remote_code=False,
+            seed=3, dtype=jnp.float32)
+    assert model.config.num_labels == 3 and model.config.id2label == {0: "O", 1: "B-PER", 2: "I-PER"}
+    assert model.config.label2id == {"O": 0, "B-PER": 1, "I-PER": 2}
+    assert model.params["head"]["classifier"]["kernel"].shape == (32, 3)
+
+
+def test_choice_face_loads_with_the_config_a_script_passes(hf_checkpoint):
+    """A script's `AutoConfig.from_pretrained(path)` carries num_labels=2, which a multiple-choice
+    model has no use for: it loads all the same, one score per choice."""
+    checkpoint = hf_checkpoint("BertForMultipleChoice")
+    model = FunctionalMultipleChoice.from_pretrained(checkpoint.path, config=transformers.AutoConfig.from_pretrained(
+        checkpoint.path))
+    assert model(**FACES["choice"][3]()).logits.shape == (2, 3)
+
+
+def test_use_auth_token_is_taken_as_token_as_transformers_4_took_it(checkpoint, monkeypatch):
+    """Older copies of the examples/flax scripts (run_flax_ner.py of transformers 4.22, for one) pass
+    `use_auth_token=`."""
+    passed = {}
+    load = SequenceClassifier.from_pretrained.__func__
+
+    def recording(cls, path, **options):
+        passed.update(options)
+        return load(cls, path, **options)
+
+    monkeypatch.setattr(SequenceClassifier, "from_pretrained", classmethod(recording))
+    FunctionalClassifier.from_pretrained(checkpoint.path, use_auth_token=None)
+    assert passed["token"] is None and "use_auth_token" not in passed
+    FunctionalClassifier.from_pretrained(checkpoint.path, use_auth_token=True)
+    assert passed["token"] is True
+    with pytest.raises(ValueError, match="use_auth_token= is the older name of token=: pass token= alone"):
+        FunctionalClassifier.from_pretrained(checkpoint.path, use_auth_token=True, token="hf_x")

@@ -1,7 +1,7 @@
-"""A classifier as Hugging Face Flax models present it: `.params` (a nested dict of arrays) and a
-pure `__call__(..., params=, dropout_rng=, train=)`, so a training script written for
-`FlaxAutoModelForSequenceClassification` (`TrainState(apply_fn=model.__call__,
-params=model.params)`, `jax.pmap`, optax masks) runs on flaxheads with its model lines changed.
+"""Sequence classification's Hugging Face Flax face: the stand-in for
+`FlaxAutoModelForSequenceClassification` (`flaxheads.functional.FunctionalModel` over
+`SequenceClassifier`), so a training script written for it (run_flax_glue.py) runs on flaxheads
+with its model lines changed.
 
     model = FunctionalClassifier.from_pretrained("path/to/bert", num_labels=3)
     logits = model(input_ids, attention_mask, params=model.params, dropout_rng=key, train=True).logits
@@ -10,19 +10,12 @@ params=model.params)`, `jax.pmap`, optax masks) runs on flaxheads with its model
 
 from __future__ import annotations
 
-import os
-import warnings
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
-from flax import nnx, traverse_util
 
-from flaxheads.backbones.dropout import DropoutKeys
+from flaxheads.functional import FunctionalModel, Params
 from flaxheads.tasks.classification.model import SequenceClassifier
-
-Params = dict[str, Any]
-"""{"backbone": {"layers": {"0": {"attention": {"query": {"kernel": array, ...}}}}}, "head": ...}"""
 
 
 class ClassifierOutput(NamedTuple):
@@ -31,117 +24,19 @@ class ClassifierOutput(NamedTuple):
     `jax.jit` / `jax.pmap`."""
 
     logits: jax.Array
-    """(batch, num_labels) float32."""
+    """(batch, num_labels) float32; (batch, num_segments, num_labels) for packed rows."""
 
 
-class FunctionalClassifier:
-    """A `SequenceClassifier` split into structure and `.params`, called as a pure function.
+class FunctionalClassifier(FunctionalModel):
+    """A `SequenceClassifier` split into structure and `.params`, called as a pure function
+    (`FunctionalModel`): `model(input_ids, attention_mask=None, token_type_ids=None,
+    position_ids=None, *, params=, dropout_rng=, train=)` -> `ClassifierOutput`, (batch, seq) int
+    inputs -> (batch, num_labels) float32 logits. The classifier's other inputs pass through as
+    keywords: `cls_index`, and packed rows' `segment_ids` and `num_segments` (see
+    `SequenceClassifier.__call__`), which give (batch, num_segments, num_labels)."""
 
-    `.params` is a nested dict of plain arrays with string keys (layer indices "0", "1", ...), the
-    layout of Hugging Face Flax models: `flax.traverse_util.flatten_dict`, optax masks,
-    `flax.jax_utils.replicate` and `jax.pmap` take it as it is. The names are flaxheads' own
-    (`backbone.layers.0.attention_norm.scale`), so mask weight decay with `flaxheads.decay_mask`.
-    """
-
-    def __init__(self, model: SequenceClassifier):
-        graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
-        self._graphdef = graphdef
-        flat = list(nnx.to_flat_state(params))
-        self.params: Params = traverse_util.unflatten_dict({tuple(map(str, path)): var[...] for path, var in flat})
-        # Shapes only: the arrays live in `self.params`, which the caller may replace.
-        self._variables = [
-            (path, ".".join(map(str, path)), var.replace(jax.ShapeDtypeStruct(var.shape, var.dtype)))
-            for path, var in flat
-        ]
-        self.config = model.config
-
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **options) -> "FunctionalClassifier":
-        """`SequenceClassifier.from_pretrained(path, **options)` wrapped: the same options (`config=`,
-        `num_labels=`, `token=`, ...) and errors; with `output_loading_info=True`,
-        `(classifier, LoadingInfo)`. Newly initialised parameters are named in a warning, as
-        transformers' `from_pretrained` names them, since a script written for it relies on that."""
-        wants_info = options.pop("output_loading_info", False)
-        model, info = SequenceClassifier.from_pretrained(path, output_loading_info=True, **options)
-        if info.untrained:
-            warnings.warn(
-                f"Some weights of the model were not initialized from the checkpoint at {path} and are newly "
-                f"initialized: {info.untrained}. You should probably TRAIN this model on a down-stream task to be "
-                "able to use it for predictions and inference.", UserWarning, stacklevel=2)
-        return (cls(model), info) if wants_info else cls(model)
-
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        attention_mask: jax.Array | None = None,
-        token_type_ids: jax.Array | None = None,
-        position_ids: jax.Array | None = None,
-        *,
-        params: Params | None = None,
-        dropout_rng: jax.Array | None = None,
-        train: bool = False,
-        cls_index: jax.Array | None = None,
-        segment_ids: jax.Array | None = None,
-        num_segments: int | None = None,
-    ) -> ClassifierOutput:
-        """(batch, seq) int inputs -> ClassifierOutput((batch, num_labels) float32 logits); packed
-        rows (`segment_ids`, `num_segments`: see `SequenceClassifier.__call__`) give (batch,
-        num_segments, num_labels).
-
-        A pure function of its arguments (`params` default: `self.params`), usable as a
-        `TrainState`'s `apply_fn` under `jax.jit` and `jax.pmap`. `train=True` turns dropout on,
-        drawn from `dropout_rng` (required then); `train=False` is deterministic and ignores it.
-        Raises ValueError naming the first key of `params` that does not fit the model."""
-        if train and dropout_rng is None:
-            raise ValueError(
-                "train=True turns dropout on and needs its randomness: pass dropout_rng=jax.random.key(...) "
-                "(under pmap, one key per device), or train=False for a deterministic call"
-            )
-        model = self.to_model(self.params if params is None else params)
-        inputs = dict(attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids,
-                      cls_index=cls_index, segment_ids=segment_ids, num_segments=num_segments)
-        if train:
-            model.train()
-            return ClassifierOutput(model(input_ids, **inputs, rngs=DropoutKeys(dropout_rng)))
-        model.eval()
-        return ClassifierOutput(model(input_ids, **inputs))
-
-    def to_model(self, params: Params | None = None) -> SequenceClassifier:
-        """The `SequenceClassifier` holding `params` (default `self.params`), arrays as given (bit
-        for bit). Raises ValueError naming the first missing, unexpected or ill-fitting key."""
-        flat = _flat_by_dotted_name(self.params if params is None else params)
-        expected = {name for _, name, _ in self._variables}
-        unexpected = sorted(set(flat) - expected)
-        if unexpected:
-            raise ValueError(
-                f"params has {unexpected[0]!r} ({len(unexpected)} key(s) in all), which this model lacks; "
-                "params must come from this model's `.params` (same architecture, head and num_labels)"
-            )
-        leaves = []
-        for path, name, var in self._variables:
-            if name not in flat:
-                raise ValueError(f"params lacks {name!r}: pass every parameter of this model's `.params`")
-            value = flat[name]
-            if tuple(value.shape) != tuple(var.shape) or jnp.dtype(value.dtype) != jnp.dtype(var.dtype):
-                raise ValueError(
-                    f"params[{name!r}] is {jnp.dtype(value.dtype).name}{list(value.shape)} but the model "
-                    f"expects {jnp.dtype(var.dtype).name}{list(var.shape)}; under pmap pass the params of one "
-                    "device (`flax.jax_utils.unreplicate`), and cast with jax.tree.map if the dtype differs"
-                )
-            leaves.append((path, var.replace(value if isinstance(value, jax.Array) else jnp.asarray(value))))
-        return nnx.merge(self._graphdef, nnx.from_flat_state(leaves), self._rest)
-
-    def save_pretrained(self, path: str | os.PathLike, params: Params | None = None, **options) -> None:
-        """Writes the model holding `params` (default `self.params`) as `model.save_pretrained(path,
-        **options)` does: a Hugging Face directory transformers loads (`format="pytorch"`)."""
-        self.to_model(params).save_pretrained(path, **options)
+    model_class = SequenceClassifier
+    output_class = ClassifierOutput
 
 
-def _flat_by_dotted_name(params) -> dict[str, Any]:
-    """{"backbone.layers.0.attention.query.kernel": array} from a nested dict (plain or frozen) or
-    an `nnx.State`."""
-    if isinstance(params, nnx.State):
-        params = nnx.to_pure_dict(params)
-    if not hasattr(params, "items"):
-        raise ValueError(f"params is a {type(params).__name__}; pass a nested dict of arrays like `model.params`")
-    return {".".join(map(str, key)): value for key, value in traverse_util.flatten_dict(params).items()}
+__all__ = ["ClassifierOutput", "FunctionalClassifier", "Params"]
