@@ -339,22 +339,21 @@ def check_folder(output_dir: str | os.PathLike, identity: dict[str, Any], *, exp
             "(overwrite_output_dir=True removes only what an earlier run recorded writing)"
         )
     stale = _stale_files(output_dir, record, exports)
+    beside = (f"the run's export (config.json, {PYTORCH.written_as}, its tokenizer's files) would leave them beside "
+              "its own, so a loader (transformers, flaxheads predict) could read them with the new model")
+    foreign = checkpoint_files(output_dir) if record is None and not overwrite else []
+    if foreign:
+        also = f" (having moved out {', '.join(stale)}: {beside})" if stale else ""
+        raise RunConflict(
+            f"output_dir {output_dir} already holds a model that no flaxheads run wrote there "
+            f"({', '.join(foreign)}). Pass overwrite_output_dir=True to replace it{also}, or choose another output_dir"
+        )
     if stale:
         raise RunConflict(
-            f"output_dir {output_dir} holds {', '.join(stale)}, which no flaxheads run recorded writing, and the "
-            f"run's export (config.json, {PYTORCH.written_as}, its tokenizer's files) would leave them beside its own, "
-            "so a loader (transformers, flaxheads predict) could read them with the new model. Move them out of the "
-            "folder, or choose another output_dir"
+            f"output_dir {output_dir} holds {', '.join(stale)}, which no flaxheads run recorded writing, and {beside}. "
+            "Move them out of the folder, or choose another output_dir"
         )
-    if overwrite:
-        return None
-    if record is None:
-        foreign = checkpoint_files(output_dir)
-        if foreign:
-            raise RunConflict(
-                f"output_dir {output_dir} already holds a model that no flaxheads run wrote there "
-                f"({', '.join(foreign)}). Pass overwrite_output_dir=True to replace it, or choose another output_dir"
-            )
+    if overwrite or record is None:
         return None
     saved = _implied(record.get("identity") or {}, identity)
     trained = _differences(saved.get("trained") or {}, identity["trained"])
