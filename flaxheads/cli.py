@@ -14,11 +14,12 @@ import sys
 import threading
 import typing
 
-from flaxheads import compile_cache, host_memory, quiet_imports
-
-quiet_imports.flax()  # before the first import of flax (through heads), without IPython
-from flaxheads.heads import HEAD_NAMES  # noqa: E402
-from flaxheads.training.config import CHOICES, COMMAND_LINE_DEFAULTS, TrainConfig, field_docs  # noqa: E402
+# Parsing, and every command's --help, needs none of jax, flax, datasets, transformers or torch
+# (tests/test_cli_parser.py checks it): the modules imported here do not import them, and the commands
+# import what they run in their own functions.
+from flaxheads import compile_cache, host_memory, notes, quiet_imports
+from flaxheads.names import HEAD_NAMES
+from flaxheads.training.config import CHOICES, COMMAND_LINE_DEFAULTS, TrainConfig, field_docs
 
 
 def _print_rows(rows) -> int:
@@ -352,11 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_FLAG_OF_PARAMETER = {"scheme": "tag_scheme"}
+"""Library parameters whose flag has another name: `flaxheads.tags`' `scheme=` is `--tag_scheme`
+(`TrainConfig.tag_scheme`, passed on as `scheme`)."""
+
+
 def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     """A library message in the words of this command line: `ignore_mismatched_sizes=True` becomes
     `--ignore_mismatched_sizes`, `num_labels=5` `--num_labels 5`, `head='cls'` `--head cls`, for
-    the parameters that are flags of `parser`; other parameters stay as they are."""
+    the parameters that are flags of `parser` (under their own name or `_FLAG_OF_PARAMETER`'s);
+    other parameters stay as they are."""
     flags = {option[2:] for action in parser._actions for option in action.option_strings if option.startswith("--")}
+    for parameter_name, flag in _FLAG_OF_PARAMETER.items():
+        if flag in flags:
+            message = re.sub(rf"(?<![\w./-]){re.escape(parameter_name)}=", f"{flag}=", message)
     for name in sorted(flags):
         parameter = rf"(?<![\w./-]){re.escape(name)}="
         message = re.sub(parameter + r"True\b", f"--{name}", message)
@@ -374,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         host_memory.restart_with_huge_pages(sys.argv[1:])
     if argv is None and args.command != "bench":  # bench runs transformers' PyTorch models in this process
         quiet_imports.use_torch_free_transformers()
+    quiet_imports.flax()  # before the command's first import of flax, without IPython
+    notes.wording = functools.partial(_in_flag_terms, parser=args.command_parser)  # the notes it prints, too
     try:
         compile_cache.enable(args.compilation_cache)
         return args.run(args)
@@ -383,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"flaxheads {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        notes.wording = None  # a caller of main() goes on in Python's words
 
 
 def exit_process(code: int) -> typing.NoReturn:

@@ -12,7 +12,7 @@ PACKAGE = pathlib.Path(flaxheads.__file__).parent
 
 FLOORS: dict[str, int] = {
     "problem": 0, "thresholds": 0, "tags": 0, "atomic": 0, "version": 0, "shipped_model": 0, "compile_cache": 0,
-    "host_memory": 0, "quiet_imports": 0,
+    "host_memory": 0, "quiet_imports": 0, "names": 0, "notes": 0,
     "backbones": 1, "plotting": 1,
     "heads": 2, "lora": 2,
     "conversion": 3,
@@ -187,3 +187,17 @@ def test_the_package_imports_its_names_lazily_and_every_one_resolves():
     for name in flaxheads.__all__:
         assert getattr(flaxheads, name) is getattr(sys.modules[flaxheads._MODULE_OF.get(name, "flaxheads.version")], name)
     assert callable(flaxheads.pipeline) and flaxheads.pipeline.__module__ == "flaxheads.tasks"
+
+
+def test_subpackages_are_attributes_of_the_package_imported_on_first_use():
+    """`import flaxheads; flaxheads.data.load_builtin(...)` works (the README's quickstart), and
+    `import flaxheads` alone still imports none of them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, flaxheads\n"
+            "before = [m for m in ('flaxheads.data', 'flaxheads.training', 'jax') if m in sys.modules]\n"
+            "print(before, flaxheads.data.load_builtin.__module__, flaxheads.training.__name__, "
+            "'conversion' in dir(flaxheads), hasattr(flaxheads, 'no_such_module'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "flaxheads.data.builtin", "flaxheads.training", "True", "False"]

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from flaxheads import data
+from flaxheads import data, notes
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
@@ -32,7 +32,7 @@ class NonFiniteLoss(FloatingPointError):
 
 def print0(message: str, *, file=None) -> None:
     if jax.process_index() == 0:
-        print(message, file=file)
+        print(notes.worded(message), file=file)
 
 
 def sync(name: str) -> None:
