@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import difflib
 import functools
 import json
 import os
@@ -47,6 +48,67 @@ def _inspect(args) -> int:
     print(describe(args.path, head=args.head, num_labels=args.num_labels,
                    ignore_mismatched_sizes=args.ignore_mismatched_sizes))
     return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, and its subcommands', without abbreviations (`--max_step 2` is refused,
+    not read as `--max_steps 2`), answering an unknown flag with the nearest known ones."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            parser = _innermost_parser(self, parsed)
+            parser.error(unrecognized(unknown, parser))
+        return parsed
+
+
+def _innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` ran: `flaxheads study run`'s for `study run ...`."""
+    while True:
+        subcommands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, subcommands.dest, None) if subcommands else None
+        if chosen not in (subcommands.choices if subcommands else ()):
+            return parser
+        parser = subcommands.choices[chosen]
+
+
+def unrecognized(arguments: list[str], parser: argparse.ArgumentParser) -> str:
+    """The error for `arguments` that `parser` does not know: each unknown flag with the nearest
+    flags of `parser` it may be a typo of (difflib's similarity), e.g. `unrecognized argument --learnig_rate;
+    did you mean --learning_rate?`. Values after an unknown flag are taken for its own."""
+    flags = [arg for arg in arguments if arg.startswith("--") or (arg.startswith("-") and not _is_number(arg))]
+    if not flags:
+        return f"unrecognized arguments: {' '.join(arguments)}"
+    known = sorted({option for action in parser._actions if action.help is not argparse.SUPPRESS
+                    for option in action.option_strings})
+    described = []
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        similarity = {option: difflib.SequenceMatcher(None, name, option).ratio() for option in known}
+        best = max(similarity.values(), default=0.0)
+        # The near ones, and only those nearly as near as the nearest: --max_step is --max_steps,
+        # not also --save_steps.
+        nearest = [option for option in sorted(known, key=similarity.get, reverse=True)[:3]
+                   if similarity[option] >= max(0.7, best - 0.1)]
+        described.append((name, " or ".join(nearest)))
+    if len(described) == 1:
+        name, nearest = described[0]
+        return f"unrecognized argument {name}" + (f"; did you mean {nearest}?" if nearest else
+                                                   f" (`{parser.prog} --help` lists the flags)")
+    return "unrecognized arguments " + ", ".join(name + (f" (did you mean {nearest}?)" if nearest else "")
+                                                  for name, nearest in described)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -270,7 +332,7 @@ def _read_lines(input_file: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flaxheads", description=__doc__)
+    parser = _Parser(prog="flaxheads", description=__doc__)
     parser.add_argument("--compilation_cache", metavar="DIR|off",
                         help="jax's persistent compilation cache, so a repeated run compiles nothing: a folder, "
                              f"or off; default: ${compile_cache.ENV_VAR}, else {compile_cache.default_directory()}")
