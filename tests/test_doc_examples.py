@@ -123,7 +123,7 @@ def runnable_blocks(path: Path) -> list[Block]:
 
 MODEL_PLACEHOLDERS = {
     "path/to/bert": "tiny_bert", "path/to/hf-checkpoint": "tiny_bert", "path/to/checkpoint": "tiny_bert",
-    "my-bert": "tiny_bert", "M": "tiny_bert", "path/to/Llama-3.2-1B": "tiny_llama",
+    "path/to/model": "tiny_bert", "my-bert": "tiny_bert", "M": "tiny_bert", "path/to/Llama-3.2-1B": "tiny_llama",
 }
 """Folder an example names -> the session fixture (tests/conftest.py) whose checkpoint stands there."""
 
