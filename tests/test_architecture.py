@@ -189,6 +189,7 @@ def test_the_package_imports_its_names_lazily_and_every_one_resolves():
     assert callable(flaxheads.pipeline) and flaxheads.pipeline.__module__ == "flaxheads.tasks"
 
 
+@pytest.mark.slow
 def test_subpackages_are_attributes_of_the_package_imported_on_first_use():
     """`import flaxheads; flaxheads.data.load_builtin(...)` works (the README's quickstart), and
     `import flaxheads` alone still imports none of them."""
