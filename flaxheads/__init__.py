@@ -16,12 +16,14 @@
 
 Importing the package is quick: each name below is imported from its module on first use (jax,
 flax, datasets and transformers load then), so `flaxheads --help` and the installed command's
-restart (`launcher`) pay for none of them.
+restart (`launcher`) pay for none of them. Subpackages and modules are attributes the same way:
+`flaxheads.data.load_builtin(...)` works after `import flaxheads` alone.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import TYPE_CHECKING
 
 from flaxheads.version import __version__
@@ -87,19 +89,24 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 }
 """The public names by the module that defines them (the block above lists the same; a test checks)."""
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_SUBMODULES = frozenset(module.name for module in pkgutil.iter_modules(__path__))
+"""The package's subpackages and modules (`data`, `training`, ...): a listing of its folder, nothing imported."""
 
 
 def __getattr__(name: str):
-    """The public `name`, imported from its module on first use and kept."""
-    if name not in _MODULE_OF:
+    """The public `name`, or the subpackage or module `name`, imported on first use and kept."""
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
         raise AttributeError(f"module 'flaxheads' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULE_OF})
+    return sorted({*globals(), *_MODULE_OF, *_SUBMODULES})
 
 
 __all__ = ["__version__", *sorted(_MODULE_OF)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import difflib
 import functools
 import json
 import os
@@ -14,11 +15,12 @@ import sys
 import threading
 import typing
 
-from flaxheads import compile_cache, host_memory, quiet_imports
-
-quiet_imports.flax()  # before the first import of flax (through heads), without IPython
-from flaxheads.heads import HEAD_NAMES  # noqa: E402
-from flaxheads.training.config import CHOICES, COMMAND_LINE_DEFAULTS, TrainConfig, field_docs  # noqa: E402
+# Parsing, and every command's --help, needs none of jax, flax, datasets, transformers or torch
+# (tests/test_cli_parser.py checks it): the modules imported here do not import them, and the commands
+# import what they run in their own functions.
+from flaxheads import compile_cache, host_memory, names, notes, quiet_imports
+from flaxheads.names import HEAD_NAMES
+from flaxheads.training.config import CHOICES, COMMAND_LINE_DEFAULTS, TrainConfig, field_docs
 
 
 def _print_rows(rows) -> int:
@@ -46,6 +48,67 @@ def _inspect(args) -> int:
     print(describe(args.path, head=args.head, num_labels=args.num_labels,
                    ignore_mismatched_sizes=args.ignore_mismatched_sizes))
     return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, and its subcommands', without abbreviations (`--max_step 2` is refused,
+    not read as `--max_steps 2`), answering an unknown flag with the nearest known ones."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            parser = _innermost_parser(self, parsed)
+            parser.error(unrecognized(unknown, parser))
+        return parsed
+
+
+def _innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` ran: `flaxheads study run`'s for `study run ...`."""
+    while True:
+        subcommands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, subcommands.dest, None) if subcommands else None
+        if chosen not in (subcommands.choices if subcommands else ()):
+            return parser
+        parser = subcommands.choices[chosen]
+
+
+def unrecognized(arguments: list[str], parser: argparse.ArgumentParser) -> str:
+    """The error for `arguments` that `parser` does not know: each unknown flag with the nearest
+    flags of `parser` it may be a typo of (difflib's similarity), e.g. `unrecognized argument --learnig_rate;
+    did you mean --learning_rate?`. Values after an unknown flag are taken for its own."""
+    flags = [arg for arg in arguments if arg.startswith("--") or (arg.startswith("-") and not _is_number(arg))]
+    if not flags:
+        return f"unrecognized arguments: {' '.join(arguments)}"
+    known = sorted({option for action in parser._actions if action.help is not argparse.SUPPRESS
+                    for option in action.option_strings})
+    described = []
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        similarity = {option: difflib.SequenceMatcher(None, name, option).ratio() for option in known}
+        best = max(similarity.values(), default=0.0)
+        # The near ones, and only those nearly as near as the nearest: --max_step is --max_steps,
+        # not also --save_steps.
+        nearest = [option for option in sorted(known, key=similarity.get, reverse=True)[:3]
+                   if similarity[option] >= max(0.7, best - 0.1)]
+        described.append((name, " or ".join(nearest)))
+    if len(described) == 1:
+        name, nearest = described[0]
+        return f"unrecognized argument {name}" + (f"; did you mean {nearest}?" if nearest else
+                                                   f" (`{parser.prog} --help` lists the flags)")
+    return "unrecognized arguments " + ", ".join(name + (f" (did you mean {nearest}?)" if nearest else "")
+                                                  for name, nearest in described)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -91,10 +154,11 @@ def _flag_type(field: dataclasses.Field):
 
 def flag_choices() -> dict[str, tuple[str, ...]]:
     """The values each TrainConfig flag with a fixed set accepts: `CHOICES`, and the settings the
-    tasks read (`flaxheads.tasks.setting_choices`: --task, --tag_scheme, --eval_mode)."""
-    from flaxheads import tasks
-
-    return {**CHOICES, **tasks.setting_choices()}
+    tasks read (--task, --tag_scheme, --eval_mode): the registry's (`flaxheads.tasks.setting_choices`)
+    when it is loaded (a task registered in this process has loaded it), else the built-in tasks'
+    (`names.TASK_SETTINGS`, which imports no jax: `--help` reads it)."""
+    registry = sys.modules.get("flaxheads.tasks.registry")
+    return {**CHOICES, **(registry.setting_choices() if registry is not None else names.TASK_SETTINGS)}
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
@@ -175,7 +239,7 @@ def _report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flaxheads", description=__doc__)
+    parser = _Parser(prog="flaxheads", description=__doc__)
     parser.add_argument("--compilation_cache", metavar="DIR|off",
                         help="jax's persistent compilation cache, so a repeated run compiles nothing: a folder, "
                              f"or off; default: ${compile_cache.ENV_VAR}, else {compile_cache.default_directory()}")
@@ -258,11 +322,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_FLAG_OF_PARAMETER = {"scheme": "tag_scheme"}
+"""Library parameters whose flag has another name: `flaxheads.tasks.token.tags`' `scheme=` is `--tag_scheme`
+(`TrainConfig.tag_scheme`, passed on as `scheme`)."""
+
+
 def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     """A library message in the words of this command line: `ignore_mismatched_sizes=True` becomes
     `--ignore_mismatched_sizes`, `num_labels=5` `--num_labels 5`, `head='cls'` `--head cls`, for
-    the parameters that are flags of `parser`; other parameters stay as they are."""
+    the parameters that are flags of `parser` (under their own name or `_FLAG_OF_PARAMETER`'s);
+    other parameters stay as they are."""
     flags = {option[2:] for action in parser._actions for option in action.option_strings if option.startswith("--")}
+    for parameter_name, flag in _FLAG_OF_PARAMETER.items():
+        if flag in flags:
+            message = re.sub(rf"(?<![\w./-]){re.escape(parameter_name)}=", f"{flag}=", message)
     for name in sorted(flags):
         parameter = rf"(?<![\w./-]){re.escape(name)}="
         message = re.sub(parameter + r"True\b", f"--{name}", message)
@@ -280,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         host_memory.restart_with_huge_pages(sys.argv[1:])
     if argv is None and args.command != "bench":  # bench runs transformers' PyTorch models in this process
         quiet_imports.use_torch_free_transformers()
+    quiet_imports.flax()  # before the command's first import of flax, without IPython
+    notes.wording = functools.partial(_in_flag_terms, parser=args.command_parser)  # the notes it prints, too
     try:
         compile_cache.enable(args.compilation_cache)
         return args.run(args)
@@ -289,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"flaxheads {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        notes.wording = None  # a caller of main() goes on in Python's words
 
 
 def exit_process(code: int) -> typing.NoReturn:

@@ -33,8 +33,8 @@ import functools
 import os
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
+# jax is imported by the functions that use it: `flaxheads --help` shows ENV_VAR and
+# default_directory() without it.
 
 ENV_VAR = "FLAXHEADS_COMPILATION_CACHE"
 PRECISION_ENV_VAR = "FLAXHEADS_MATMUL_PRECISION"
@@ -108,6 +108,8 @@ XLA_FLAGS wins: these are then not applied."""
 def compiler_options(kind: str, compute: str = "float32") -> dict[str, str] | None:
     """`CPU_OPTIONS[kind, compute]` where the default backend is the CPU, XLA_FLAGS does not set
     them and this XLA knows them; else None (XLA's defaults)."""
+    import jax
+
     options = CPU_OPTIONS[kind, compute]
     if jax.default_backend() != "cpu" or _YNN_FUSIONS in os.environ.get("XLA_FLAGS", ""):
         return None
@@ -120,6 +122,8 @@ def compiler_options(kind: str, compute: str = "float32") -> dict[str, str] | No
 
 def _backend() -> str:
     """The platform programs run on; tests replace it."""
+    import jax
+
     return jax.default_backend()
 
 
@@ -137,6 +141,8 @@ def matmul_precision() -> str | None:
 def precise(fun):
     """`fun` traced under `matmul_precision()` (decided now, when the program is built): its
     float32 products, and their gradients, in float32 on GPUs and TPUs."""
+    import jax
+
     precision = matmul_precision()
     if precision is None:
         return fun
@@ -152,6 +158,8 @@ def precise(fun):
 def compute_dtype(graphdef) -> str:
     """"bfloat16" when a layer of the model `graphdef` describes (`nnx.split`'s first half)
     computes in bfloat16, else "float32": which `CPU_OPTIONS` its programs compile with."""
+    import jax.numpy as jnp
+
     for name, attribute in getattr(graphdef, "attributes", ()):
         value = getattr(attribute, "value", None)
         if name == "dtype" and value is not None and jnp.dtype(value) == jnp.bfloat16:
@@ -162,12 +170,16 @@ def compute_dtype(graphdef) -> str:
 def forward_jit(fun, *, graphdef=None, **jit_kwargs):
     """`jax.jit(fun, **jit_kwargs)` for a forward-only program of the model `graphdef` describes
     (`compiler_options("forward", compute_dtype(graphdef))`; float32's without one)."""
+    import jax
+
     return jax.jit(precise(fun), compiler_options=compiler_options("forward", _compute(graphdef)), **jit_kwargs)
 
 
 def train_jit(fun, *, graphdef=None, **jit_kwargs):
     """`jax.jit(fun, **jit_kwargs)` for a train step of the model `graphdef` describes
     (`compiler_options("train", compute_dtype(graphdef))`; float32's without one)."""
+    import jax
+
     return jax.jit(precise(fun), compiler_options=compiler_options("train", _compute(graphdef)), **jit_kwargs)
 
 
@@ -182,6 +194,8 @@ def enable(setting: str | None = None) -> Path | None:
     directory = cache_directory(setting)
     if directory is None:
         return None
+    import jax
+
     directory.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -204,6 +218,8 @@ class CompileTimer:
         self._active = False
 
     def start(self) -> CompileTimer:
+        import jax
+
         self._active = True
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         jax.monitoring.register_event_listener(self._on_event)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jax
 
-from flaxheads import quiet_imports
+from flaxheads import notes, quiet_imports
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf, backbone_spec
 from flaxheads.conversion.model_folder import folder_of, open_checkpoint
 
@@ -31,7 +31,7 @@ here up means "no limit"."""
 def note(message: str) -> None:
     """`message` on stderr as a note, from process 0 only."""
     if jax.process_index() == 0:
-        print(f"note: {message}", file=sys.stderr)
+        print(f"note: {notes.worded(message)}", file=sys.stderr)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,9 @@
 # The test suite (what CI runs), with the Python that scripts/setup.sh installed into.
 #
 #   bash scripts/test.sh                       everything, as CI runs it
-#   bash scripts/test.sh --fast                the fast lane for local work (under 5 minutes): every test
-#                                              not marked `slow` (pyproject.toml says what slow means)
+#   bash scripts/test.sh --fast                the fast lane for local work: every test not marked `slow`
+#                                              (pyproject.toml says what slow means); 537 CPU-seconds,
+#                                              ~4.5 min on 2 idle cores (2026-11-28, the README)
 #   bash scripts/test.sh tests/test_cli.py -k help     other arguments go to pytest
 #
 # Tests run in FLAXHEADS_TEST_WORKERS parallel processes (pytest-xdist; default: the number of

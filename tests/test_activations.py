@@ -41,6 +41,7 @@ def test_activation_values_and_gradients_equal_torch(name):
     assert np.isfinite(values).all() and np.isfinite(our_grad).all()
 
 
+@pytest.mark.slow
 def test_exact_gelu_equals_jax_gelu_and_its_gradient_in_float32_and_bfloat16():
     ours = layers.activation("gelu")
     reference = lambda x: jax.nn.gelu(x, approximate=False)  # noqa: E731

@@ -7,13 +7,15 @@ import ast
 import importlib
 import pathlib
 
+import pytest
+
 import flaxheads
 
 PACKAGE = pathlib.Path(flaxheads.__file__).parent
 
 FLOORS: dict[str, int] = {
     "problem": 0, "thresholds": 0, "atomic": 0, "version": 0, "shipped_model": 0, "compile_cache": 0,
-    "host_memory": 0, "quiet_imports": 0,
+    "host_memory": 0, "quiet_imports": 0, "names": 0, "notes": 0,
     "backbones": 1, "plotting": 1,
     "heads": 2, "lora": 2,
     "conversion": 3,
@@ -268,3 +270,18 @@ def test_the_library_imports_the_names_that_moved_to_a_task_from_its_task():
     assert not used, used
     for name, module in data.MOVED.items():
         assert getattr(data, name) is getattr(importlib.import_module(module), name)
+
+
+def test_subpackages_are_attributes_of_the_package_imported_on_first_use():
+    """`import flaxheads; flaxheads.data.load_builtin(...)` works (the README's quickstart, run by
+    test_doc_examples.py), and `import flaxheads` alone imports none of them. Shown on modules that
+    import no jax, so that the test stays quick."""
+    import subprocess
+    import sys
+
+    code = ("import sys, flaxheads\n"
+            "before = [m for m in ('flaxheads.names', 'flaxheads.training', 'jax') if m in sys.modules]\n"
+            "print(before, flaxheads.names.TASKS[0], flaxheads.training.__name__, 'data' in dir(flaxheads), "
+            "hasattr(flaxheads, 'no_such_module'), 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "text-classification", "flaxheads.training", "True", "False", "False"]

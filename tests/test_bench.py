@@ -78,6 +78,7 @@ def test_markdown_puts_step_rows_and_other_rows_in_their_own_tables():
     assert tables[1].splitlines()[0] == "| device | dtype | tflops |"
 
 
+@pytest.mark.slow
 def test_the_flax_peer_names_the_fix_when_its_python_is_missing_or_wrong(tmp_path):
     with pytest.raises(FileNotFoundError, match="make_hf_flax_env.sh"):
         hf_flax_steps(StepBench(), str(tmp_path / "bin" / "python"))
@@ -115,6 +116,7 @@ def test_the_checkpoint_bench_saves_both_ways_and_reports_the_blocked_seconds(ti
     assert all(row["saves"] == 2 and 0 < row["blocked_s_min"] <= row["blocked_s_max"] for row in rows)
 
 
+@pytest.mark.slow
 def test_the_lora_reward_step_counts_its_parameters_and_flops_on_a_tiny_llama():
     """The GPU record's 1B LoRA reward step (benchmarks.reward_step), on a Llama small enough for the CPU."""
     from flaxheads.benchmarks.reward_step import RewardBench, run as run_reward

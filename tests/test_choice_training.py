@@ -118,6 +118,7 @@ def _torch_batch(batch: dict) -> dict:
             for k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
 
 
+@pytest.mark.slow
 def test_a_train_step_has_the_loss_and_logits_of_pytorch_bert_for_multiple_choice(tiny_bert, swag, tmp_path):
     reference = transformers.BertForMultipleChoice.from_pretrained(tiny_bert, initializer_range=0.2).eval()
     randomize_(reference, seed=0)  # every parameter drawn, LayerNorm scales included: a swapped tensor shows
@@ -158,6 +159,7 @@ def choice_run(tiny_bert, swag, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_train_reports_accuracy_and_exports_a_transformers_bert_for_multiple_choice(choice_run, swag):
     results = json.loads((choice_run / "results.json").read_text())
     lines = (choice_run / "predict_results.txt").read_text().splitlines()
@@ -185,6 +187,7 @@ def test_train_reports_accuracy_and_exports_a_transformers_bert_for_multiple_cho
     assert list(np.argmax(theirs, axis=-1)) == chosen
 
 
+@pytest.mark.slow
 def test_evaluate_and_predict_answer_as_the_run_did(choice_run, swag, capsys):
     results = json.loads((choice_run / "results.json").read_text())
     chosen = [int(line.split("\t")[1]) for line in (choice_run / "predict_results.txt").read_text().splitlines()[1:]]
@@ -209,6 +212,7 @@ def test_evaluate_and_predict_answer_as_the_run_did(choice_run, swag, capsys):
     assert "multiple-choice model: give its examples as --input_file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_trainer_trains_on_choices_held_in_python(tiny_bert):
     rows = [_swag_row(i) for i in range(8)]
     task = flaxheads.data.choice_task({"train": rows, "validation": rows[:4]})

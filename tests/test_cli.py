@@ -22,7 +22,7 @@ import flaxheads
 from flaxheads.cli import build_parser, main, train_config
 from flaxheads.data.builtin import BUILTIN_DATASETS
 from flaxheads.heads import HEAD_NAMES
-from flaxheads.tasks.sources import TASKS
+from flaxheads.tasks import TASKS
 from flaxheads.problem import PROBLEM_TYPES
 from flaxheads.tasks.token.tags import SCHEMES
 from flaxheads.training.config import EVAL_STRATEGIES, REPORT_TO, SAMPLING_STRATEGIES, TrainConfig
@@ -45,6 +45,7 @@ def minilm_round_trip(minilm_path, tmp_path_factory):
     return root, codes
 
 
+@pytest.mark.slow
 def test_convert_commands_succeed(minilm_round_trip):
     _, codes = minilm_round_trip
 
@@ -166,6 +167,7 @@ def test_convert_overwrite_onto_a_directory_of_the_other_format_exits_2(minilm_r
     assert "holds ['model.safetensors']" in err and "remove" in err
 
 
+@pytest.mark.slow
 def test_convert_overwrite_replaces_the_model_and_keeps_other_files(minilm_path, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["convert", str(minilm_path), str(out), "--num_labels", "4"]) == 0
@@ -313,7 +315,7 @@ CHOICE_OWNERS = {
     "report_to": REPORT_TO,
     "train_sampling_strategy": SAMPLING_STRATEGIES,
     "parallel": tuple(PARALLEL),
-    "task": TASKS,
+    "task": tuple(TASKS),
     "tag_scheme": SCHEMES,
     "eval_mode": EVAL_MODES,
 }

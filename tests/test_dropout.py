@@ -189,6 +189,7 @@ def test_a_constructed_model_is_in_train_mode_and_eval_train_flip_every_dropout(
     assert not any(_modes(model).values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAST_MODELS)
 def test_eval_mode_turns_dropout_off_even_with_rngs(name):
     model = _model(name)
@@ -230,6 +231,7 @@ def test_train_mode_without_rngs_is_fine_when_every_dropout_rate_is_zero():
     np.testing.assert_array_equal(logits, np.asarray(model(**INPUTS)))
 
 
+@pytest.mark.slow
 def test_attention_takes_the_fused_kernel_in_eval_mode_and_not_with_train_mode_dropout(monkeypatch):
     calls = []
     fused = jax.nn.dot_product_attention

@@ -158,6 +158,7 @@ def _loss_and_grads(model, inputs: dict, extra: dict):
 LAYOUTS = [(name, row.sample_padding) for name, row in FAMILIES.items()] + [("bert", "packed")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["one-hot (GPU)", "gathered (CPU)"])
 @pytest.mark.parametrize(("name", "layout"), LAYOUTS, ids=[f"{name}-{layout}" for name, layout in LAYOUTS])
 def test_every_family_trains_the_same_with_each_gradient(hf_checkpoint, backend, gathered, name, layout, path):

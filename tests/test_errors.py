@@ -157,6 +157,7 @@ def test_classifier_of_another_size_says_num_labels_and_ignore_mismatched_sizes(
     assert "(2, 32)" in message and "(5, 32)" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_ignore_mismatched_sizes_starts_a_new_classifier_and_reports_it(hf_checkpoint, family):
     checkpoint = hf_checkpoint(CLASSIFIER[family], num_labels=2)

@@ -70,6 +70,7 @@ def test_params_are_a_string_keyed_nested_dict_of_arrays_that_flatten_dict_handl
     assert len(flat) == len(list(nnx.to_flat_state(state)))
 
 
+@pytest.mark.slow
 def test_apply_fn_in_eval_mode_gives_the_models_logits_and_index_0_is_the_logits(classifier, checkpoint):
     batch = _batch()
     out = jax.jit(classifier.__call__)(**batch, params=classifier.params)
@@ -115,6 +116,7 @@ def test_params_round_trip_bit_exact_through_to_model(classifier):
     _assert_bit_identical(FunctionalClassifier(classifier.to_model(state)).params, params)
 
 
+@pytest.mark.slow
 def test_save_pretrained_with_params_writes_them_bit_exact_for_flaxheads_and_transformers(classifier, tmp_path):
     params = _perturbed(classifier.params)
     classifier.save_pretrained(tmp_path, params=jax.device_get(params))

@@ -186,6 +186,7 @@ SPLASH_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SPLASH_CASES))
 def test_splash_attention_equals_xla_forward_and_gradients(backend, case):
     options = dict(SPLASH_CASES[case])
@@ -252,6 +253,7 @@ def _tiny_decoder(model_type: str, **extra) -> Decoder:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inputs", ["left-padded", "packed"])
 def test_mistral_sliding_window_layers_on_splash_equal_the_eager_path(backend, splash_calls, inputs):
     model = _tiny_decoder("mistral", sliding_window=4)
@@ -268,6 +270,7 @@ def test_mistral_sliding_window_layers_on_splash_equal_the_eager_path(backend, s
     np.testing.assert_allclose(np.asarray(got)[real_BT], np.asarray(expected)[real_BT], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "albert"])
 def test_packed_encoder_on_splash_equals_xla(backend, splash_calls, family):
     common = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=37, num_hidden_layers=2,
@@ -298,6 +301,7 @@ def as_on_a_gpu(backend, monkeypatch):
     monkeypatch.setattr(fused_attention, "cudnn", functools.partial(fused_attention.cudnn, implementation="xla"))
 
 
+@pytest.mark.slow
 def test_the_device_check_passes_the_kernels_and_names_them(as_on_a_gpu):
     from flaxheads.benchmarks import fused_check
 
@@ -310,6 +314,7 @@ def test_the_device_check_passes_the_kernels_and_names_them(as_on_a_gpu):
     assert {chosen[name] for name in chosen if "packed" not in name} == {attention.CUDNN}
 
 
+@pytest.mark.slow
 def test_the_device_check_fails_a_kernel_that_is_off(as_on_a_gpu, monkeypatch):
     from flaxheads.benchmarks import fused_check
 

@@ -50,6 +50,7 @@ def assert_close(ours, theirs, what: str) -> None:
     np.testing.assert_allclose(np.asarray(ours, np.float32), theirs, atol=ATOL, rtol=0, err_msg=what)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert_seq_cls", "roberta_seq_cls"])
 def test_classifier_logits_match_transformers_flax(name):
     values = expected(name)
@@ -139,6 +140,7 @@ def transformers_flax_tree(torch_model) -> dict:
     return tree
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["BertForTokenClassification", "BertForMultipleChoice"])
 def test_token_classifier_and_multiple_choice_read_their_transformers_flax_layout(architecture, hf_checkpoint, tmp_path):
     import torch

@@ -140,6 +140,7 @@ def test_config_given_as_a_dict_overrides_config_json_and_keyword_arguments_over
     assert config.problem_type == "multi_label_classification"
 
 
+@pytest.mark.slow
 def test_config_of_the_same_checkpoint_loads_the_same_model(hf_checkpoint):
     path = hf_checkpoint("BertForSequenceClassification", num_labels=2).path
     ids = np.array([[2, 5, 7, 9, 3]])

@@ -160,6 +160,7 @@ def test_nsp_initialisation_loads_seq_relationship_into_classifier(hf_checkpoint
     )
 
 
+@pytest.mark.slow
 def test_nsp_initialised_classifier_reproduces_transformers_nsp_logits(hf_checkpoint):
     checkpoint = hf_checkpoint("BertForPreTraining")
     rng = np.random.default_rng(0)

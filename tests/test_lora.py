@@ -126,6 +126,7 @@ def test_lora_dropout_acts_in_train_mode_only(checkpoints):
     np.testing.assert_array_equal(_logits(model, batch), eval_logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_merged_export_loads_in_transformers_with_equal_logits(checkpoints, family, tmp_path):
     _, model = _lora_model(checkpoints[family], family)

@@ -66,6 +66,7 @@ def test_more_processes_than_data_shards_are_refused_naming_data_shards(monkeypa
     data.check_data_shards(2, task, 8, 8)
 
 
+@pytest.mark.slow
 def test_bfloat16_parameters_for_inference_stay_close_to_float32(tiny_bert):
     import jax
     import jax.numpy as jnp

@@ -75,6 +75,7 @@ def test_balanced_weights_are_scikit_learns_and_negatives_over_positives_for_mul
         problem.balanced_class_weights(np.array([0, 1, 1]), problem.SINGLE_LABEL, 3)
 
 
+@pytest.mark.slow
 def test_the_train_step_reports_the_weighted_smoothed_loss_of_the_whole_batch(tiny_bert):
     """Split into micro-batches or not, the step's loss is sum(numerators) / sum(denominators) over
     the real examples of the batch: the objective PyTorch computes on the same batch."""

@@ -21,6 +21,7 @@ def _params():
     return nnx.state(SequenceClassifier(cfg, rngs=nnx.Rngs(0)), nnx.Param)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_grad_norm", [1.0, None, 1e6])
 @pytest.mark.parametrize("weight_decay", [0.01, 0.0])
 def test_clipped_adamw_equals_optax_chain_bit_for_bit_with_the_same_state(max_grad_norm, weight_decay):
@@ -43,6 +44,7 @@ def test_clipped_adamw_equals_optax_chain_bit_for_bit_with_the_same_state(max_gr
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
 
 
+@pytest.mark.slow
 def test_make_optimizer_keeps_float32_state_for_bfloat16_parameters():
     params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), _params())
     tx = optim.make_optimizer(optim.learning_rate_schedule(1e-3, 10, 1), weight_decay=0.01)
@@ -83,6 +85,7 @@ def test_run_time_schedule_numbers_give_optax_values_to_float32_rounding(kind, l
     np.testing.assert_allclose(traced, expected, rtol=0, atol=4 * np.finfo(np.float32).eps * learning_rate)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", optim.SCHEDULES)
 def test_updates_with_run_time_schedule_numbers_equal_those_with_constants(kind):
     """An optimizer made with one schedule and given another's numbers at run time updates as the

@@ -234,6 +234,7 @@ def test_packed_train_step_loss_equals_the_unpacked_loss(tiny_bert):
     np.testing.assert_allclose(float(packed_metrics["loss"]), float(unpacked_metrics["loss"]), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_packed_evaluation_gives_the_unpacked_metrics_and_logits_in_dataset_order(contract_model, tiny_bert):
     split, tokenizer = _text_split(tiny_bert)
     graphdef, params = nnx.split(contract_model)

@@ -98,6 +98,7 @@ def _largest_difference(ours, theirs) -> float:
     return abs(ours["score"] - theirs["score"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_saved_model_answers_as_transformers_pipeline(exported, case):
     folder, _ = exported(case)

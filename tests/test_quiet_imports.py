@@ -32,6 +32,7 @@ def test_hidden_names_fail_to_import_inside_the_block_only(tmp_path, monkeypatch
     monkeypatch.delitem(sys.modules, "fh_probe_module")
 
 
+@pytest.mark.slow
 def test_command_line_reads_the_tokenizer_without_torch(minilm_path):
     # What `cli.main` sets for the command line: the same tokenizer, encoding the same ids, with
     # torch never imported and no "PyTorch was not found" notice; torch imports as usual after.
@@ -58,6 +59,7 @@ def test_command_line_reads_the_tokenizer_without_torch(minilm_path):
     assert "PyTorch was not found" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_library_caller_gets_transformers_with_torch(minilm_path):
     # Without the command line's setting, transformers finds torch as it always does.
     code = (
@@ -70,6 +72,7 @@ def test_a_library_caller_gets_transformers_with_torch(minilm_path):
     assert _run(code).stdout.split() == ["True", "True"]
 
 
+@pytest.mark.slow
 def test_transformers_that_looked_for_torch_is_left_to_import_it():
     # transformers remembers its first look for torch: once it has looked (and found it), hiding
     # torch would break its modules, so the setting is then ignored.

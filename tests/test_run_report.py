@@ -95,6 +95,7 @@ def _run_record(folder, outputs=("run.json", "results.json", "metrics.jsonl")):
     (folder / "run.json").write_text(json.dumps({"identity": identity, "complete": True, "outputs": list(outputs)}))
 
 
+@pytest.mark.slow
 def test_the_report_command_draws_a_run_again_from_its_files(tmp_path, capsys):
     _run_record(tmp_path)  # a run from before the report: report/ joins what it records
     (tmp_path / "results.json").write_text(json.dumps(_results()))

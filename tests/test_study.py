@@ -263,6 +263,7 @@ def test_merge_counts_a_cell_from_two_files_once_and_ignores_a_half_written_line
     assert any("half-written" in line for line in problems)
 
 
+@pytest.mark.slow
 def test_report_writes_markdown_with_verdicts_and_three_png_plots(results_files, tmp_path):
     from flaxheads.study.report import write_report
 

@@ -32,6 +32,7 @@ def _brute_force_best_f1(scores: np.ndarray, truth: np.ndarray) -> float:
     return max(sklearn.metrics.f1_score(truth, scores > cut, zero_division=0) for cut in cuts)
 
 
+@pytest.mark.slow
 def test_tuned_thresholds_reach_the_best_f1_of_every_label():
     rng = np.random.default_rng(0)
     z = rng.normal(size=(300, 3))

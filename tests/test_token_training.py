@@ -38,6 +38,7 @@ def token_run(tiny_bert, conll, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_token_loss_terms_give_pytorch_cross_entropy_with_ignore_index_over_the_whole_batch():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(3, 7, 5)).astype(np.float32)
@@ -55,6 +56,7 @@ def test_token_loss_terms_give_pytorch_cross_entropy_with_ignore_index_over_the_
     np.testing.assert_allclose(ours, float(token_loss(jnp.asarray(logits[:2]), jnp.asarray(labels[:2]))), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_train_reports_seqeval_entity_metrics_of_its_own_predictions_and_exports_a_transformers_tagger(
     token_run, conll, tiny_bert
 ):
@@ -85,6 +87,7 @@ def test_train_reports_seqeval_entity_metrics_of_its_own_predictions_and_exports
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
 
 
+@pytest.mark.slow  # token_run, the module's training run, is built by the first test that asks
 def test_evaluate_and_predict_answer_as_the_run_did(token_run, conll, capsys):
     results = json.loads((token_run / "results.json").read_text())
     capsys.readouterr()
@@ -103,6 +106,7 @@ def test_evaluate_and_predict_answer_as_the_run_did(token_run, conll, capsys):
     assert all(set(e) == {"type", "start", "end", "text"} for e in row["entities"])
 
 
+@pytest.mark.slow  # token_run, the module's training run, is built by the first test that asks
 def test_evaluate_and_scoring_without_a_train_file_read_the_tags_from_the_model(token_run, conll, tmp_path, capsys):
     results = json.loads((token_run / "results.json").read_text())
     capsys.readouterr()
@@ -116,6 +120,7 @@ def test_evaluate_and_scoring_without_a_train_file_read_the_tags_from_the_model(
     assert (scored / "predict_results.txt").read_text() == (token_run / "predict_results.txt").read_text()
 
 
+@pytest.mark.slow
 def test_trainer_evaluate_and_predict_take_sentences_in_memory_as_the_files_give_them(token_run, conll):
     words = flaxheads.data.load_word_files(train_file=conll["train"], validation_file=conll["validation"],
                                            test_file=conll["test"])
@@ -174,6 +179,7 @@ def test_evaluate_refuses_a_model_whose_token_head_was_never_trained(tiny_bert, 
     assert "random values" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_gives_the_loss_and_gradient_of_the_whole_batch_tokens(tiny_bert):
     import optax
     from flax import nnx

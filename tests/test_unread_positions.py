@@ -92,6 +92,7 @@ LAYOUTS = [("bert", "right"), ("bert", "left"), ("bert", "packed"), ("roberta", 
 GRADIENT_FAMILIES = ("bert", "distilbert")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "layout"), LAYOUTS, ids=[f"{name}-{layout}" for name, layout in LAYOUTS])
 def test_the_last_layer_at_the_read_positions_trains_as_the_full_layer(hf_checkpoint, name, layout):
     row = FAMILIES[name]
@@ -107,6 +108,7 @@ def test_the_last_layer_at_the_read_positions_trains_as_the_full_layer(hf_checkp
 
 # The heads not above (electra is roberta's class with GELU), on BERT: training-mode logits (the
 # gradient through the short layer is the layout test's; a head only picks the positions).
+@pytest.mark.slow
 @pytest.mark.parametrize("head", [h for h in FIRST_TOKEN_HEADS if h not in ("pooler", "electra")])
 def test_every_first_token_head_reads_only_its_positions(hf_checkpoint, head):
     model = _model(hf_checkpoint, FAMILIES["bert"], head)
@@ -115,6 +117,7 @@ def test_every_first_token_head_reads_only_its_positions(hf_checkpoint, head):
     _assert_paths_agree(model, inputs, f"{head} on bert", grads=False)
 
 
+@pytest.mark.slow
 def test_the_short_path_does_less_work(hf_checkpoint):
     model = _model(hf_checkpoint, FAMILIES["bert"], "pooler")
     inputs = flax_inputs(FAMILIES["bert"].batch("right"))
@@ -131,6 +134,7 @@ def test_the_short_path_does_less_work(hf_checkpoint):
     assert flops(True) < 0.95 * flops(False)
 
 
+@pytest.mark.slow
 def test_with_rematerialised_layers(hf_checkpoint):
     model = _model(hf_checkpoint, FAMILIES["bert"], "pooler")
     stacking.set_gradient_checkpointing(model.backbone)

@@ -38,16 +38,11 @@ from flaxheads.problem import IGNORE_INDEX
 from flaxheads.data.packing import EMPTY, RowPlan, pack_sequences
 from flaxheads.data.task import SINGLE_LABEL, TaskData, column_array
 from flaxheads.data.tokenization import LABELS, LENGTH
+from flaxheads.names import PAD_TO_MULTIPLE_OF  # default rounding of a padded length, and why
 from flaxheads.tokenizer import pad_token_ids
 
 Batch = dict[str, np.ndarray]
 SMALLEST_BUCKET = 16
-PAD_TO_MULTIPLE_OF = 8
-"""Default rounding of a batch's padded length. Measured on the default job's train split
-(length-grouped batches of 32, 227k real tokens): multiples of 8 from 16 pad to 268k tokens in 9
-shapes, multiples of 16 to 300k in 5, powers of two to 338k in 4, padding each batch to its
-longest row to 237k in 52. Every shape is a compilation, which the persistent compilation cache
-(`flaxheads.compile_cache`) makes a one-off, so the finer rounding wins from the second run on."""
 SAMPLING = ("random", "group_by_length", "sequential")
 """How `TrainBatches` orders each epoch's examples."""
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flaxheads.data.builtin import BUILTIN_DATASETS
+from flaxheads.names import BUILTIN_DATASET_NAMES
 
 MODES = ("finetune", "probe", "lbfgs", "majority")
 """finetune: backbone and head trained end to end; probe: backbone frozen, only the head trained
@@ -57,9 +57,9 @@ class DataSpec:
         return self.train_file is None and self.dataset_name is None
 
     def __post_init__(self):
-        if self.builtin and self.name not in BUILTIN_DATASETS:
-            raise ValueError(f"data set {self.name!r} is not built in ({', '.join(BUILTIN_DATASETS)}); for your own "
-                             f"files write NAME=TRAIN[,VALIDATION[,TEST]], for a hub data set NAME=hub:ORG/NAME")
+        if self.builtin and self.name not in BUILTIN_DATASET_NAMES:
+            raise ValueError(f"data set {self.name!r} is not built in ({', '.join(BUILTIN_DATASET_NAMES)}); for your "
+                             f"own files write NAME=TRAIN[,VALIDATION[,TEST]], for a hub data set NAME=hub:ORG/NAME")
 
     @classmethod
     def parse(cls, text: str, **columns) -> DataSpec:

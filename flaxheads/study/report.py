@@ -109,7 +109,9 @@ def render(table: StudyTable, figures: Sequence[Path], base: Path, *, reproduce:
         parts += ["## The checkpoint\n", "\n\n".join(notes) + "\n"]
     parts += ["## What others measured\n", literature.section() + "\n"]
     if reproduce:
-        parts += ["## Reproduce\n", f"```sh\n{reproduce}\n```\n"]
+        # The comment tells tests/test_doc_examples.py to list the cells instead of training them for hours.
+        parts += ["## Reproduce\n", '<!-- test: replace "flaxheads study run" "flaxheads study run --list" -->\n'
+                  f"```sh\n{reproduce}\n```\n"]
     if problems:
         parts += ["## Notes on the results files\n", "".join(f"- {line}\n" for line in problems)]
     return "\n".join(parts)

@@ -1,7 +1,8 @@
 """Everything a training run is configured by; flags of `flaxheads train` map one-to-one.
 
 A field's docstring is its flag's help text (`field_docs`), and `CHOICES` names the valid values of
-the fields that have a fixed set, taken from the modules that own them.
+the fields that have a fixed set, taken from the modules that own them (`flaxheads.names` for those
+whose modules import jax, flax or datasets).
 """
 
 from __future__ import annotations
@@ -14,22 +15,18 @@ import math
 import numbers
 import os
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from flaxheads.conversion.hub import resolve_checkpoint
-from flaxheads.data.batching import PAD_TO_MULTIPLE_OF, ExampleFormat, problem_type_format
-from flaxheads.data.builtin import BUILTIN_DATASETS
-from flaxheads.data.packing import (
-    check_packed_batch_rows,
-    check_packed_row_length,
-    segments_per_row,
-)
-from flaxheads.heads import HEAD_NAMES
-from flaxheads.lora import LoRAConfig
-from flaxheads.problem import PROBLEM_TYPES
+# Only modules that import no jax, flax or datasets: `flaxheads train --help` reads this module.
+# The rest is imported in the methods that use it.
+from flaxheads import names
+from flaxheads.names import PAD_TO_MULTIPLE_OF
 from flaxheads.shipped_model import minilm_path
-from flaxheads.training.optim import SCHEDULES
-from flaxheads.training.parallel import PARALLEL
+
+if TYPE_CHECKING:
+    from flaxheads.data.batching import ExampleFormat
+    from flaxheads.lora import LoRAConfig
+
 
 EVAL_STRATEGIES = ("no", "steps", "epoch")
 REPORT_TO = ("tensorboard", "none", "all")
@@ -328,6 +325,8 @@ class TrainConfig:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps}: it must be a whole number of steps, or a ratio below 1"
             )
+        from flaxheads.data.packing import check_packed_batch_rows, check_packed_row_length, segments_per_row
+
         may_pack = self.packing is not False  # None: decided by the data (`packing_applies`)
         segments_per_row(may_pack, self.max_segments_per_row, self.max_seq_length)  # its errors name the fix
         check_packed_row_length(self.packed_row_length, may_pack, self.max_seq_length)
@@ -428,6 +427,8 @@ class TrainConfig:
         """Whether training on data of these `examples` (an `ExampleFormat`, or a text
         classifier's problem type, which names one) packs: `packing` when set, else whether
         packing applies to such examples and the sampling is not "sequential"."""
+        from flaxheads.data.batching import problem_type_format
+
         if self.packing is not None:
             return self.packing
         if isinstance(examples, str):
@@ -441,6 +442,8 @@ class TrainConfig:
     @property
     def lora(self) -> LoRAConfig | None:
         """The LoRA adapters these settings ask for; None when lora_r is 0."""
+        from flaxheads.lora import LoRAConfig
+
         if not self.lora_r:
             return None
         return LoRAConfig(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
@@ -462,6 +465,8 @@ class TrainConfig:
     def model_folder(self) -> Path:
         """The model folder: `model_name_or_path` (a folder, or a hub id found in the
         huggingface_hub cache), else the shipped MiniLM."""
+        from flaxheads.conversion.hub import resolve_checkpoint
+
         return resolve_checkpoint(self.model_name_or_path) if self.model_name_or_path else minilm_path()
 
     def num_warmup_steps(self, total_steps: int) -> int:
@@ -544,14 +549,14 @@ COMMAND_LINE_DEFAULTS: dict[str, object] = {"output_dir": "runs/minilm-movie_sni
 """Where `flaxheads train` differs from `TrainConfig()`: the command line always writes a run folder."""
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "head": HEAD_NAMES,
-    "dataset": tuple(BUILTIN_DATASETS),
-    "problem_type": PROBLEM_TYPES,
-    "lr_scheduler_type": SCHEDULES,
+    "head": names.HEAD_NAMES,
+    "dataset": names.BUILTIN_DATASET_NAMES,
+    "problem_type": names.PROBLEM_TYPES,
+    "lr_scheduler_type": names.SCHEDULES,
     "train_sampling_strategy": SAMPLING_STRATEGIES,
     "dtype": DTYPES,
     "param_dtype": DTYPES,
-    "parallel": tuple(PARALLEL),
+    "parallel": names.PARALLEL_MODES,
     "eval_strategy": EVAL_STRATEGIES,
     "report_to": REPORT_TO,
     "lora_export": LORA_EXPORTS,

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from flaxheads import data
+from flaxheads import data, notes
 from flaxheads.conversion.formats import checkpoint_files
 from flaxheads.training import metrics as metrics_lib
 from flaxheads.training import run_files
@@ -35,7 +35,7 @@ class NonFiniteLoss(FloatingPointError):
 
 def print0(message: str, *, file=None) -> None:
     if jax.process_index() == 0:
-        print(message, file=file)
+        print(notes.worded(message), file=file)
 
 
 def sync(name: str) -> None:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-SCHEDULES = ("linear", "cosine", "constant")
+from flaxheads.names import SCHEDULES
 
 
 def learning_rate_schedule(
