@@ -7,7 +7,6 @@ import ast
 import importlib
 import pathlib
 
-import pytest
 
 import flaxheads
 

@@ -71,7 +71,6 @@ def test_forward_programs_compile_without_ynnpack_fusions_and_give_the_same_logi
     faster for a forward pass than jax 0.10's YNNPACK subgraphs), train steps with YNNPACK's
     reductions only; the values stay the same."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     if compile_cache.compiler_options("forward") is None:
