@@ -154,11 +154,9 @@ def _flag_type(field: dataclasses.Field):
 
 def flag_choices() -> dict[str, tuple[str, ...]]:
     """The values each TrainConfig flag with a fixed set accepts: `CHOICES`, and the settings the
-    tasks read (--task, --tag_scheme, --eval_mode): the registry's (`flaxheads.tasks.setting_choices`)
-    when it is loaded (a task registered in this process has loaded it), else the built-in tasks'
-    (`names.TASK_SETTINGS`, which imports no jax: `--help` reads it)."""
-    registry = sys.modules.get("flaxheads.tasks.registry")
-    return {**CHOICES, **(registry.setting_choices() if registry is not None else names.TASK_SETTINGS)}
+    tasks read (--task, --tag_scheme, --eval_mode: `names.TASK_SETTINGS`, which the task registry
+    keeps current and which imports no jax, so `--help` reads it)."""
+    return {**CHOICES, **names.TASK_SETTINGS}
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
@@ -225,7 +223,10 @@ def _predict(args) -> int:
     from flaxheads import tasks
     from flaxheads.inference import open_model_folder
 
-    model_folder = open_model_folder(args.model_name_or_path)
+    try:
+        model_folder = open_model_folder(args.model_name_or_path)  # read once, passed along
+    except (OSError, ValueError):
+        model_folder = args.model_name_or_path  # no readable model: the text path says why, after its inputs
     kind = tasks.of_checkpoint(model_folder) or tasks.TASKS[tasks.DEFAULT]
     return _print_rows(kind.predict_command(model_folder, vars(args)))
 

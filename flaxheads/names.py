@@ -25,9 +25,12 @@ PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_class
 TASKS = ("text-classification", "token-classification", "multiple-choice")
 """`flaxheads.tasks.TASKS`'s names: what a model is trained to answer, what `--task` may name."""
 
-TASK_SETTINGS = {"task": TASKS, "tag_scheme": ("IOB1", "IOB2", "IOBES", "none"), "eval_mode": ("default", "strict")}
-"""`flaxheads.tasks.setting_choices()` of the built-in tasks: the values of the flags the tasks read
-(`--task`, and token classification's `--tag_scheme` and `--eval_mode`)."""
+TASK_SETTINGS: dict[str, tuple[str, ...]] = {
+    "task": TASKS, "tag_scheme": ("IOB1", "IOB2", "IOBES", "none"), "eval_mode": ("default", "strict")}
+"""The values of the settings the tasks read (`--task`, and token classification's `--tag_scheme`
+and `--eval_mode`): `flaxheads.tasks.setting_choices()`, which the registry publishes here as it
+changes (a task registered beside the built-in ones adds its name and settings), so that
+`TrainConfig` and the command line check them without importing any task."""
 
 PARALLEL_MODES = ("jit", "pmap")
 """`flaxheads.training.parallel.PARALLEL`'s names."""

@@ -69,6 +69,7 @@ def test_name_tables_equal_the_registries_that_own_them():
     assert names.BUILTIN_DATASET_NAMES == tuple(builtin.BUILTIN_DATASETS)
     assert names.PROBLEM_TYPES == problem.PROBLEM_TYPES
     assert names.TASKS == tuple(tasks.TASKS) and names.TASK_SETTINGS == tasks.setting_choices()
+    assert names.TASK_SETTINGS["tag_scheme"] == tuple(tasks.TASKS["token-classification"].setting_choices["tag_scheme"])
     assert names.PARALLEL_MODES == tuple(parallel.PARALLEL)
     assert names.SCHEDULES is optim.SCHEDULES and names.PAD_TO_MULTIPLE_OF is batching.PAD_TO_MULTIPLE_OF
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from flaxheads import conversion
+from flaxheads import conversion, names
 from flaxheads.inference import open_model_folder, other_task
 from flaxheads.model import PretrainedModel, saved_config
 from flaxheads.tasks.base import Task
@@ -32,6 +32,7 @@ def register(task: Task) -> Task:
         raise ValueError(f"task name {clash!r} is taken by {taken[clash]!r}: give {task!r} another name")
     conversion.add_task_rows(task.name, dict(task.conversion_rows))
     TASKS[task.name] = task
+    _publish_settings()
     return task
 
 
@@ -41,6 +42,7 @@ def unregister(name: str) -> Task:
     task = TASKS.pop(name)
     for model_type in task.conversion_rows:
         conversion.TABLES[model_type].tasks.pop(name, None)
+    _publish_settings()
     return task
 
 
@@ -129,6 +131,12 @@ def setting_choices() -> dict[str, tuple[str, ...]]:
     for task in TASKS.values():
         choices.update(task.setting_choices)
     return choices
+
+
+def _publish_settings() -> None:
+    """`names.TASK_SETTINGS` made `setting_choices()`: where TrainConfig and the command line read them."""
+    names.TASK_SETTINGS.clear()
+    names.TASK_SETTINGS.update(setting_choices())
 
 
 __all__ = ["DEFAULT", "MODELS", "PIPELINES", "TASKS", "Task", "from_pretrained", "named", "of_checkpoint", "of_model",

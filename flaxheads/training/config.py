@@ -314,7 +314,7 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)}: it must be positive")
-        for name, choices in CHOICES.items():
+        for name, choices in {**CHOICES, **names.TASK_SETTINGS}.items():
             _check_choice(name, getattr(self, name), choices)
         if self.pad_to_multiple_of < 0:
             raise ValueError(
@@ -562,8 +562,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lora_export": LORA_EXPORTS,
 }
 """The valid values of each TrainConfig field that has a fixed set (None, where it is the field's
-default, means "decide for me"). The fields a task reads alone (task, tag_scheme, eval_mode) are
-checked by the task (`flaxheads.tasks`: `Task.setting_choices`), which the command line asks too."""
+default, means "decide for me"). The fields the tasks read (task, tag_scheme, eval_mode) are checked
+against `names.TASK_SETTINGS`, which the task registry keeps current (`Task.setting_choices`)."""
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
