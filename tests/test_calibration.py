@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -135,6 +136,19 @@ def test_folding_divides_every_heads_logits_by_the_temperature(hf_checkpoint, he
     np.testing.assert_allclose(after, before / 2.5, rtol=1e-5, atol=1e-6)
     # the original weights are untouched
     np.testing.assert_array_equal(np.asarray(model(input_ids=ids, attention_mask=mask)), before)
+
+
+def test_folding_takes_the_read_only_host_copies_the_best_model_is_kept_as(hf_checkpoint):
+    model = flaxheads.from_pretrained(hf_checkpoint("BertModel").path, num_labels=3, seed=1)
+    ids = jnp.array([[1, 23, 20, 17, 31, 2]])
+    before = np.asarray(model(input_ids=ids))
+    graphdef, params = nnx.split(model)
+    host = jax.tree.map(np.asarray, params)  # load_best_model_at_end's weights (TrainLoop.best_params)
+    assert not any(leaf.flags.writeable for leaf in jax.tree.leaves(host))
+
+    calibrated = nnx.merge(graphdef, calibration.folded(graphdef, host, 2.5))
+
+    np.testing.assert_allclose(np.asarray(calibrated(input_ids=ids)), before / 2.5, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow  # a tiny training run

@@ -1,6 +1,7 @@
 """The run report: every figure a run's results support is drawn, with its class names, titles and
-axis labels; `flaxheads report RUN_DIR` draws them again; a report that cannot be drawn never
-fails the run."""
+axis labels (a token classifier's per entity type and per tag); the curves show every logged step
+and say which step's weights were exported; `flaxheads report RUN_DIR` draws them again; a report
+that cannot be drawn never fails the run."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def drawn_figures(monkeypatch):
 
     def keep(plt, figure, path):
         figures[path.name] = {"texts": [t.get_text() for t in figure.findobj(match=lambda o: hasattr(o, "get_text"))],
+                              "lines": {line.get_label(): (list(line.get_xdata()), line.get_marker())
+                                        for ax in figure.axes for line in ax.get_lines()},
                               "titles": [ax.get_title() for ax in figure.axes],
                               "xlabels": [ax.get_xlabel() for ax in figure.axes],
                               "ylabels": [ax.get_ylabel() for ax in figure.axes]}
@@ -66,7 +69,7 @@ def test_every_figure_is_drawn_readable_with_names_and_titles(tmp_path, drawn_fi
     assert "Loss" in curves["titles"] and "Validation accuracy" in curves["titles"]
     assert "step" in curves["xlabels"] and {"loss", "accuracy"} <= set(curves["ylabels"])
     assert any("best: 0.61 at step 20" in t for t in curves["texts"])
-    assert any("exported step 20" in t for t in curves["texts"])
+    assert any("exported step 20 (the model predict uses)" in t for t in curves["texts"])
     confusion = drawn_figures["confusion_matrix.png"]
     assert set(NAMES) <= set(confusion["texts"]) and any("test split" in t for t in confusion["titles"])
     assert {"predicted"} <= set(confusion["xlabels"]) and "true" in confusion["ylabels"]
@@ -86,6 +89,81 @@ def test_figures_without_their_data_are_left_out(tmp_path):
     assert [p.name for p in run_report.draw(tmp_path, regression, log)] == ["training_curves.png"]
     assert [p.name for p in run_report.draw(tmp_path / "u", _results(calibrated=False), [])] == [
         "confusion_matrix.png", "per_class_f1.png"]
+
+
+def test_one_logged_training_step_still_draws_the_training_loss(tmp_path, drawn_figures):
+    log = [{"step": 2, "split": "train", "loss": 1.2}, {"step": 2, "split": "eval", "loss": 1.1, "accuracy": 0.5}]
+
+    run_report.draw(tmp_path, {"steps": 2, "best": {"metric": "accuracy", "value": 0.5, "step": 2}}, log)
+
+    steps, marker = drawn_figures["training_curves.png"]["lines"]["training loss"]
+    assert steps == [2] and marker == "o"  # a line of one point alone would draw nothing
+
+
+def test_the_exported_step_is_the_last_one_without_load_best_model_at_end_and_the_best_says_so(
+        tmp_path, drawn_figures):
+    results = {**_results(calibrated=False), "steps": 30}
+    del results["exported_step"]  # load_best_model_at_end=False: the last weights are exported
+
+    run_report.draw(tmp_path, results, _log())
+
+    curves = drawn_figures["training_curves.png"]
+    assert "exported step 30 (the model predict uses)" in curves["lines"]
+    assert "best: 0.61 at step 20 (not exported; load_best_model_at_end=True exports it)" in curves["lines"]
+    assert any("exported: the weights of step 30" in t for t in curves["texts"])
+
+
+def _entity_results() -> dict:
+    """A token-classification run's results.json, as its scorer fills `reports` (entity_report
+    and the words' tag confusion)."""
+    from flaxheads.tasks.token import entity_metrics, scoring
+
+    true = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-ORG", "O"]]
+    predicted = [["B-PER", "I-PER", "O", "O"], ["O", "B-ORG", "B-LOC"]]
+    tags = ["B-LOC", "B-ORG", "B-PER", "I-PER", "O"]
+    report = {**entity_metrics.entity_report(true, predicted), **scoring.tag_confusion(true, predicted, tags)}
+    return {"steps": 8, "best": {"metric": "f1", "value": 0.66, "step": 4}, "exported_step": 4,
+            "validation": {"f1": 0.66}, "reports": {"validation": report}}
+
+
+def test_a_token_run_draws_f1_per_entity_type_and_the_words_tag_confusion(tmp_path, drawn_figures):
+    paths = run_report.draw(tmp_path, _entity_results(), [])
+
+    assert [p.name for p in paths] == ["confusion_matrix.png", "per_type_f1.png"]
+    f1 = drawn_figures["per_type_f1.png"]
+    assert "F1 per entity type" in f1["titles"] and {"LOC", "ORG", "PER"} <= set(f1["texts"])
+    assert "1.00 (n=1)" in f1["texts"]  # PER and ORG found, LOC missed
+    confusion = drawn_figures["confusion_matrix.png"]
+    assert {"B-LOC", "I-PER", "O"} <= set(confusion["texts"])
+    assert any("(7 words, accuracy 0.714)" in t for t in confusion["titles"])
+
+
+def test_the_tag_confusion_counts_each_word_once_true_by_predicted():
+    from flaxheads.tasks.token.scoring import tag_confusion
+
+    confusion = tag_confusion([["B-PER", "O"], ["B-LOC"]], [["B-PER", "B-PER"], ["O"]], ["B-PER", "O"])
+
+    assert confusion["confusion_labels"] == ["B-PER", "O", "B-LOC"]  # a tag only the split holds comes last
+    assert confusion["confusion_matrix"] == [[1, 0, 0], [1, 0, 0], [0, 1, 0]]
+    json.dumps(confusion)  # it goes to results.json
+
+
+@pytest.mark.slow
+def test_a_token_classification_run_reports_its_entity_types_and_tags(tiny_bert, conll, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--model_name_or_path", str(tiny_bert), "--train_file", str(conll["train"]),
+                 "--validation_file", str(conll["validation"]), "--test_file", str(conll["test"]),
+                 "--output_dir", str(out), "--max_seq_length", "16", "--per_device_train_batch_size", "8",
+                 "--max_steps", "2", "--logging_steps", "2", "--save_steps", "100", "--report_to", "none",
+                 "--disable_tqdm"]) == 0
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["report"] == ["report/training_curves.png", "report/confusion_matrix.png",
+                                 "report/per_type_f1.png"]
+    test = results["reports"]["test"]
+    counts = np.asarray(test["confusion_matrix"])
+    assert counts.shape == (len(test["confusion_labels"]),) * 2 and "O" in test["confusion_labels"]
+    assert np.trace(counts) / counts.sum() == pytest.approx(test["accuracy"])  # the words, once each
 
 
 def _run_record(folder, outputs=("run.json", "results.json", "metrics.jsonl")):

@@ -20,6 +20,7 @@ from flaxheads import problem
 from flaxheads.cli import main
 from flaxheads.tasks.token.model import token_loss, token_loss_terms
 from flaxheads.tasks.token.entity_metrics import entity_report
+from flaxheads.tasks.token.scoring import tag_confusion
 
 def _data_flags(conll) -> list[str]:
     return ["--train_file", str(conll["train"]), "--validation_file", str(conll["validation"]),
@@ -65,7 +66,7 @@ def test_train_reports_seqeval_entity_metrics_of_its_own_predictions_and_exports
     task = flaxheads.data.load_word_files(train_file=conll["train"], test_file=conll["test"])
     expected = entity_report(task.splits["test"].tags, tags)
 
-    assert results["reports"]["test"] == expected
+    assert results["reports"]["test"] == {**expected, **tag_confusion(task.splits["test"].tags, tags, task.label_names)}
     for name in ("f1", "precision", "recall", "accuracy"):
         assert results["test"][name] == expected[name], name
     assert results["test"]["macro_f1"] == expected["macro_avg"]["f1"]

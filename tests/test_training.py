@@ -17,7 +17,7 @@ from flaxheads.training.config import TrainConfig
 from flaxheads.tasks.classification.inference import predict
 from flaxheads.training.trainer import NonFiniteLoss
 from flaxheads.tasks.runs import train
-from runs import assert_weights_identical, exported_weights, stopped_after_saving, two_epoch_config
+from runs import assert_weights_identical, exported_weights, four_step_config, stopped_after_saving, two_epoch_config
 
 pytestmark = pytest.mark.slow  # training runs
 
@@ -65,6 +65,15 @@ def test_resume_after_stop_is_bit_identical(tiny_bert, snippets_csv, uninterrupt
     result = train(two_epoch_config(tiny_bert, snippets_csv, tmp_path))
     assert result["steps"] == 32
     assert_weights_identical(exported_weights(uninterrupted), exported_weights(tmp_path))
+
+
+@pytest.mark.slow  # three tiny runs
+def test_a_pmap_run_resumes_after_a_stop_bit_identical(tiny_bert, snippets_csv, tmp_path):
+    train(four_step_config(tiny_bert, snippets_csv, tmp_path / "whole", parallel="pmap"))
+    with stopped_after_saving(2):  # pmap's state is host copies until its first step: a resume starts there
+        train(four_step_config(tiny_bert, snippets_csv, tmp_path / "resumed", parallel="pmap"))
+    assert train(four_step_config(tiny_bert, snippets_csv, tmp_path / "resumed", parallel="pmap"))["steps"] == 4
+    assert_weights_identical(exported_weights(tmp_path / "whole"), exported_weights(tmp_path / "resumed"))
 
 
 _KILLER = textwrap.dedent(

@@ -220,7 +220,9 @@ def folded(graphdef, params: nnx.State, temperature: float) -> nnx.State:
         raise ValueError(f"calibrate folds the temperature into the head's output layer, which is a "
                          f"{type(layer).__name__} here (a LoRA target?): leave the head's "
                          f"{type(model.head).OUTPUT_LAYER} out of lora_target_modules, or leave calibrate out")
+    # A new value, never written into the old one: the best evaluation's weights
+    # (load_best_model_at_end) are read-only numpy copies on the host.
     for weight in (layer.kernel, layer.bias):
         if weight is not None:
-            weight[...] = (weight[...] / temperature).astype(weight.dtype)
+            weight.set_value((weight[...] / temperature).astype(weight.dtype))
     return nnx.split(model)[1]

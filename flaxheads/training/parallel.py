@@ -134,7 +134,10 @@ class PmapParallel:
         )
 
     def restore_target(self, state: TrainState) -> TrainState:
-        return _abstract(self.checkpointable(state))
+        """One replica's shapes, replicated over the mesh. From the shapes alone: a run resumes
+        before its first step, when the state is still the host copies `init` gives pmap to place."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=self.layout.replicated),
+                            state)
 
     def from_restored(self, restored: TrainState) -> TrainState:
         return self._replicate(restored)

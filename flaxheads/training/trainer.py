@@ -119,6 +119,10 @@ class Trainer:
         if args.do_train and "train" not in self.data.given:
             raise ValueError("do_train=True needs a train_dataset; to only evaluate or predict, pass "
                              "TrainConfig(do_train=False)")
+        # The task refuses what does not apply to it (calibrate on token classification) before
+        # anything checks how well its data fits that setting.
+        self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
+        kind.check_settings(args, task, tokenizer=self.tokenizer, max_seq_length=self.max_seq_length)
         check_best_model_settings(args, kind.metric_names(task), task, self.data.given, self.data.unlabelled)
         if args.do_predict and "test" not in self.data.given:
             raise ValueError("do_predict=True predicts the test split, but the data has none: give a test_file (or a "
@@ -129,8 +133,6 @@ class Trainer:
         if args.parallel not in PARALLEL:
             raise ValueError(f"parallel={args.parallel!r}: choose one of {sorted(PARALLEL)}")
         self.layout = Layout.create(args.mesh)
-        self.max_seq_length = fitting_max_length(model.config.backbone, args.max_seq_length)
-        kind.check_settings(args, task, tokenizer=self.tokenizer, max_seq_length=self.max_seq_length)
         self.batch_format = data.BatchFormat.for_task(
             task, self.tokenizer, self.max_seq_length, model_pad_token_id=model.config.backbone.pad_token_id,
             pad_to_multiple_of=args.pad_to_multiple_of,

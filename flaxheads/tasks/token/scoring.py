@@ -32,7 +32,8 @@ class TokenSplitScorer(SplitScorer):
     """`SplitScorer` for token classification. `predict` gives, per sentence in file order, its
     words' logits (num_words, num_labels) and their tag ids; `scores` entity-level precision,
     recall and F1 (micro, and macro_*), word accuracy and the token loss, and keeps the whole
-    `entity_report` (per type, averages with support) in `reports[split]`."""
+    `entity_report` (per type, averages with support) and the words' tag confusion
+    (`tag_confusion`) in `reports[split]`: what the run report draws."""
 
     def __init__(self, *args, words: WordLabelling, eval_mode: str = entity_metrics.DEFAULT, **kwargs):
         super().__init__(*args, **kwargs)
@@ -59,8 +60,9 @@ class TokenSplitScorer(SplitScorer):
                 f"the {split} split's " + (f"logits of {sentences.where(bad)} are not finite" if bad is not None
                                            else f"loss is {loss}") + "; no metric is reported")
         label_ids = [np.asarray(ids, np.int64) for ids in self.words.task.tag_ids(split)]
-        report = self.report(sentences.tags, predicted_tags(word_logits, self.class_names))
-        self.reports[split] = report
+        predicted = predicted_tags(word_logits, self.class_names)
+        report = self.report(sentences.tags, predicted)
+        self.reports[split] = {**report, **tag_confusion(sentences.tags, predicted, self.class_names)}
         metrics = {**flat_metrics(report), "loss": loss}
         if self.compute_metrics is not None:
             metrics.update(self.compute_metrics(EvalPrediction(word_logits, label_ids)))
@@ -120,6 +122,21 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
     return {name: float(value) for name, value in values.items() if value is not None}
 
 
+def tag_confusion(true_tags, predicted_tags, label_names) -> dict[str, Any]:
+    """The words' tags, true against predicted, counted over a split (one list of tags per
+    sentence): {"confusion_matrix": rows true, columns predicted, in the order of
+    "confusion_labels" (`label_names`, then any other tag the split holds, sorted),
+    "confusion_of": "words"}. Word accuracy is its trace over its sum. Plain lists: it goes to
+    results.json, (tags)² numbers."""
+    names = list(label_names)
+    names += sorted({tag for sentence in true_tags for tag in sentence} - set(names))
+    index = {name: i for i, name in enumerate(names)}
+    counts = np.zeros((len(names), len(names)), np.int64)
+    for true, predicted in zip(true_tags, predicted_tags):
+        np.add.at(counts, ([index[t] for t in true], [index[p] for p in predicted]), 1)
+    return {"confusion_matrix": counts.tolist(), "confusion_labels": names, "confusion_of": "words"}
+
+
 def predicted_tags(word_logits, label_names) -> list[list[str]]:
     """Per sentence, each word's tag: the name of its largest logit."""
     return [[label_names[int(i)] for i in np.argmax(values, axis=-1)] if len(values) else [] for values in word_logits]
@@ -147,4 +164,4 @@ def format_word_predictions(tags: list[list[str]]) -> str:
 
 
 __all__ = ["TokenSplitScorer", "check_eval_mode", "entities", "flat_metrics", "format_word_predictions", "has_entities",
-           "predicted_tags", "row_outputs"]
+           "predicted_tags", "row_outputs", "tag_confusion"]
