@@ -17,7 +17,7 @@ import transformers
 
 import flaxheads
 from flaxheads import convert as convert_module
-from flaxheads.conversion import checkpoint_io, loading
+from flaxheads.conversion import checkpoint_io, hub, loading
 from flaxheads.tasks.classification.model import SequenceClassifier
 
 from families import TINY_CONFIG
@@ -53,7 +53,7 @@ def test_config_json_is_read_once_per_load_and_per_describe(hf_checkpoint, monke
 def test_hub_arguments_go_to_one_resolve_checkpoint_call(hf_checkpoint, monkeypatch):
     path = hf_checkpoint("BertForSequenceClassification", num_labels=2).path
     calls = []
-    monkeypatch.setattr(loading, "resolve_checkpoint", lambda p, **kw: calls.append((p, kw)) or pathlib.Path(p))
+    monkeypatch.setattr(hub, "resolve_checkpoint", lambda p, **kw: calls.append((p, kw)) or pathlib.Path(p))
 
     flaxheads.from_pretrained(path, revision="v1", cache_dir="/cache", token="secret", local_files_only=True)
 
