@@ -175,7 +175,9 @@ def test_the_readme_and_the_setup_page_name_every_data_package_setup_installs():
 
 
 def test_readme_is_a_front_door_of_at_most_210_lines():
-    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    # The doc-example test's directives (`<!-- test: ... -->`) are not shown on the page: not counted.
+    lines = sum(not line.lstrip().startswith("<!-- test:")
+                for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines())
     print("README.md lines", lines)
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move reference material into docs/"
 
