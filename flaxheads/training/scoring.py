@@ -195,6 +195,35 @@ class SplitScorer:
         save_pretrained(nnx.merge(self.graphdef, params), directory, tokenizer=self.tokenizer, replaces=replaces)
 
 
+def row_outputs(evaluator: Evaluator, layout: Layout, params, rows, lengths, *, max_batches: int | None = None,
+                weight: str = "scored_tokens") -> tuple[list, float]:
+    """(per row of a tokenised split, its logits (tokens, C) without padding (None past
+    `max_batches`); the mean loss over what the loss scores, 0.0 without labels: the eval
+    outputs' "loss" summed over the eval outputs' `weight`, its denominators (token
+    classification's scored tokens). `rows`: this process's rows of the split, `lengths` those of
+    the whole split; every process takes part and gets every row's logits (the eval step's
+    outputs are replicated)."""
+    batch_size = evaluator.batch_size_for(lengths)
+    batches = data.eval_batches(rows, evaluator.batch_format, global_batch_size=batch_size,
+                                process_index=jax.process_index(), process_count=jax.process_count(),
+                                num_shards=evaluator.num_shards, lengths=lengths)
+    order = iter(data.eval_example_order(len(lengths), evaluator.num_shards, batch_size))
+    right = evaluator.batch_format.padding_side == "right"
+    per_row: list = [None] * len(lengths)
+    loss_sum = scored = 0.0
+    for batch in itertools.islice(batches, max_batches):
+        out = host_values(evaluator.step(params, layout.put_batch(batch)))
+        real = np.asarray(out["example_mask"]) != 0
+        for logits in np.asarray(out["logits"])[real]:
+            index = next(order)
+            length = int(lengths[index])
+            per_row[index] = logits[:length] if right else logits[logits.shape[0] - length:]
+        if "loss" in out:
+            loss_sum += float(np.sum(np.asarray(out["loss"])[real]))
+            scored += float(np.sum(np.asarray(out[weight])[real]))
+    return per_row, loss_sum / max(scored, 1.0)
+
+
 def describe_predictions(problem_type: str, logits: np.ndarray, label_names, thresholds=None) -> list:
     """Per example: its label name (single-label), the list of its label names (multi-label,
     decided by `thresholds`; None: 0.5), its score (regression), or a preference pair's reward

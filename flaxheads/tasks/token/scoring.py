@@ -23,9 +23,7 @@ from flaxheads.tasks.token import tags as tags_lib
 from flaxheads.tasks.token.windows import word_predictions
 from flaxheads.tasks.token.word_task import WordLabelling
 from flaxheads.training import metrics as metrics_lib
-from flaxheads.training.parallel import host_values
-from flaxheads.training.scoring import EvalPrediction, Evaluator, PredictionOutput, SplitScorer
-from flaxheads.training.sharding import Layout
+from flaxheads.training.scoring import EvalPrediction, PredictionOutput, SplitScorer, row_outputs
 
 
 class TokenSplitScorer(SplitScorer):
@@ -84,33 +82,6 @@ def check_eval_mode(eval_mode: str, words: WordLabelling) -> None:
         raise ValueError(f"eval_mode='strict' counts the entities well formed under a tag scheme, and the tags "
                          f"have none ({words.task.scheme_reason}): pass tag_scheme='IOB2' (or IOB1, IOBES) if "
                          "they mark entities, or leave eval_mode out")
-
-
-def row_outputs(evaluator: Evaluator, layout: Layout, params, rows, lengths, *, max_batches: int | None = None
-                ) -> tuple[list, float]:
-    """(per row of a tokenised split, its logits (tokens, C) without padding (None past
-    `max_batches`); the mean loss over the scored tokens, 0.0 without labels). `rows`: this
-    process's rows of the split, `lengths` those of the whole split; every process takes part
-    and gets every row's logits (the eval step's outputs are replicated)."""
-    batch_size = evaluator.batch_size_for(lengths)
-    batches = data.eval_batches(rows, evaluator.batch_format, global_batch_size=batch_size,
-                                process_index=jax.process_index(), process_count=jax.process_count(),
-                                num_shards=evaluator.num_shards, lengths=lengths)
-    order = iter(data.eval_example_order(len(lengths), evaluator.num_shards, batch_size))
-    right = evaluator.batch_format.padding_side == "right"
-    per_row: list = [None] * len(lengths)
-    loss_sum = scored = 0.0
-    for batch in itertools.islice(batches, max_batches):
-        out = host_values(evaluator.step(params, layout.put_batch(batch)))
-        real = np.asarray(out["example_mask"]) != 0
-        for logits in np.asarray(out["logits"])[real]:
-            index = next(order)
-            length = int(lengths[index])
-            per_row[index] = logits[:length] if right else logits[logits.shape[0] - length:]
-        if "loss" in out:
-            loss_sum += float(np.sum(np.asarray(out["loss"])[real]))
-            scored += float(np.sum(np.asarray(out["scored_tokens"])[real]))
-    return per_row, loss_sum / max(scored, 1.0)
 
 
 def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
