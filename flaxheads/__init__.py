@@ -13,6 +13,7 @@
 
     tagger = flaxheads.from_pretrained("path/to/bert", task="token-classification", num_labels=9)
     chooser = flaxheads.MultipleChoice.from_pretrained("path/to/bert")   # (batch, choices, seq) -> (batch, choices)
+    reader = flaxheads.QuestionAnswering.from_pretrained("path/to/bert")  # .start_logits, .end_logits (batch, seq)
 
 Importing the package is quick: each name below is imported from its module on first use (jax,
 flax, datasets and transformers load then), so `flaxheads --help` and the installed command's
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors; at run t
     from flaxheads.heads import HEAD_NAMES
     from flaxheads.model import UntrainedModel, load_backbone, save_pretrained
     from flaxheads.tasks.choice.model import MultipleChoice, MultipleChoiceConfig
+    from flaxheads.tasks.qa.model import QUESTION_ANSWERING, QuestionAnswering, QuestionAnsweringConfig
     from flaxheads.problem import MULTI_LABEL, PROBLEM_TYPES, REGRESSION, SINGLE_LABEL
     from flaxheads.tasks import MODELS, PIPELINES, TASKS, from_pretrained, pipeline
     from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
@@ -76,6 +78,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "flaxheads.heads": ("HEAD_NAMES",),
     "flaxheads.model": ("UntrainedModel", "load_backbone", "save_pretrained"),
     "flaxheads.tasks.choice.model": ("MultipleChoice", "MultipleChoiceConfig"),
+    "flaxheads.tasks.qa.model": ("QUESTION_ANSWERING", "QuestionAnswering", "QuestionAnsweringConfig"),
     "flaxheads.problem": ("MULTI_LABEL", "PROBLEM_TYPES", "REGRESSION", "SINGLE_LABEL"),
     "flaxheads.tasks": ("MODELS", "PIPELINES", "TASKS", "from_pretrained", "pipeline"),
     "flaxheads.tasks.classification.model": ("ClassifierConfig", "SequenceClassifier"),

@@ -22,7 +22,7 @@ BUILTIN_DATASET_NAMES = ("movie_snippets", "movie_snippets_regression", "sms_spa
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification", "pairwise_reward")
 """`flaxheads.problem.PROBLEM_TYPES`: what a sequence classifier's labels may mean."""
 
-TASKS = ("text-classification", "token-classification", "multiple-choice")
+TASKS = ("text-classification", "token-classification", "multiple-choice", "question-answering")
 """`flaxheads.tasks.TASKS`'s names: what a model is trained to answer, what `--task` may name."""
 
 TASK_SETTINGS: dict[str, tuple[str, ...]] = {

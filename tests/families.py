@@ -14,6 +14,8 @@ Every scenario the families share is one test parametrized over `FAMILIES` (ids:
     tests/test_family_tasks.py        the logits and loss of every task (problem type) equal transformers'
     tests/test_family_tokens.py       token classification and multiple choice (`token_classifier`,
                                       `multiple_choice`): logits, loss, loading reports, exports
+    tests/test_family_qa.py           question answering (`question_answering`): start and end logits,
+                                      loss, loading reports, exports
     tests/test_packing_model.py       packed rows give each example's logits
     tests/test_family_inputs.py       inputs transformers cannot run (past the position table, token types
                                       or ids outside their tables) and mismatched shapes are refused
@@ -37,7 +39,8 @@ say what the family adds or leaves out:
 * `fsdp`: parameters the FSDP rules must split (or keep whole) and partition specs to check;
 * `cli`: how to build a tiny checkpoint with a tokenizer (then the command line is tested on it);
 * `packing`: config overrides for the packing test (None leaves the family out of it);
-* `token_classifier` / `multiple_choice`: transformers' classes for those tasks, when it has them.
+* `token_classifier` / `multiple_choice` / `question_answering`: transformers' classes for those
+  tasks, when it has them.
 
 A second config of the same transformers classes is a second row (`deberta-v2` beside
 `deberta-v3`); pass `family=` to `hf_checkpoint` to pick it.
@@ -240,6 +243,8 @@ class Family:
     """transformers' *ForTokenClassification class (None: transformers has none for the family)."""
     multiple_choice: str | None = None
     """transformers' *ForMultipleChoice class (None: transformers has none for the family)."""
+    question_answering: str | None = None
+    """transformers' *ForQuestionAnswering class (None: transformers has none for the family)."""
 
     @property
     def config_class(self):
@@ -269,7 +274,7 @@ class Family:
 
     def architectures(self) -> set[str]:
         return {self.classifier, self.base, self.pretrained, *(r[0] for r in self.reports),
-                *(c for c in (self.token_classifier, self.multiple_choice) if c)}
+                *(c for c in (self.token_classifier, self.multiple_choice, self.question_answering) if c)}
 
 
 def _pairs(**kwargs) -> tuple:
@@ -474,6 +479,7 @@ BERT = Family(
     "BertForSequenceClassification", "BertModel", "BertForMaskedLM", "pooler",
     functools.partial(padded_batch, seq_len=10, lowest_id=3, token_types=True),
     token_classifier="BertForTokenClassification", multiple_choice="BertForMultipleChoice",
+    question_answering="BertForQuestionAnswering",
     paddings=("right", "left", "none"),
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
     token_types=True,
@@ -495,6 +501,7 @@ ROBERTA = Family(
     "RobertaForSequenceClassification", "RobertaModel", "RobertaForMaskedLM", "roberta",
     functools.partial(padded_batch, seq_len=10, pad_id=1, lowest_id=3, token_types=False),
     token_classifier="RobertaForTokenClassification", multiple_choice="RobertaForMultipleChoice",
+    question_answering="RobertaForQuestionAnswering",
     paddings=("right", "left", "none"),
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
     reports=(
@@ -508,6 +515,7 @@ XLM_ROBERTA = Family(
     "XLMRobertaForSequenceClassification", "XLMRobertaModel", "XLMRobertaForMaskedLM", "roberta",
     functools.partial(padded_batch, seq_len=11, pad_id=1, lowest_id=3, token_types=False),
     token_classifier="XLMRobertaForTokenClassification", multiple_choice="XLMRobertaForMultipleChoice",
+    question_answering="XLMRobertaForQuestionAnswering",
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
     bf16_atol=0.02, bf16_rtol=1e-5,  # measured at most 0.005 on these tiny models
     reports=(
@@ -529,6 +537,7 @@ DISTILBERT = Family(
     "DistilBertForSequenceClassification", "DistilBertModel", "DistilBertForMaskedLM", "distilbert",
     functools.partial(padded_batch, seq_len=11, lowest_id=3, token_types=False),
     token_classifier="DistilBertForTokenClassification", multiple_choice="DistilBertForMultipleChoice",
+    question_answering="DistilBertForQuestionAnswering",
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5),
               ("sinusoidal_relu", _pairs(sinusoidal_pos_embds=True, activation="relu"), 3),
               ("3_layers_gelu_new", _pairs(num_hidden_layers=3, activation="gelu_new", max_position_embeddings=20), 3)),
@@ -554,6 +563,7 @@ ALBERT = Family(
     "AlbertForSequenceClassification", "AlbertModel", "AlbertForPreTraining", "pooler",
     functools.partial(padded_batch, seq_len=9, lowest_id=5, token_types=True),
     token_classifier="AlbertForTokenClassification", multiple_choice="AlbertForMultipleChoice",
+    question_answering="AlbertForQuestionAnswering",
     # (num_hidden_groups, inner_group_num): one group as released ALBERTs, uneven groups (3 layers over
     # 2 groups: layers 0 and 1 use group 0), two layers per group, both at once.
     variants=(("groups1_inner1_2_labels", (), 2), ("groups2_inner1_3_labels", _pairs(num_hidden_groups=2), 3),
@@ -595,6 +605,7 @@ ELECTRA = Family(
     "ElectraForSequenceClassification", "ElectraModel", "ElectraForPreTraining", "electra",
     functools.partial(padded_batch, seq_len=10, token_types=True),
     token_classifier="ElectraForTokenClassification", multiple_choice="ElectraForMultipleChoice",
+    question_answering="ElectraForQuestionAnswering",
     variants=(("projected_3_labels", (), 3), ("same_width_2_labels", _pairs(embedding_size=36), 2),
               ("projected_1_label", (), 1)),
     token_types=True,
@@ -636,6 +647,7 @@ DEBERTA_V3 = Family(
     "DebertaV2ForSequenceClassification", "DebertaV2Model", "DebertaV2ForMaskedLM", "deberta",
     functools.partial(padded_batch, seq_len=DEBERTA_SEQ_LEN, token_types=False),
     token_classifier="DebertaV2ForTokenClassification", multiple_choice="DebertaV2ForMultipleChoice",
+    question_answering="DebertaV2ForQuestionAnswering",
     variants=(("3_labels", (), 3),
               # max_relative_positions unset (-> max_position_embeddings), c2p alone, separate key projection
               ("c2p_only_1_label", _pairs(pos_att_type="c2p", position_biased_input=True, position_buckets=-1,
@@ -660,6 +672,7 @@ DEBERTA_V2 = Family(
     "DebertaV2ForSequenceClassification", "DebertaV2Model", "DebertaV2ForMaskedLM", "deberta",
     functools.partial(padded_batch, seq_len=DEBERTA_SEQ_LEN, token_types=True),
     token_classifier="DebertaV2ForTokenClassification", multiple_choice="DebertaV2ForMultipleChoice",
+    question_answering="DebertaV2ForQuestionAnswering",
     variants=(("2_labels", (), 2),),
     token_types=True,
     bf16_atol=1e-2,  # measured max 3.1e-3 on logits of order 1
@@ -694,6 +707,7 @@ MODERNBERT = Family(
     "ModernBertForSequenceClassification", "ModernBertModel", "ModernBertForMaskedLM", "modernbert",
     functools.partial(padded_batch, seq_len=MODERNBERT_SEQ_LEN, lowest_id=3, token_types=False),
     token_classifier="ModernBertForTokenClassification", multiple_choice="ModernBertForMultipleChoice",
+    question_answering="ModernBertForQuestionAnswering",
     variants=(("no_bias-cls-every3", (), 3),
               ("biases-mean-every2-silu", tuple(sorted(dict(MODERNBERT_BIASES, global_attn_every_n_layers=2,
                                                             classifier_pooling="mean",
@@ -724,6 +738,8 @@ XLNET = Family(
     "XLNetForSequenceClassification", "XLNetModel", "XLNetLMHeadModel", "summary",
     xlnet_batch,
     token_classifier="XLNetForTokenClassification", multiple_choice="XLNetForMultipleChoice",
+    # XLNetForQuestionAnswering (the "squad" head) is tested in tests/test_xlnet_squad.py.
+    question_answering="XLNetForQuestionAnsweringSimple",
     paddings=("left",),
     padding_side="left",
     variants=tuple((f"{summary_type}_{n}", _pairs(summary_type=summary_type), n)
@@ -742,6 +758,7 @@ GPT2 = Family(
     # ids never 0 or 98: the pad ids the GPT-2 tests use
     functools.partial(padded_batch, seq_len=10, pad_id=EOS, highest_id=90, token_types=False),
     token_classifier="GPT2ForTokenClassification",  # no GPT2ForMultipleChoice in transformers
+    question_answering="GPT2ForQuestionAnswering",
     paddings=("right", "left", "none"),
     variants=(("1_label", (), 1), ("2_labels", (), 2), ("5_labels", (), 5)),
     token_types=True,  # GPT-2 embeds token types with its word embeddings (wte)
@@ -765,9 +782,10 @@ _LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_fr
 
 
 def _decoder(name: str, prefix: str, overrides: dict, *, causal_lm: str | None = None, padding_side: str = "left",
-             token_classifier: bool = True, **options) -> Family:
+             token_classifier: bool = True, question_answering: bool = True, **options) -> Family:
     """A decoder row: every other head runs on Llama; the others share its backbone code and run "mean".
-    Token classifiers are transformers' `GenericForTokenClassification`; no decoder has a multiple-choice class."""
+    Token classifiers and question answering are transformers' `GenericForTokenClassification` and
+    `GenericForQuestionAnswering`; no decoder has a multiple-choice class."""
     gemma = prefix.startswith("Gemma")  # ties lm_head to the embeddings: transformers does not write it
     causal_lm = causal_lm or f"{prefix}ForCausalLM"
     return Family(
@@ -785,6 +803,7 @@ def _decoder(name: str, prefix: str, overrides: dict, *, causal_lm: str | None =
                                    "head.score.kernel"})),
         packing=_pairs(num_hidden_layers=2),
         token_classifier=f"{prefix}ForTokenClassification" if token_classifier else None,
+        question_answering=f"{prefix}ForQuestionAnswering" if question_answering else None,
         **{"other_heads": ("mean",), **options},
     )
 
@@ -806,15 +825,17 @@ DECODERS = (
                                     max_window_layers=1), padding_side="right"),
     _decoder("qwen3", "Qwen3", dict(num_key_value_heads=2, head_dim=12, attention_bias=True, use_sliding_window=True,
                                     sliding_window=4, max_window_layers=1), padding_side="right"),
-    _decoder("gemma", "Gemma", dict(num_key_value_heads=1, head_dim=12)),
+    # transformers has no Gemma question answering (GemmaForQuestionAnswering, Gemma2's, Gemma3's).
+    _decoder("gemma", "Gemma", dict(num_key_value_heads=1, head_dim=12), question_answering=False),
     _decoder("gemma2", "Gemma2", dict(num_key_value_heads=2, head_dim=12, sliding_window=4, query_pre_attn_scalar=10,
-                                      attn_logit_softcapping=2.0)),
+                                      attn_logit_softcapping=2.0), question_answering=False),
     # Gemma3's text-only causal LM is Gemma3ForCausalLM (Gemma3ForSequenceClassification is multimodal).
     _decoder("gemma3_text", "Gemma3Text", dict(num_key_value_heads=2, head_dim=12, sliding_window=4,
                                                query_pre_attn_scalar=10, rope_local_base_freq=100.0,
                                                sliding_window_pattern=2, rope_scaling=dict(rope_type="linear",
                                                                                            factor=2.0)),
-             causal_lm="Gemma3ForCausalLM", token_classifier=False),  # transformers has no Gemma3 token classifier
+             causal_lm="Gemma3ForCausalLM", token_classifier=False,  # transformers has no Gemma3 token classifier
+             question_answering=False),
 )
 
 FAMILIES: dict[str, Family] = {row.name: row for row in (

@@ -393,7 +393,7 @@ def from_pretrained(
     _raise_for_another_task(checkpoint, table, task, cls)
     model_config = cls.config_class.from_hf_config(
         hf_config,
-        default_head=table.default_head(task),
+        default_head=table.default_head(task, hf_config.get("architectures")),
         head=head,
         num_labels=num_labels,
         problem_type=problem_type,
@@ -570,7 +570,7 @@ def _exported(model, fmt: WeightFormat) -> tuple[dict[str, Any], dict[str, np.nd
     arrays = {key: np.asarray(var[...]) for key, (_, var) in flat_variables(model).items()}
     hf_config = config.to_hf_config(table.architecture(config.task, config.head))
     hf_config["dtype"] = str(next(iter(arrays.values())).dtype)
-    base = f"{table.base_prefix}."
+    base = f"{table.base_prefix_of(config.task)}."
     head_paths = [k[len("head."):] for k in arrays if k.startswith("head.")]
     model_rules = rules.backbone_rules(table, config.backbone, base, arrays)
     model_rules += rules.head_rules(table, config.head, head_paths, base, config.task)

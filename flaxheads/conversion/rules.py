@@ -67,12 +67,16 @@ def native_names(rules: list[Rule]) -> list[Rule]:
 
 def base_prefix(table: ArchitectureTable, names: list[str], rename: Rename = pytorch_names) -> str:
     """`"bert."` when the checkpoint's backbone tensors sit under the base model's attribute (a
-    model with a head, `BertForSequenceClassification`), `""` for a bare `BertModel`."""
-    prefix = f"{table.base_prefix}."
+    model with a head, `BertForSequenceClassification`), `""` for a bare `BertModel`; the
+    attribute is any of the family's classes' (`ArchitectureTable.base_prefixes`: Llama's
+    `model.`, or `transformer.` in `LlamaForQuestionAnswering`)."""
     present = set(names)
     one_each = {index: 1 for index in table.layer_indices}
-    first_layer = under("backbone", expand(table.backbone, counts=one_each, base=prefix))
-    return prefix if any(r.hf in present for r in rename(first_layer)) else ""
+    for attribute in table.base_prefixes:
+        first_layer = under("backbone", expand(table.backbone, counts=one_each, base=f"{attribute}."))
+        if any(r.hf in present for r in rename(first_layer)):
+            return f"{attribute}."
+    return ""
 
 
 def nsp_rules(table: ArchitectureTable, base: str) -> list[Rule]:

@@ -198,6 +198,14 @@ class TaskTable:
     other_architecture: str | None = None
     """The transformers class an export with another head names (the bare model, whose backbone
     transformers loads); None: the task's head is its class's alone."""
+    head_classes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Other transformers classes of the task on this family, by the head each computes (its
+    rules in `other_heads`): XLNet's `XLNetForQuestionAnswering` ("squad") beside
+    `XLNetForQuestionAnsweringSimple`. A checkpoint naming one is of the task and loads with its
+    head; an export with that head names it."""
+    base_prefix: str | None = None
+    """The attribute holding the base model in this class, when it is not the table's
+    (`LlamaForQuestionAnswering` keeps `transformer` where `LlamaForCausalLM` has `model`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,13 +266,17 @@ class ArchitectureTable:
             )
         return self.task_tables[task]
 
-    def default_head(self, task: str) -> str:
-        """The head transformers' class for `task` computes (ValueError as `task`)."""
-        return self.task(task).head
+    def default_head(self, task: str, architectures: Iterable[str] = ()) -> str:
+        """The head transformers' class for `task` computes, or that of another class of the task
+        `architectures` (config.json's) name (`TaskTable.head_classes`); ValueError as `task`."""
+        table = self.task(task)
+        return next((head for head, name in table.head_classes.items() if name in (architectures or ())), table.head)
 
     def architecture(self, task: str, head: str) -> str:
         """The transformers class an export of a `task` model with `head` names in config.json."""
         table = self.task(task)
+        if head in table.head_classes:
+            return table.head_classes[head]
         if head == table.head or table.other_architecture is None:
             return table.architecture
         return table.other_architecture
@@ -277,7 +289,17 @@ class ArchitectureTable:
     def task_of(self, architecture: str) -> str | None:
         """The task of this family's transformers class `architecture`; None for a class of no
         task (the bare model, a pretraining head)."""
-        return next((task for task, t in self.task_tables.items() if t.architecture == architecture), None)
+        return next((task for task, t in self.task_tables.items()
+                     if architecture == t.architecture or architecture in t.head_classes.values()), None)
+
+    def base_prefix_of(self, task: str) -> str:
+        """The attribute holding the base model in the family's transformers class for `task`."""
+        return self.task(task).base_prefix or self.base_prefix
+
+    @property
+    def base_prefixes(self) -> tuple[str, ...]:
+        """Every attribute the family's transformers classes hold the base model in, the table's first."""
+        return tuple(dict.fromkeys((self.base_prefix, *(t.base_prefix for t in self.tasks.values() if t.base_prefix))))
 
     def index_counts(self, backbone_config: Any) -> dict[str, int]:
         """How many values each index of the backbone rules takes for a model of `backbone_config`."""

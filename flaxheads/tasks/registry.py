@@ -13,9 +13,11 @@ from flaxheads.model import PretrainedModel, saved_config
 from flaxheads.tasks.base import Task
 from flaxheads.tasks.choice.task import TASK as MULTIPLE_CHOICE
 from flaxheads.tasks.classification.task import TASK as TEXT_CLASSIFICATION
+from flaxheads.tasks.qa.task import TASK as QUESTION_ANSWERING
 from flaxheads.tasks.token.task import TASK as TOKEN_CLASSIFICATION
 
-TASKS: dict[str, Task] = {task.name: task for task in (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, MULTIPLE_CHOICE)}
+TASKS: dict[str, Task] = {task.name: task for task in (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, MULTIPLE_CHOICE,
+                                                       QUESTION_ANSWERING)}
 """Every task by its name. A new task is one folder plus one `register` call (or line here)."""
 
 DEFAULT = TEXT_CLASSIFICATION.name
@@ -83,9 +85,9 @@ MODELS: dict[str, type] = {name: task.model_class for name, task in TASKS.items(
 def from_pretrained(path, *, task: str = DEFAULT, **options):
     """`TASKS[task].model_class.from_pretrained(path, **options)`: a `SequenceClassifier` by
     default, a `TokenClassifier` for task="token-classification", a `MultipleChoice` for
-    task="multiple-choice" (options: `SequenceClassifier.from_pretrained`'s). ValueError naming
-    the tasks for an unknown one; a checkpoint of another task's transformers class is refused
-    with the task to pass."""
+    task="multiple-choice", a `QuestionAnswering` for task="question-answering" (options:
+    `SequenceClassifier.from_pretrained`'s). ValueError naming the tasks for an unknown one; a
+    checkpoint of another task's transformers class is refused with the task to pass."""
     return named(task).model_class.from_pretrained(path, **options)
 
 
