@@ -299,6 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("context_column", "question_column", "choice_columns"):  # multiple choice: as train reads them
         p.add_argument(f"--{name}", nargs="+" if name == "choice_columns" else None,
                        help=field_docs()[name].replace("%", "%%"))
+    p.add_argument("--question", nargs="+", help="question-answering models: the question(s) to answer from --context")
+    p.add_argument("--context", nargs="+", help="question-answering models: the context of each --question (one for "
+                                                "all, or one per question)")
+    for name in ("version_2_with_negative", "doc_stride", "n_best_size", "max_answer_length",
+                 "null_score_diff_threshold"):  # question answering: as train reads them
+        doc = field_docs()[name].replace("%", "%%")
+        if name == "version_2_with_negative":
+            p.add_argument(f"--{name}", action="store_true", help=doc)
+        else:
+            p.add_argument(f"--{name}", type=float if name == "null_score_diff_threshold" else int, help=doc)
     p.set_defaults(run=_predict)
 
     p = add_parser("report", help="draw a finished run's report again (PNGs in RUN_DIR/report/)")

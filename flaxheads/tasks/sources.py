@@ -35,6 +35,11 @@ def load_task(
     question_column: str | None = None,
     choice_columns: tuple[str, ...] | None = None,
     class_names: Sequence[str] | None = None,
+    version_2_with_negative: bool = False,
+    doc_stride: int | None = None,
+    n_best_size: int | None = None,
+    max_answer_length: int | None = None,
+    null_score_diff_threshold: float | None = None,
 ) -> TaskData:
     """The data set named by the first of `train_file` (with `validation_file`, `test_file`),
     `dataset_name` (a Hugging Face data set in the local cache) or `dataset` (a built-in one, split
@@ -53,7 +58,12 @@ def load_task(
 
     `task` "multiple-choice" (None: when `choice_columns` are given, or `train_file` has choice
     columns, `choices.looks_like_choice_file`) reads the files with `choices.load_choice_files`:
-    `context_column`, `question_column`, `choice_columns` and `label_column`, detected where None."""
+    `context_column`, `question_column`, `choice_columns` and `label_column`, detected where None.
+
+    `task` "question-answering" (None: when `train_file` holds SQuAD data, nested or with
+    question, context and answers columns) reads the files as SQuAD v1.1, or v2.0 with
+    `version_2_with_negative`; `doc_stride`, `n_best_size`, `max_answer_length` and
+    `null_score_diff_threshold` are run_qa.py's (`flaxheads.tasks.qa.rows.QASource`)."""
     source = {name: value for name, value in locals().items()}
     chosen = task_of_source(source)
     for other in tasks.TASKS.values():

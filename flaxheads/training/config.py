@@ -139,6 +139,22 @@ class TrainConfig:
     column holding each row's list of choices; default: numbered columns (ending0.., choice0..,
     option0..) or a choices, endings or options list column."""
 
+    # Question answering (docs/question_answering.md): run_qa.py's flags.
+    version_2_with_negative: bool = False
+    """Question answering: some questions have no answer (SQuAD v2.0); the model may answer "" and
+    the metrics are SQuAD v2's."""
+    doc_stride: int | None = None
+    """Question answering: a context longer than a window of max_seq_length tokens is read in
+    windows that share this many context tokens; default: 128 (run_qa.py's)."""
+    n_best_size: int | None = None
+    """Question answering: the start and end candidates each window proposes, and the answers kept
+    per question (nbest_predictions.json); default: 20."""
+    max_answer_length: int | None = None
+    """Question answering: the longest answer in tokens; default: 30."""
+    null_score_diff_threshold: float | None = None
+    """Question answering with version_2_with_negative: answer "" when the null answer's score
+    beats the best span's by more than this; default: 0.0."""
+
     # How to train.
     max_seq_length: int = 128
     """Longest input in tokens; longer texts are truncated."""
@@ -351,6 +367,10 @@ class TrainConfig:
             raise ValueError(f"label_smoothing_factor={self.label_smoothing_factor}: it must be in [0, 1)")
         if self.stride is not None and self.stride < 0:
             raise ValueError(f"stride={self.stride}: it must be 0 or positive")
+        for name in ("doc_stride", "n_best_size", "max_answer_length"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "doc_stride" else 1):
+                raise ValueError(f"{name}={value}: it must be {'0 or more' if name == 'doc_stride' else '1 or more'}")
         if self.eval_steps is not None and self.eval_steps <= 0:
             raise ValueError(f"eval_steps={self.eval_steps}: it must be positive")
         if self.eval_steps is not None and self.eval_strategy in ("no", "epoch"):
@@ -459,7 +479,9 @@ class TrainConfig:
             num_labels=self.num_labels, chosen_column=self.chosen_column, rejected_column=self.rejected_column,
             task=self.task, label_all_tokens=self.label_all_tokens, stride=self.stride, tag_scheme=self.tag_scheme,
             context_column=self.context_column, question_column=self.question_column,
-            choice_columns=self.choice_columns,
+            choice_columns=self.choice_columns, version_2_with_negative=self.version_2_with_negative,
+            doc_stride=self.doc_stride, n_best_size=self.n_best_size, max_answer_length=self.max_answer_length,
+            null_score_diff_threshold=self.null_score_diff_threshold,
         )
 
     def model_folder(self) -> Path:
