@@ -89,6 +89,10 @@ class Task:
         raise NotImplementedError(f"evaluate(dataset) and predict(dataset) take texts; for {self.name} give the "
                                   "Trainer the data as task= and call them without a dataset")
 
+    def unlabelled_splits(self, data_task: data.TaskData) -> frozenset[str]:
+        """The splits of `data_task` read from files that carry no labels (to predict, not score)."""
+        return frozenset()
+
     def in_memory(self, splits: Mapping[str, Any], column_args: dict[str, Any]) -> data.InMemoryTask:
         """`Trainer(train_dataset=..., ...)`'s splits held in Python, read with `column_args`."""
         raise ValueError(f"a {self.model_class.__name__} trains on {self.name} data: pass it as task= "
@@ -161,6 +165,15 @@ class Task:
         from flaxheads.training.scoring import format_predictions
 
         return format_predictions(predicted)
+
+    def write_predictions(self, output_dir, predicted: list, data_task: data.TaskData, scorer, *,
+                          overwrite: bool) -> list:
+        """Writes the test split's predictions into a run's `output_dir` (predict_results.txt of
+        `format_predictions`; `scorer` scored the split) and returns the paths written."""
+        from flaxheads.training import run_dir
+
+        return [run_dir.write_predictions(output_dir, self.format_predictions(predicted, data_task),
+                                          overwrite=overwrite)]
 
     def identity(self, data_task: data.TaskData, args: TrainConfig) -> dict[str, dict[str, Any]]:
         """What the run identity records of this task beyond what every run records:

@@ -145,7 +145,8 @@ class TrainConfig:
     the metrics are SQuAD v2's."""
     doc_stride: int | None = None
     """Question answering: a context longer than a window of max_seq_length tokens is read in
-    windows that share this many context tokens; default: 128 (run_qa.py's)."""
+    windows that share this many context tokens; default: 128 (run_qa.py's), or a third of
+    max_seq_length when that is fewer."""
     n_best_size: int | None = None
     """Question answering: the start and end candidates each window proposes, and the answers kept
     per question (nbest_predictions.json); default: 20."""

@@ -22,6 +22,9 @@ class TaskKind(Protocol):
     def in_memory(self, splits: Mapping[str, Any], column_args: dict[str, Any]) -> data.InMemoryTask:
         """The Trainer's `train_dataset` / `eval_dataset` / `test_dataset` as the task's data."""
 
+    def unlabelled_splits(self, data_task: data.TaskData) -> frozenset[str]:
+        """The splits of data read from files that carry no labels (to predict, not score)."""
+
     def data_for(self, splits: data.InMemoryTask, split: str, dataset, column_args: dict[str, Any]
                  ) -> data.InMemoryTask:
         """`dataset` as split `split` of data like the run's (`Trainer.evaluate(dataset)`)."""
@@ -56,6 +59,10 @@ class TaskKind(Protocol):
 
     def format_predictions(self, predicted: list, data_task: data.TaskData) -> str:
         """predict_results.txt of the predictions."""
+
+    def write_predictions(self, output_dir, predicted: list, data_task: data.TaskData, scorer, *,
+                          overwrite: bool) -> list:
+        """Writes the test split's predictions into `output_dir`; the paths written."""
 
     def problem_name(self, data_task: data.TaskData) -> str:
         """What the labels are, as the run identity records it ("problem_type")."""

@@ -180,7 +180,7 @@ class Trainer:
         if task is not None:
             if any(split is not None for split in (train, validation, test)):
                 raise ValueError("pass either task= or train_dataset/eval_dataset/test_dataset, not both")
-            return data.InMemoryTask(task, frozenset(), tuple(task.splits))
+            return data.InMemoryTask(task, frozenset(self.kind.unlabelled_splits(task)), tuple(task.splits))
         return self.kind.in_memory({"train": train, "validation": validation, "test": test},
                                    self._column_args(config))
 
@@ -605,9 +605,9 @@ class Trainer:
         return predicted
 
     def _write_predictions(self, predicted: list) -> None:
-        written = run_dir.write_predictions(self.output_dir, self.kind.format_predictions(predicted, self.task),
-                                            overwrite=self.args.overwrite_output_dir)
-        print(f"predictions for the test split written to {written}")
+        written = self.kind.write_predictions(self.output_dir, predicted, self.task, self._scorer,
+                                              overwrite=self.args.overwrite_output_dir)
+        print(f"predictions for the test split written to {', '.join(map(str, written))}")
 
     def _scorer_of(self, split: str, dataset) -> SplitScorer:
         if dataset is None:

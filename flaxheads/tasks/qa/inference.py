@@ -34,14 +34,12 @@ def refuse_beam_head(model: QuestionAnswering, what: str) -> None:
 def evaluate_qa(model_dir: str | Path, task: data.TaskData, split: str, *, max_seq_length: int = 384,
                 batch_size: int = 64, tokenizer_name: str | None = None) -> dict[str, Any]:
     """A saved (trained) QA model's scores on `split` of question-answering data
-    (`rows.qa_task_data`): SQuAD's metrics and the loss, as `flaxheads train` reports them, and
-    "predictions" (id -> answer)."""
+    (`rows.qa_task_data`): SQuAD's metrics and the loss, as `flaxheads train` reports them."""
     if split not in task.splits:
         raise ValueError(f"the data has no {split!r} split; it has {sorted(task.splits)}")
     scorer = _scorer(model_dir, task, split, max_seq_length=max_seq_length, batch_size=batch_size,
                      tokenizer_name=tokenizer_name, unlabelled=not task.source.labelled(split))
-    output = scorer.predict(split, scorer.params)
-    return {**output.metrics, "predictions": scorer.answers[split].answers}
+    return scorer.predict(split, scorer.params).metrics
 
 
 def answer_questions(model_dir: str | Path, examples: Sequence[QAExample], *, max_seq_length: int = 384,
@@ -80,8 +78,8 @@ def _scorer(model_dir, task: data.TaskData, split: str, *, max_seq_length: int, 
                                                     tokenizer_name=tokenizer_name)
     refuse_beam_head(model, "flaxheads evaluate and predict")
     source = task.source
-    rows = tokenize_examples(source.examples[split], tokenizer, max_seq_length, doc_stride=source.doc_stride,
-                             labelled=not unlabelled)
+    rows = tokenize_examples(source.examples[split], tokenizer, max_seq_length,
+                             doc_stride=source.stride_for(max_seq_length), labelled=not unlabelled)
     batch_format = data.BatchFormat.for_task(task, tokenizer, max_seq_length,
                                              model_pad_token_id=model.config.backbone.pad_token_id)
     model.eval()

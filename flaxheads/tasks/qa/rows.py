@@ -36,7 +36,13 @@ ORIGINS = ("example_index", "offset_start", "offset_end")
 """The columns each row keeps to be post-processed: its example, and each token's character span
 in the context (-1, -1 for the question, special and padding tokens)."""
 DEFAULT_DOC_STRIDE = 128
-"""run_qa.py's default --doc_stride."""
+"""run_qa.py's default --doc_stride (with its default max_seq_length, 384)."""
+
+
+def default_doc_stride(max_seq_length: int) -> int:
+    """run_qa.py's 128 context tokens shared by two windows, or a third of the window when that is
+    fewer (128 of run_qa's 384; 42 of flaxheads' default 128, where 128 would leave no room)."""
+    return min(DEFAULT_DOC_STRIDE, max_seq_length // 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +53,9 @@ class QASource:
     """Per split, its examples in file order."""
     version_2_with_negative: bool = False
     """SQuAD v2.0: some questions have no answer (the model may answer "")."""
-    doc_stride: int = DEFAULT_DOC_STRIDE
-    """Context tokens two windows of an example share (run_qa's --doc_stride)."""
+    doc_stride: int | None = None
+    """Context tokens two windows of an example share (run_qa's --doc_stride); None:
+    `default_doc_stride` of the window."""
     n_best_size: int = 20
     max_answer_length: int = 30
     null_score_diff_threshold: float = 0.0
@@ -58,6 +65,10 @@ class QASource:
         return {"version_2_with_negative": self.version_2_with_negative, "n_best_size": self.n_best_size,
                 "max_answer_length": self.max_answer_length,
                 "null_score_diff_threshold": self.null_score_diff_threshold}
+
+    def stride_for(self, max_seq_length: int) -> int:
+        """The doc_stride in effect for windows of `max_seq_length` tokens."""
+        return default_doc_stride(max_seq_length) if self.doc_stride is None else self.doc_stride
 
     def labelled(self, split: str) -> bool:
         """Whether the examples of `split` carry answers to score against (SQuAD v2's unanswerable
@@ -75,8 +86,8 @@ class QARows:
 
     def tokenize(self, task: TaskData, split: str, tokenizer, max_seq_length: int, *, cache_dir=None):
         source: QASource = task.source
-        return tokenize_examples(source.examples[split], tokenizer, max_seq_length, doc_stride=source.doc_stride,
-                                 labelled=source.labelled(split))
+        return tokenize_examples(source.examples[split], tokenizer, max_seq_length,
+                                 doc_stride=source.stride_for(max_seq_length), labelled=source.labelled(split))
 
 
 QA_ROWS = QARows()
@@ -124,14 +135,14 @@ def qa_task_data(examples: Mapping[str, Sequence[QAExample]], *, version_2_with_
                              "max_answer_length=30)")
     if doc_stride is not None and doc_stride < 0:
         raise ValueError(f"doc_stride={doc_stride} is negative; give the number of context tokens two windows share "
-                         f"(run_qa.py's default: {DEFAULT_DOC_STRIDE})")
+                         f"(run_qa.py's default: {DEFAULT_DOC_STRIDE} of 384)")
     splits = datasets.DatasetDict({
         name: datasets.Dataset.from_dict({"id": [e.id for e in split], "question": [e.question for e in split],
                                           "context": [e.context for e in split],
                                           LABEL: [len(e.answer_texts) for e in split]})
         for name, split in examples.items()})
     source = QASource({name: tuple(split) for name, split in examples.items()}, version_2_with_negative,
-                      DEFAULT_DOC_STRIDE if doc_stride is None else doc_stride, n_best_size, max_answer_length,
+                      doc_stride, n_best_size, max_answer_length,
                       null_score_diff_threshold)
     kind = "SQuAD v2.0 (unanswerable questions allowed)" if version_2_with_negative else "SQuAD v1.1"
     return TaskData(splits, None, 2, {0: "start", 1: "end"},
@@ -140,4 +151,4 @@ def qa_task_data(examples: Mapping[str, Sequence[QAExample]], *, version_2_with_
 
 
 __all__ = ["DEFAULT_DOC_STRIDE", "ORIGINS", "PROBLEM", "QA_EXAMPLES", "QA_ROWS", "QARows", "QASource",
-           "features_of", "qa_task_data", "tokenize_examples"]
+           "default_doc_stride", "features_of", "qa_task_data", "tokenize_examples"]

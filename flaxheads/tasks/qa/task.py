@@ -63,6 +63,11 @@ class QuestionAnsweringTask(Task):
         """Validation and test files alone are read as question answering: the folder's model says so."""
         return {**source, "task": source.get("task") or self.name}
 
+    def unlabelled_splits(self, data_task: data.TaskData) -> frozenset[str]:
+        """The splits whose examples carry no answers (a SQuAD v1.1 test file to predict)."""
+        qa: QASource = data_task.source
+        return frozenset(split for split in qa.examples if not qa.labelled(split))
+
     def data_for(self, given: data.InMemoryTask, split: str, dataset, column_args: dict[str, Any]
                  ) -> data.InMemoryTask:
         qa: QASource = given.task.source
@@ -104,7 +109,7 @@ class QuestionAnsweringTask(Task):
                              "(--version_2_with_negative), or leave the threshold out")
         for split, examples in source.examples.items():
             if split != "train" or args.do_train:
-                qa_data_fit(examples, tokenizer, max_seq_length, source.doc_stride)
+                qa_data_fit(examples, tokenizer, max_seq_length, source.stride_for(max_seq_length))
 
     def objective(self, data_task: data.TaskData, loss_options: Mapping[str, Any]) -> SpanObjective:
         return SpanObjective(data_task.source.version_2_with_negative)
@@ -127,6 +132,15 @@ class QuestionAnsweringTask(Task):
         from flaxheads.tasks.qa.scoring import format_answers
 
         return format_answers(predicted, data_task.source.examples["test"])
+
+    def write_predictions(self, output_dir, predicted: list, data_task: data.TaskData, scorer, *,
+                          overwrite: bool) -> list:
+        """predict_results.txt, and run_qa.py's predict_predictions.json and
+        predict_nbest_predictions.json (and predict_null_odds.json under SQuAD v2)."""
+        from flaxheads.tasks.qa.postprocess import write_predictions
+
+        written = super().write_predictions(output_dir, predicted, data_task, scorer, overwrite=overwrite)
+        return written + write_predictions(output_dir, scorer.answers["test"], prefix="predict", overwrite=overwrite)
 
     def identity(self, data_task: data.TaskData, args: TrainConfig) -> dict[str, dict[str, Any]]:
         """How contexts become windows, and how answers are read from them (the metrics)."""
