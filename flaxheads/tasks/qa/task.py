@@ -98,10 +98,6 @@ class QuestionAnsweringTask(Task):
 
     def check_settings(self, args: TrainConfig, data_task: data.TaskData, *, tokenizer, max_seq_length: int) -> None:
         super().check_settings(args, data_task, tokenizer=tokenizer, max_seq_length=max_seq_length)
-        if args.head not in (None, "linear", "squad", "modernbert"):
-            raise ValueError(f"head={args.head!r} picks a sequence classifier's head, and the data is question "
-                             "answering, whose head is the family's own (start and end logits on every token): leave "
-                             "head out")
         source: QASource = data_task.source
         if source.null_score_diff_threshold and not source.version_2_with_negative:
             raise ValueError(f"null_score_diff_threshold={source.null_score_diff_threshold} decides when SQuAD v2's "
