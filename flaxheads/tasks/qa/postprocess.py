@@ -69,7 +69,8 @@ class QAPredictions:
         passes them (its null odds go to null_odds.json, not to the metric)."""
         if self.null_odds is None:
             return [{"id": key, "prediction_text": text} for key, text in self.answers.items()]
-        return [{"id": key, "prediction_text": text, "no_answer_probability": 0.0} for key, text in self.answers.items()]
+        return [{"id": key, "prediction_text": text, "no_answer_probability": 0.0}
+                for key, text in self.answers.items()]
 
 
 def postprocess_qa_predictions(
@@ -287,7 +288,8 @@ def _best_of_window(feature: Mapping[str, Any], starts: np.ndarray, ends: np.nda
     top = np.argsort(-scores, kind="stable")[:n_best_size]
     offsets = feature["offset_mapping"]
     return [{"offsets": (offsets[start][0], offsets[end][1]), "score": scores[k], "start_logit": start_scores[k],
-             "end_logit": end_scores[k]} for k, start, end in zip(top.tolist(), starts[top].tolist(), ends[top].tolist())]
+             "end_logit": end_scores[k]}
+            for k, start, end in zip(top.tolist(), starts[top].tolist(), ends[top].tolist())]
 
 
 def _allowed(starts: np.ndarray, ends: np.ndarray, feature: Mapping[str, Any], max_answer_length: int) -> np.ndarray:
