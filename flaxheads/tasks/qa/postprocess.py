@@ -97,14 +97,14 @@ def postprocess_qa_predictions(
     if not isinstance(predictions, (tuple, list)) or len(predictions) != 2:
         raise ValueError("predictions must be a pair (start_logits, end_logits), each (n_features, seq_len); for "
                          "XLNetForQuestionAnswering's five outputs call postprocess_qa_predictions_with_beam_search")
+    examples, features = _rows(examples, "examples", ("id", "context")), _rows(features, "features",
+                                                                                  ("example_id", "offset_mapping"))
     all_start, all_end = (np.asarray(logits) for logits in predictions)
     _check_logits({"start_logits": all_start, "end_logits": all_end}, len(features))
     if all_start.shape != all_end.shape:
         raise ValueError(f"start_logits {all_start.shape} and end_logits {all_end.shape} differ in shape: pass the "
                          "two outputs of the same forward pass")
     _check_at_least_one(n_best_size=n_best_size, max_answer_length=max_answer_length)
-    examples, features = _rows(examples, "examples", ("id", "context")), _rows(features, "features",
-                                                                                  ("example_id", "offset_mapping"))
     answers, nbest, null_odds = {}, {}, {} if version_2_with_negative else None
     for example, feature_indices in _features_per_example(examples, features):
         spans, null = [], None
@@ -171,13 +171,13 @@ def postprocess_qa_predictions_with_beam_search(
         raise ValueError("predictions must be XLNetForQuestionAnswering's five outputs (start_top_log_probs, "
                          "start_top_index, end_top_log_probs, end_top_index, cls_logits); for start and end logits "
                          "call postprocess_qa_predictions")
+    examples, features = _rows(examples, "examples", ("id", "context")), _rows(features, "features",
+                                                                                  ("example_id", "offset_mapping"))
     names = ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits")
     arrays = dict(zip(names, (np.asarray(array) for array in predictions)))
     _check_at_least_one(n_best_size=n_best_size, max_answer_length=max_answer_length, start_n_top=start_n_top,
                         end_n_top=end_n_top)
     _check_beams(arrays, len(features), start_n_top, end_n_top)
-    examples, features = _rows(examples, "examples", ("id", "context")), _rows(features, "features",
-                                                                                  ("example_id", "offset_mapping"))
     answers, nbest, null_odds = {}, {}, {} if version_2_with_negative else None
     for example, feature_indices in _features_per_example(examples, features):
         spans, min_null_score = [], None
