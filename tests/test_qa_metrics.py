@@ -6,6 +6,7 @@ their length, every kind of whitespace, empty answers, unanswerable questions, s
 from __future__ import annotations
 
 import random
+import types
 
 import numpy as np
 import pytest
@@ -178,12 +179,14 @@ def test_plain_dicts_score_as_evaluates_rows():
         predictions, [r for r in references if r["answers"]["text"]])
 
 
-def test_squad_json_answer_lists_score_as_evaluates_answer_columns():
+def test_squad_json_answer_lists_and_example_objects_score_as_evaluates_answer_columns():
     references, predictions = _v2_case(3)
     nested = [{"id": r["id"], "answers": [{"text": t, "answer_start": 0} for t in r["answers"]["text"]]}
               for r in references]
+    objects = [types.SimpleNamespace(id=r["id"], answers=r["answers"], context="") for r in references]
 
     assert metrics.squad_v2(predictions, nested) == metrics.squad_v2(predictions, references)
+    assert metrics.squad_v2(predictions, objects) == metrics.squad_v2(predictions, references)
 
 
 def test_squad_v2_without_probabilities_takes_zero_as_run_qa_passes():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import types
 
 import numpy as np
 import pytest
@@ -280,13 +281,16 @@ def test_squad_v2_with_no_text_to_answer_scores_the_placeholder_where_transforme
     assert ours.answers == {"e": "empty"} and ours.null_odds == {"e": 0.0}  # null answer 0.0, placeholder 0.0
 
 
-def test_columns_give_what_rows_give():
+def test_columns_and_objects_give_what_rows_give():
     case = _case(5)
     columns = {key: [feature.get(key) for feature in case["features"]] for key in ("example_id", "offset_mapping")}
+    columns |= {"input_ids": np.zeros(case["predictions"][0].shape), "not_per_window": [1]}  # the model's: not read
     example_columns = {"id": [e["id"] for e in case["examples"]], "context": [e["context"] for e in case["examples"]]}
+    example_objects = [types.SimpleNamespace(id=e["id"], context=e["context"]) for e in case["examples"]]
+    rows = postprocess_qa_predictions(case["examples"], case["features"], case["predictions"])
 
-    assert postprocess_qa_predictions(example_columns, columns, case["predictions"]) == postprocess_qa_predictions(
-        case["examples"], case["features"], case["predictions"])
+    assert postprocess_qa_predictions(example_columns, columns, case["predictions"]) == rows
+    assert postprocess_qa_predictions(example_objects, columns, case["predictions"]) == rows
 
 
 def _good():

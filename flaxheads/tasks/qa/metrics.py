@@ -10,8 +10,9 @@ adversarial strings).
 
 Both take what `evaluate`'s `compute` takes, predictions [{"id", "prediction_text"} (+
 "no_answer_probability" for v2)] and references [{"id", "answers": {"text": [...], "answer_start":
-[...]}}] (answers may also be a list of {"text": ...}, as in SQuAD's JSON), or plain dicts:
-{id: answer text} and {id: [gold texts]} (no gold text: unanswerable).
+[...]}}] (answers may also be a list of {"text": ...}, as in SQuAD's JSON; a reference may be an
+object with `id` and `answers`, as a `QAExample`), or plain dicts: {id: answer text} and {id: [gold
+texts]} (no gold text: unanswerable).
 
 An answer is compared after `normalize_answer` (lower case, no ASCII punctuation, no English
 articles, whitespace collapsed); F1 counts the words two normalised answers share. Under v2 a
@@ -211,12 +212,16 @@ def _references(references: References) -> dict[str, list[str]]:
         return {key: _gold_texts(value, f"references[{key!r}]") for key, value in references.items()}
     golds: dict[str, list[str]] = {}
     for i, row in enumerate(references):
-        if not isinstance(row, Mapping) or "id" not in row or "answers" not in row:
+        if isinstance(row, Mapping) and "id" in row and "answers" in row:
+            key, answers = row["id"], row["answers"]
+        elif not isinstance(row, Mapping) and hasattr(row, "id") and hasattr(row, "answers"):  # a QAExample
+            key, answers = row.id, row.answers
+        else:
             raise ValueError(f"references[{i}] is {_short(row)}; each reference is {{'id': ..., 'answers': {{'text': "
                              "[...], 'answer_start': [...]}}}, or pass a dict {id: [gold texts]}")
-        if row["id"] in golds:
-            raise ValueError(f"references[{i}] repeats the id {row['id']!r}: give each question one reference")
-        golds[row["id"]] = _gold_texts(row["answers"], f"references[{i}]['answers']")
+        if key in golds:
+            raise ValueError(f"references[{i}] repeats the id {key!r}: give each question one reference")
+        golds[key] = _gold_texts(answers, f"references[{i}]['answers']")
     return golds
 
 
