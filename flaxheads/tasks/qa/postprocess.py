@@ -309,8 +309,8 @@ def _allowed(starts: np.ndarray, ends: np.ndarray, feature: Mapping[str, Any], m
     def may_start(token: int) -> bool:
         return in_context(token) and (most_context is None or bool(most_context.get(str(token), False)))
 
-    start_ok = np.vectorize(may_start, otypes=[bool])(starts) if starts.size else starts.astype(bool)
-    end_ok = np.vectorize(in_context, otypes=[bool])(ends) if ends.size else ends.astype(bool)
+    start_ok = np.array([may_start(token) for token in starts.ravel().tolist()], bool).reshape(starts.shape)
+    end_ok = np.array([in_context(token) for token in ends.ravel().tolist()], bool).reshape(ends.shape)
     length = ends - starts + 1
     return start_ok & end_ok & (length >= 1) & (length <= max_answer_length)
 
