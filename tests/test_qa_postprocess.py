@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import types
 
 import numpy as np
 import pytest
@@ -166,7 +167,10 @@ def _beam_case(seed: int) -> dict:
     n = len(features)
     # run_qa_beam_search gathers the indices into float64 arrays; the model gives integers.
     index_dtype = rng.choice([np.int64, np.float64])
-    log_probs = lambda width: np.sort(np.log(np_rng.uniform(1e-4, 1, size=(n, width))), axis=1)[:, ::-1]
+
+    def log_probs(width: int) -> np.ndarray:  # best first, as the head ranks its beams
+        return np.sort(np.log(np_rng.uniform(1e-4, 1, size=(n, width))), axis=1)[:, ::-1]
+
     return {
         "examples": examples, "features": features,
         "predictions": (log_probs(start_n_top).astype(np.float32),
@@ -197,3 +201,195 @@ def test_beam_search_answers_nbest_and_null_odds_equal_transformers_on_random_be
 @pytest.mark.slow
 def test_beam_search_answers_nbest_and_null_odds_equal_transformers_on_many_random_beams(tmp_path):
     _assert_beam_same_as_transformers(tmp_path, range(30, 1030))
+
+
+def _one_example(context: str, windows: list[tuple[list, list, list]]) -> tuple[list[dict], list[dict], tuple]:
+    """One example with the given windows: (offsets, start logits, end logits) each."""
+    examples = [{"id": "e", "context": context}]
+    features = [{"example_id": "e", "offset_mapping": offsets} for offsets, _, _ in windows]
+    starts = np.array([start for _, start, _ in windows], dtype=np.float32)
+    ends = np.array([end for _, _, end in windows], dtype=np.float32)
+    return examples, features, (starts, ends)
+
+
+def _both(tmp_path, examples, features, predictions, **options):
+    """(our result, transformers' files) for the same problem."""
+    case = {"examples": examples, "features": features, "predictions": predictions}
+    expected = _reference_files(tmp_path, reference.postprocess_qa_predictions, case, **options)
+    return postprocess_qa_predictions(examples, features, predictions, **options), expected
+
+
+def test_equal_scores_keep_transformers_order_across_and_within_windows(tmp_path):
+    context = " ".join(f"w{i}" for i in range(30))
+    offsets = [None, None] + [(3 * i, 3 * i + 2) for i in range(30)] + [None]
+    # Logits of two levels: spans of three scores, hundreds of ties, which an unstable sort would reorder.
+    start = [0.0, 0.0] + [float(i % 2) for i in range(30)] + [0.0]
+    end = [0.0, 0.0] + [float(i // 2 % 2) for i in range(30)] + [0.0]
+    windows = [(offsets, start, end), (offsets[:1] + offsets[3:] + [None], start, end)]
+
+    ours, expected = _both(tmp_path, *_one_example(context, windows), n_best_size=20, max_answer_length=5)
+
+    assert _ours_as_files(ours) == expected
+    assert len({entry["probability"] for entry in ours.nbest["e"]}) == 1  # the best 20 tie
+
+
+def test_the_null_score_comes_from_the_first_window_where_it_is_lowest(tmp_path):
+    offsets = [None, (0, 3), (4, 7), None]
+    windows = [(offsets, [1.0, 0, 0, 0], [2.0, 0, 0, 0]), (offsets, [2.0, 0, 0, 0], [1.0, 0, 0, 0]),
+               (offsets, [5.0, 0, 0, 0], [5.0, 0, 0, 0])]
+
+    ours, expected = _both(tmp_path, *_one_example("abc def", windows), version_2_with_negative=True)
+
+    assert _ours_as_files(ours) == expected
+    null = next(entry for entry in ours.nbest["e"] if entry["text"] == "")
+    assert (null["start_logit"], null["end_logit"]) == (1.0, 2.0)
+
+
+@pytest.mark.parametrize("threshold, answer", [(1.0, "abc"), (0.75, "")])
+def test_the_null_answer_wins_only_by_more_than_the_threshold(tmp_path, threshold, answer):
+    windows = [([None, (0, 3), (4, 7), None], [1.0, 0.5, -9, -9], [1.0, 0.5, -9, -9])]  # null 2.0, span "abc" 1.0
+
+    ours, expected = _both(tmp_path, *_one_example("abc def", windows), version_2_with_negative=True,
+                           null_score_diff_threshold=threshold)
+
+    assert _ours_as_files(ours) == expected
+    assert ours.answers == {"e": answer} and ours.null_odds == {"e": 1.0}
+
+
+def test_a_lone_span_without_text_gives_the_empty_placeholder(tmp_path):
+    windows = [([None, (0, 0), (0, 3), None], [0, 9.0, 0, 0], [0, 9.0, 0, 0])]  # best span: the zero-width token
+
+    ours, expected = _both(tmp_path, *_one_example("abc", windows), n_best_size=1)
+
+    assert _ours_as_files(ours) == expected
+    assert ours.answers == {"e": "empty"} and [entry["text"] for entry in ours.nbest["e"]] == ["empty", ""]
+
+
+def test_squad_v2_with_no_text_to_answer_scores_the_placeholder_where_transformers_fails(tmp_path):
+    """Where transformers has only empty texts it fails; flaxheads puts its "empty" placeholder
+    first and weighs it against the null answer as transformers does when the null answer is the
+    only candidate."""
+    windows = [([None, (0, 0), (0, 0), None], [0, 9.0, 8.0, 0], [0, 9.0, 8.0, 0])]  # every span is zero-width
+    examples, features, predictions = _one_example("abc", windows)
+
+    with pytest.raises(IndexError):  # transformers: `while predictions[i]["text"] == ""` runs off the list
+        reference.postprocess_qa_predictions(reference.Rows(examples), features, predictions,
+                                             version_2_with_negative=True)
+    ours = postprocess_qa_predictions(examples, features, predictions, version_2_with_negative=True)
+
+    assert [entry["text"] for entry in ours.nbest["e"]] == ["empty", "", "", "", ""]  # 3 spans and the null answer
+    assert ours.answers == {"e": "empty"} and ours.null_odds == {"e": 0.0}  # null answer 0.0, placeholder 0.0
+
+
+def test_columns_and_objects_give_what_rows_give():
+    case = _case(5)
+    columns = {key: [feature.get(key) for feature in case["features"]] for key in ("example_id", "offset_mapping")}
+    columns |= {"input_ids": np.zeros(case["predictions"][0].shape), "not_per_window": [1]}  # the model's: not read
+    example_columns = {"id": [e["id"] for e in case["examples"]], "context": [e["context"] for e in case["examples"]]}
+    example_objects = [types.SimpleNamespace(id=e["id"], context=e["context"]) for e in case["examples"]]
+    rows = postprocess_qa_predictions(case["examples"], case["features"], case["predictions"])
+
+    assert postprocess_qa_predictions(example_columns, columns, case["predictions"]) == rows
+    assert postprocess_qa_predictions(example_objects, columns, case["predictions"]) == rows
+
+
+def _good():
+    return _one_example("abc def", [([None, (0, 3), (4, 7), None], [0, 2, 1, 0], [0, 1.5, 2, 0])])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda e, f, p: (e, f, p[:1]), "predictions must be a pair (start_logits, end_logits)"),
+    (lambda e, f, p: (e, f + f, p), "start_logits has shape (1, 4); it needs one row of logits per feature: (2, "
+                                    "seq_len) for the 2 features passed"),
+    (lambda e, f, p: (e, f, (p[0], p[1][:, :3])), "start_logits (1, 4) and end_logits (1, 3) differ in shape"),
+    (lambda e, f, p: (e, [{**f[0], "example_id": "x"}], p), "features[0] has example_id='x', which no example has: "
+                                                            "pass the examples the features were prepared from"),
+    (lambda e, f, p: (e + [{"id": "f", "context": "x"}], f, p), "1 example(s) have no feature (the first: id 'f')"),
+    (lambda e, f, p: (e + e, f, p), "examples[0] and examples[1] share the id 'e'"),
+    (lambda e, f, p: ([{"id": "e"}], f, p), "examples[0] has no 'context'"),
+    (lambda e, f, p: (e, [{"example_id": "e"}], p), "features[0] has no 'offset_mapping'"),
+])
+def test_malformed_inputs_are_refused_naming_the_problem_and_the_fix(change, message):
+    with pytest.raises(ValueError) as raised:
+        postprocess_qa_predictions(*change(*_good()))
+
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"n_best_size": 0}, "n_best_size=0 must be a whole number of at least 1"),
+    ({"max_answer_length": 2.5}, "max_answer_length=2.5 must be a whole number"),
+])
+def test_settings_below_one_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        postprocess_qa_predictions(*_good(), **options)
+
+
+def test_beam_arrays_narrower_than_the_beams_are_refused():
+    case = _beam_case(0)
+    narrow = (*case["predictions"][:2], case["predictions"][2][:, :1], *case["predictions"][3:])
+
+    with pytest.raises(ValueError) as raised:
+        postprocess_qa_predictions_with_beam_search(case["examples"], case["features"], narrow,
+                                                    start_n_top=case["start_n_top"], end_n_top=2)
+
+    assert "end_top_log_probs has shape" in str(raised.value)
+    assert "pass the model config's start_n_top and end_n_top" in str(raised.value)
+
+
+def test_written_files_equal_transformers_byte_for_byte(tmp_path):
+    case = _case(3)
+    options = {"version_2_with_negative": True, "n_best_size": 5, "max_answer_length": 30}
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    reference.postprocess_qa_predictions(reference.Rows(case["examples"]), case["features"], case["predictions"],
+                                         output_dir=str(folder), prefix="eval", **options)
+    ours = postprocess_qa_predictions(case["examples"], case["features"], case["predictions"], **options)
+
+    written = write_predictions(tmp_path / "ours", ours, prefix="eval")
+
+    assert [path.name for path in written] == ["eval_predictions.json", "eval_nbest_predictions.json",
+                                               "eval_null_odds.json"]
+    assert {path.name: path.read_bytes() for path in written} == {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_writing_predictions_never_replaces_a_file_flaxheads_did_not_write(tmp_path):
+    (tmp_path / "predictions.json").write_text("mine")
+    result = postprocess_qa_predictions(*_good())
+
+    with pytest.raises(run_files.RunConflict, match="predictions.json exists and flaxheads did not record writing it"):
+        write_predictions(tmp_path, result, overwrite=True)
+
+    assert (tmp_path / "predictions.json").read_text() == "mine"
+    assert not (tmp_path / "nbest_predictions.json").exists()
+
+
+def test_writing_predictions_again_needs_overwrite(tmp_path):
+    first = postprocess_qa_predictions(*_good())
+    write_predictions(tmp_path, first)
+    second = postprocess_qa_predictions(*_good(), max_answer_length=1)
+
+    with pytest.raises(run_files.RunConflict, match="pass overwrite=True to replace it"):
+        write_predictions(tmp_path, second)
+    write_predictions(tmp_path, second, overwrite=True)
+
+    assert json.loads((tmp_path / "predictions.json").read_text()) == second.answers == {"e": "abc"}
+    assert first.answers == {"e": "abc def"}
+    assert run_files.recorded_outputs(None, tmp_path) >= {"predictions.json", "nbest_predictions.json"}
+
+
+def test_an_unfinished_run_replaces_its_own_predictions(tmp_path):
+    run_files.write_run_record(tmp_path, {"complete": False})
+    write_predictions(tmp_path, postprocess_qa_predictions(*_good()))
+
+    write_predictions(tmp_path, postprocess_qa_predictions(*_good(), max_answer_length=1))
+
+    assert json.loads((tmp_path / "predictions.json").read_text()) == {"e": "abc"}
+
+
+def test_answers_for_the_metric_are_as_run_qa_formats_them():
+    v1 = postprocess_qa_predictions(*_good())
+    v2 = postprocess_qa_predictions(*_good(), version_2_with_negative=True)
+
+    assert v1.for_metric() == [{"id": "e", "prediction_text": "abc def"}]
+    assert v2.for_metric() == [{"id": "e", "prediction_text": "abc def", "no_answer_probability": 0.0}]

@@ -46,6 +46,8 @@ from flaxheads import atomic
 PREDICTIONS_FILE = "predictions.json"
 NBEST_FILE = "nbest_predictions.json"
 NULL_ODDS_FILE = "null_odds.json"
+FEATURE_FIELDS = ("example_id", "offset_mapping")
+"""What post-processing reads of a feature (a window), beside the optional "token_is_max_context"."""
 EMPTY_ANSWER = "empty"
 """run_qa's answer for an example none of whose windows proposes a span."""
 
@@ -69,7 +71,8 @@ class QAPredictions:
         passes them (its null odds go to null_odds.json, not to the metric)."""
         if self.null_odds is None:
             return [{"id": key, "prediction_text": text} for key, text in self.answers.items()]
-        return [{"id": key, "prediction_text": text, "no_answer_probability": 0.0} for key, text in self.answers.items()]
+        return [{"id": key, "prediction_text": text, "no_answer_probability": 0.0}
+                for key, text in self.answers.items()]
 
 
 def postprocess_qa_predictions(
@@ -83,11 +86,13 @@ def postprocess_qa_predictions(
 ) -> QAPredictions:
     """The answers a start/end-logits model gives `examples`, as run_qa.py's post-processing finds them.
 
-    `examples`: rows (or columns) with "id" and "context". `features`: one row (or column entry)
-    per window, with "example_id" and "offset_mapping" (per token a (start, end) pair of character
-    offsets into the context, None where the token is not part of it), optionally
-    "token_is_max_context" ({str(token index): bool}); as run_qa.py's `prepare_validation_features`
-    makes them. `predictions`: (start_logits, end_logits), each (n_features, seq_len).
+    `examples`: rows with "id" and "context" (mappings, a datasets.Dataset, or objects with those
+    attributes, as `QAExample`s), or those columns. `features`: a row (or column entry) per window,
+    with "example_id" and "offset_mapping" (per token a (start, end) pair of character offsets into
+    the context, None where the token is not part of it), optionally "token_is_max_context"
+    ({str(token index): bool}), as run_qa.py's `prepare_validation_features` makes them (other
+    columns, the model's inputs, are not read). `predictions`: (start_logits, end_logits), each
+    (n_features, seq_len).
 
     Raises ValueError naming the problem and its fix for predictions that are not two arrays of one
     shape with a row per feature, a feature whose example is not among `examples`, an example no
@@ -96,14 +101,14 @@ def postprocess_qa_predictions(
     if not isinstance(predictions, (tuple, list)) or len(predictions) != 2:
         raise ValueError("predictions must be a pair (start_logits, end_logits), each (n_features, seq_len); for "
                          "XLNetForQuestionAnswering's five outputs call postprocess_qa_predictions_with_beam_search")
+    examples = _rows(examples, "examples", ("id", "context"))
+    features = _rows(features, "features", FEATURE_FIELDS, ("token_is_max_context",))
     all_start, all_end = (np.asarray(logits) for logits in predictions)
     _check_logits({"start_logits": all_start, "end_logits": all_end}, len(features))
     if all_start.shape != all_end.shape:
         raise ValueError(f"start_logits {all_start.shape} and end_logits {all_end.shape} differ in shape: pass the "
                          "two outputs of the same forward pass")
     _check_at_least_one(n_best_size=n_best_size, max_answer_length=max_answer_length)
-    examples, features = _rows(examples, "examples", ("id", "context")), _rows(features, "features",
-                                                                                  ("example_id", "offset_mapping"))
     answers, nbest, null_odds = {}, {}, {} if version_2_with_negative else None
     for example, feature_indices in _features_per_example(examples, features):
         spans, null = [], None
@@ -170,13 +175,13 @@ def postprocess_qa_predictions_with_beam_search(
         raise ValueError("predictions must be XLNetForQuestionAnswering's five outputs (start_top_log_probs, "
                          "start_top_index, end_top_log_probs, end_top_index, cls_logits); for start and end logits "
                          "call postprocess_qa_predictions")
+    examples = _rows(examples, "examples", ("id", "context"))
+    features = _rows(features, "features", FEATURE_FIELDS, ("token_is_max_context",))
     names = ("start_top_log_probs", "start_top_index", "end_top_log_probs", "end_top_index", "cls_logits")
     arrays = dict(zip(names, (np.asarray(array) for array in predictions)))
     _check_at_least_one(n_best_size=n_best_size, max_answer_length=max_answer_length, start_n_top=start_n_top,
                         end_n_top=end_n_top)
     _check_beams(arrays, len(features), start_n_top, end_n_top)
-    examples, features = _rows(examples, "examples", ("id", "context")), _rows(features, "features",
-                                                                                  ("example_id", "offset_mapping"))
     answers, nbest, null_odds = {}, {}, {} if version_2_with_negative else None
     for example, feature_indices in _features_per_example(examples, features):
         spans, min_null_score = [], None
@@ -287,7 +292,8 @@ def _best_of_window(feature: Mapping[str, Any], starts: np.ndarray, ends: np.nda
     top = np.argsort(-scores, kind="stable")[:n_best_size]
     offsets = feature["offset_mapping"]
     return [{"offsets": (offsets[start][0], offsets[end][1]), "score": scores[k], "start_logit": start_scores[k],
-             "end_logit": end_scores[k]} for k, start, end in zip(top.tolist(), starts[top].tolist(), ends[top].tolist())]
+             "end_logit": end_scores[k]}
+            for k, start, end in zip(top.tolist(), starts[top].tolist(), ends[top].tolist())]
 
 
 def _allowed(starts: np.ndarray, ends: np.ndarray, feature: Mapping[str, Any], max_answer_length: int) -> np.ndarray:
@@ -303,8 +309,8 @@ def _allowed(starts: np.ndarray, ends: np.ndarray, feature: Mapping[str, Any], m
     def may_start(token: int) -> bool:
         return in_context(token) and (most_context is None or bool(most_context.get(str(token), False)))
 
-    start_ok = np.vectorize(may_start, otypes=[bool])(starts) if starts.size else starts.astype(bool)
-    end_ok = np.vectorize(in_context, otypes=[bool])(ends) if ends.size else ends.astype(bool)
+    start_ok = np.array([may_start(token) for token in starts.ravel().tolist()], bool).reshape(starts.shape)
+    end_ok = np.array([in_context(token) for token in ends.ravel().tolist()], bool).reshape(ends.shape)
     length = ends - starts + 1
     return start_ok & end_ok & (length >= 1) & (length <= max_answer_length)
 
@@ -329,25 +335,33 @@ def _as_json(entry: dict[str, Any]) -> dict[str, Any]:
     return {key: value if isinstance(value, str) else float(value) for key, value in entry.items()}
 
 
-def _rows(table: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]], name: str,
-          required: tuple[str, ...]) -> list[Mapping[str, Any]]:
-    """`table` as a list of rows: rows as they are (a datasets.Dataset iterates so), columns (a
-    dict of lists, a tokenizer's BatchEncoding) split into rows. ValueError naming a missing key."""
+def _rows(table: Sequence[Any] | Mapping[str, Sequence[Any]], name: str, required: tuple[str, ...],
+          optional: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """`table`'s `required` and `optional` fields as a list of dicts, one per row. `table` is rows
+    (mappings, a datasets.Dataset, or objects with those attributes, as `QAExample`s) or columns
+    (a dict of lists, a tokenizer's BatchEncoding: its other columns are not read). ValueError
+    naming a missing field."""
+    wanted = required + optional
     if isinstance(table, Mapping):
         missing = [key for key in required if key not in table]
         if missing:
-            raise ValueError(f"{name} has no column {missing[0]!r}: give it columns (or rows with keys) {required}")
-        columns = {key: list(values) for key, values in table.items()}
+            raise ValueError(f"{name} has no column {missing[0]!r}: give it columns (or rows) with {required}")
+        columns = {key: list(table[key]) for key in wanted if key in table}
         lengths = {key: len(values) for key, values in columns.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{name}' columns differ in length ({lengths}): give each column one entry per row")
-        count = next(iter(lengths.values()), 0)
+        count = next(iter(lengths.values()))
         return [{key: values[i] for key, values in columns.items()} for i in range(count)]
-    rows = list(table)
-    for i, row in enumerate(rows):
-        missing = [key for key in required if key not in row]
+    rows = []
+    for i, row in enumerate(table):
+        if isinstance(row, Mapping):
+            fields = {key: row[key] for key in wanted if key in row}
+        else:
+            fields = {key: getattr(row, key) for key in wanted if hasattr(row, key)}
+        missing = [key for key in required if key not in fields]
         if missing:
             raise ValueError(f"{name}[{i}] has no {missing[0]!r}: each row needs {required}")
+        rows.append(fields)
     return rows
 
 
