@@ -11,15 +11,19 @@ pipeline's `SpanScorer` interface: the pipeline's own rules are what is under te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
 import torch
 import transformers
 
-from flaxheads.tasks.qa.pipeline import QuestionAnsweringPipeline, Settings, decode_spans, question_answering_pipeline
+from flaxheads.tasks.qa.pipeline import (
+    QuestionAnsweringPipeline, Settings, decode_spans, question_answering_pipeline, start_end_logits,
+)
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "qa_pipeline"
 CASES = json.loads((FIXTURES / "expected.json").read_text(encoding="utf-8"))["cases"]
@@ -83,18 +87,10 @@ def _assert_same_answers(got, expected, name: str) -> float:
 @pytest.mark.parametrize("case", ANSWERED, ids=[case["name"] for case in ANSWERED])
 def test_answers_as_transformers_457_pipeline(pipelines, case):
     pipeline = pipelines[case["padding_side"]]
-    with pytest.warns(UserWarning, match="topk") if "topk" in case["kwargs"] else _no_warning():
+    with pytest.warns(UserWarning, match="topk") if "topk" in case["kwargs"] else contextlib.nullcontext():
         got = pipeline(*case["args"], **case["kwargs"])
     worst = _assert_same_answers(got, case["expected"], case["name"])
     print(f"{case['name']}: largest score difference {worst:.2e}")
-
-
-class _no_warning:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=[case["name"] for case in REFUSED])
@@ -216,6 +212,16 @@ def test_settings_fill_transformers_defaults_from_the_tokenizer(pipelines):
     assert Settings(max_seq_len=500).for_tokenizer(tokenizer).doc_stride == 128
 
 
+@pytest.mark.parametrize("output", [
+    (np.ones(3), np.zeros(3)),
+    {"start_logits": np.ones(3), "end_logits": np.zeros(3)},
+    transformers.modeling_outputs.QuestionAnsweringModelOutput(start_logits=np.ones(3), end_logits=np.zeros(3)),
+], ids=["pair", "mapping", "model_output"])
+def test_start_and_end_logits_are_read_from_a_pair_a_mapping_or_an_output_object(output):
+    start, end = start_end_logits(output)
+    assert start.tolist() == [1, 1, 1] and end.tolist() == [0, 0, 0]
+
+
 def test_decode_spans_never_filters_out_index_0_as_transformers_does():
     # transformers tests a span's ends against the (rows, columns) nonzero() of the (1, sequence)
     # mask: the row index 0 is among them, so index 0 passes even where the mask is 0.
@@ -229,6 +235,4 @@ def test_decode_spans_never_filters_out_index_0_as_transformers_does():
 
 
 def _literal(text: str) -> str:
-    import re
-
     return re.escape(text)

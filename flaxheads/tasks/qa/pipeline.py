@@ -262,9 +262,9 @@ class QuestionAnsweringPipeline:
         Raises ValueError for inputs or settings transformers refuses, or windows its tokenizer
         cannot cut (naming the fix); FloatingPointError for non-finite logits.
         """
-        if topk is not None:
+        if topk is not None and top_k is None:
             warnings.warn("topk parameter is deprecated, use top_k instead", UserWarning, stacklevel=2)
-            top_k = topk if top_k is None else top_k
+            top_k = topk
         given = dict(top_k=top_k, max_answer_len=max_answer_len, doc_stride=doc_stride, max_seq_len=max_seq_len,
                      max_question_len=max_question_len, handle_impossible_answer=handle_impossible_answer,
                      align_to_words=align_to_words, padding=padding)
@@ -508,8 +508,8 @@ def _examples(args: tuple, question, context) -> tuple[list[tuple[str, str]], bo
                              "give a str each, a list of questions with one context (a str), or two lists of equal "
                              "length")
     else:
-        missing = "question=" if question is None and context is not None else (
-            "context=" if context is not None or question is not None else "question= and context=")
+        missing = " and ".join(name for name, value in (("question=", question), ("context=", context))
+                               if value is None)
         raise ValueError(f"the question-answering pipeline needs {missing}: call it as "
                          "qa(question='Who?', context='...'), or with dicts {'question': ..., 'context': ...}")
     if isinstance(inputs, dict):
