@@ -355,7 +355,8 @@ def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
             message = re.sub(parameter + r"False\b", f"--{negative}", message)
         message = re.sub(parameter + r"(['\"])([\w./-]*)\1", rf"--{name} \2", message)
         message = re.sub(parameter + r"(?!True\b|False\b)(?=[^\s=])", f"--{name} ", message)
-    return message
+    # A library message may name the flag beside the parameter ("doc_stride=5 (--doc_stride)"): once is enough.
+    return re.sub(r"(--([\w-]+)(?: [^\s()]+)?(?: or (?:less|more))?) \(--\2\)", r"\1", message)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,6 +119,14 @@ def test_a_tag_scheme_message_names_the_tag_scheme_flag():
     assert _in_flag_terms("pass tag_scheme='IOB2'", train) == "pass --tag_scheme IOB2"
 
 
+def test_a_flag_named_beside_its_parameter_is_named_once_on_the_command_line():
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    message = ("packing=True (--packing) does not apply. Pass doc_stride=55 or less (--doc_stride), or "
+               "max_seq_length=99 or more (--max_seq_length); see (--seed)")
+    assert _in_flag_terms(message, train) == ("--packing does not apply. Pass --doc_stride 55 or less, or "
+                                              "--max_seq_length 99 or more; see (--seed)")
+
+
 def test_a_note_printed_while_a_command_runs_names_its_flags_and_python_callers_keep_parameters(
         monkeypatch, capsys):
     from flaxheads import cli

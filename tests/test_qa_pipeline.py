@@ -6,8 +6,9 @@ model: every option, each way of passing inputs, batched lists, contexts read in
 impossible answers, align_to_words both ways, unicode, punctuation and whitespace, a left-padding
 tokenizer; and the settings and inputs it refuses, each naming its fix.
 
-The model is the fixture's, read by transformers 5's PyTorch `BertForQuestionAnswering` behind the
-pipeline's `SpanScorer` interface: the pipeline's own rules are what is under test here."""
+The model is the fixture's, read by flaxheads (`flaxheads.pipeline("question-answering",
+model=folder)`, the path users take), and by transformers 5's PyTorch `BertForQuestionAnswering`
+behind the pipeline's `SpanScorer` interface (the pipeline's own rules apart from the model)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 import transformers
 
+import flaxheads
 from flaxheads.tasks.qa.pipeline import (
     QuestionAnsweringPipeline, Settings, decode_spans, question_answering_pipeline, start_end_logits,
 )
@@ -65,6 +67,15 @@ def pipelines(torch_model):
     return {side: _pipeline(torch_model, side, batch_size=BATCH_SIZE) for side in ("right", "left")}
 
 
+@pytest.fixture(scope="module")
+def flaxheads_pipelines():
+    """`flaxheads.pipeline` over the fixture folder, read by flaxheads' own QuestionAnswering."""
+    return {side: flaxheads.pipeline("question-answering", model=FIXTURES / "model", batch_size=BATCH_SIZE,
+                                     tokenizer=transformers.AutoTokenizer.from_pretrained(
+                                         FIXTURES / "model", padding_side=side))
+            for side in ("right", "left")}
+
+
 def _assert_same_answers(got, expected, name: str) -> float:
     """Equal answers and offsets, scores within SCORE_ATOL; the largest score difference."""
     if isinstance(expected, dict):
@@ -84,9 +95,11 @@ def _assert_same_answers(got, expected, name: str) -> float:
     return worst
 
 
+@pytest.mark.parametrize("reader", ["flaxheads", "pytorch"])
 @pytest.mark.parametrize("case", ANSWERED, ids=[case["name"] for case in ANSWERED])
-def test_answers_as_transformers_457_pipeline(pipelines, case):
-    pipeline = pipelines[case["padding_side"]]
+def test_answers_as_transformers_457_pipeline(request, case, reader):
+    pipeline = request.getfixturevalue("flaxheads_pipelines" if reader == "flaxheads" else "pipelines")[
+        case["padding_side"]]
     with pytest.warns(UserWarning, match="topk") if "topk" in case["kwargs"] else contextlib.nullcontext():
         got = pipeline(*case["args"], **case["kwargs"])
     worst = _assert_same_answers(got, case["expected"], case["name"])
