@@ -391,5 +391,13 @@ def test_answers_for_the_metric_are_as_run_qa_formats_them():
     v1 = postprocess_qa_predictions(*_good())
     v2 = postprocess_qa_predictions(*_good(), version_2_with_negative=True)
 
+    beams = _beam_case(4)
+    beam_v2 = postprocess_qa_predictions_with_beam_search(
+        beams["examples"], beams["features"], beams["predictions"], version_2_with_negative=True,
+        start_n_top=beams["start_n_top"], end_n_top=beams["end_n_top"])
+
     assert v1.for_metric() == [{"id": "e", "prediction_text": "abc def"}]
     assert v2.for_metric() == [{"id": "e", "prediction_text": "abc def", "no_answer_probability": 0.0}]
+    # run_qa_beam_search passes its null odds.
+    assert beam_v2.for_metric() == [{"id": key, "prediction_text": text, "no_answer_probability": odds}
+                                    for (key, text), odds in zip(beam_v2.answers.items(), beam_v2.null_odds.values())]

@@ -64,14 +64,17 @@ class QAPredictions:
     null_odds: dict[str, float] | None
     """SQuAD v2: the null score minus the best non-empty span's (the beam search: the lowest
     answer-class logit), null_odds.json; None without `version_2_with_negative`."""
+    no_answer_probabilities: dict[str, float] | None = None
+    """SQuAD v2: what run_qa passes the squad_v2 metric as each answer's "no_answer_probability":
+    0.0 (run_qa.py), or the null odds after the beam search (run_qa_beam_search.py)."""
 
     def for_metric(self) -> list[dict[str, Any]]:
-        """The answers as `flaxheads.tasks.qa.metrics` (and `evaluate`'s squad metrics) take them:
-        [{"id", "prediction_text"}], with "no_answer_probability" 0.0 under SQuAD v2, as run_qa.py
-        passes them (its null odds go to null_odds.json, not to the metric)."""
-        if self.null_odds is None:
+        """The answers as `flaxheads.tasks.qa.metrics` (and `evaluate`'s squad metrics) take them, as
+        run_qa.py and run_qa_beam_search.py format them: [{"id", "prediction_text"}], under SQuAD v2
+        with "no_answer_probability" (`no_answer_probabilities`)."""
+        if self.no_answer_probabilities is None:
             return [{"id": key, "prediction_text": text} for key, text in self.answers.items()]
-        return [{"id": key, "prediction_text": text, "no_answer_probability": 0.0}
+        return [{"id": key, "prediction_text": text, "no_answer_probability": self.no_answer_probabilities[key]}
                 for key, text in self.answers.items()]
 
 
@@ -145,7 +148,7 @@ def postprocess_qa_predictions(
         else:
             answers[key] = entries[0]["text"]
         nbest[key] = [_as_json(entry) for entry in entries]
-    return QAPredictions(answers, nbest, null_odds)
+    return QAPredictions(answers, nbest, null_odds, None if null_odds is None else dict.fromkeys(null_odds, 0.0))
 
 
 def postprocess_qa_predictions_with_beam_search(
@@ -206,7 +209,7 @@ def postprocess_qa_predictions_with_beam_search(
         if version_2_with_negative:
             null_odds[key] = float(min_null_score)
         nbest[key] = [_as_json(entry) for entry in entries]
-    return QAPredictions(answers, nbest, null_odds)
+    return QAPredictions(answers, nbest, null_odds, None if null_odds is None else dict(null_odds))
 
 
 def output_names(prefix: str | None = None, *, null_odds: bool = False) -> list[str]:
