@@ -136,6 +136,18 @@ def test_an_unanswerable_flat_row_reads_with_version_2_with_negative(tmp_path):
         read_qa_file(path)
 
 
+def test_an_unanswerable_question_may_leave_its_answers_out_or_empty(tmp_path):
+    nested = _nested(EXAMPLES[:1], version_2=True)
+    nested["data"][0]["paragraphs"][0]["qas"].append({"id": "x", "question": "Who lost?", "is_impossible": True})
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(nested))
+    assert [e.answerable for e in read_qa_file(path, version_2_with_negative=True)] == [True, False]
+    path = tmp_path / "v2.csv"
+    _write_csv(path, ["id", "question", "context", "answers"],
+               [["a", "Who won?", CONTEXT_1, json.dumps(EXAMPLES[0].answers)], ["b", "Who lost?", CONTEXT_1, ""]])
+    assert [e.answerable for e in read_qa_file(path, version_2_with_negative=True)] == [True, False]
+
+
 def test_a_file_without_ids_numbers_its_examples_and_data_to_predict_needs_no_answers(tmp_path):
     path = tmp_path / "predict.jsonl"
     path.write_text("\n".join(json.dumps({"question": e.question, "context": e.context}) for e in EXAMPLES))

@@ -331,10 +331,12 @@ def _text(record: Mapping, field: str, where: str) -> str:
 
 
 def _answers(record: Mapping, where: str, labelled: bool, text_cells: bool) -> tuple[list[str], list[int]]:
-    if not labelled:
+    if not labelled or (not _has_answer_fields(record) and _impossible(record)):
         return [], []
     if ANSWERS in record:
         answers = record[ANSWERS]
+        if text_cells and _blank(answers):
+            return [], []  # an empty cell: no answer, as empty answer_text and answer_start cells
         if text_cells and isinstance(answers, str):
             answers = _parsed_cell(answers, where, ANSWERS, '{"text": ["Denver Broncos"], "answer_start": [177]}')
         if isinstance(answers, list) and all(isinstance(a, Mapping) for a in answers):  # the nested format's list
@@ -434,9 +436,7 @@ def _where_found(text: str, start: int, context: str) -> str:
 def _check_answerable(record: Mapping, texts: list, where: str, version_2: bool, labelled: bool) -> None:
     if not labelled:
         return
-    impossible = record.get("is_impossible")
-    if isinstance(impossible, str):
-        impossible = impossible.strip().lower() in ("true", "1", "yes")
+    impossible = _impossible(record)
     if impossible and texts:
         raise ValueError(f"{where}: is_impossible is true and the question has {len(texts)} answer(s); SQuAD v2 keeps "
                          "an unanswerable question's answers empty (its guesses in plausible_answers): make them agree")
@@ -446,6 +446,14 @@ def _check_answerable(record: Mapping, texts: list, where: str, version_2: bool,
     if not texts and not version_2:
         raise ValueError(f"{where} has no answer, and SQuAD v1 data answers every question: {V2_FIX} "
                          "(--version_2_with_negative), or give it its answer")
+
+
+def _impossible(record: Mapping) -> bool | None:
+    """A record's is_impossible (SQuAD v2's mark of an unanswerable question), None without one."""
+    impossible = record.get("is_impossible")
+    if isinstance(impossible, str):  # a CSV cell
+        return impossible.strip().lower() in ("true", "1", "yes") if impossible.strip() else None
+    return None if impossible is None else bool(impossible)
 
 
 def _short(value, limit: int = 60) -> str:
