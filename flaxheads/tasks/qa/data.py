@@ -41,6 +41,7 @@ import ast
 import csv
 import dataclasses
 import json
+import math
 import pathlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -112,7 +113,8 @@ def read_qa_file(path: str | pathlib.Path, *, version_2_with_negative: bool = Fa
         content = json.loads(text)
     except json.JSONDecodeError as error:
         if error.msg != "Extra data":
-            raise ValueError(f"{source} is not JSON: {error.msg} at line {error.lineno}, column {error.colno}") from None
+            raise ValueError(f"{source} is not JSON: {error.msg} at line {error.lineno}, column {error.colno}"
+                             ) from None
         records, places = _json_lines(text, source)  # JSON Lines saved as .json, as datasets' to_json writes
         return _flat_examples(records, places, version_2_with_negative, labelled)
     return qa_examples(content, version_2_with_negative=version_2_with_negative, labelled=labelled,
@@ -309,8 +311,8 @@ def _flat_examples(records: list, places: RowPlaces, version_2: bool, labelled: 
 
 
 def _blank(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value) or (isinstance(value, str) and
-                                                                               not value.strip())
+    return value is None or (isinstance(value, float) and math.isnan(value)) or (
+        isinstance(value, str) and not value.strip())
 
 
 def _has_answer_fields(record: Mapping) -> bool:
@@ -410,8 +412,9 @@ def _check_answer(text: str, start: int, context: str, where: str) -> None:
                          "in the context, counted from 0, or remove the answer")
     if context[start:end] == text:
         return
+    found = _where_found(text, start, context)
     raise ValueError(f"{where}: the answer {_short(text)} is not at answer_start {start}: the context there reads "
-                     f"{_short(context[start:end])}{_where_found(text, start, context)}. Give the index of the answer's "
+                     f"{_short(context[start:end])}{found}. Give the index of the answer's "
                      "first character in the context (Python's context.index(text) counts as SQuAD does), or remove "
                      "the answer; flaxheads moves no answer to where it guesses it is")
 
@@ -461,5 +464,15 @@ def _short(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
-__all__ = ["ANSWERS", "CONTEXT", "QAExample", "QUESTION", "SUFFIXES", "examples_as_columns", "looks_like_qa_columns",
-           "looks_like_qa_file", "qa_examples", "read_qa_file"]
+__all__ = [
+    "ANSWERS",
+    "CONTEXT",
+    "QUESTION",
+    "SUFFIXES",
+    "QAExample",
+    "examples_as_columns",
+    "looks_like_qa_columns",
+    "looks_like_qa_file",
+    "qa_examples",
+    "read_qa_file",
+]
