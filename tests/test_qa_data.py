@@ -111,6 +111,13 @@ def test_data_held_in_python_reads_as_the_files_do():
     assert qa_examples(datasets.Dataset.from_dict(columns)) == EXAMPLES
 
 
+def test_data_in_python_that_is_not_examples_is_refused():
+    with pytest.raises(ValueError, match=r"the columns of the data differ in length"):
+        qa_examples({"question": ["a", "b"], "context": ["c"], "answers": [{"text": [], "answer_start": []}] * 2})
+    with pytest.raises(ValueError, match=r"the data holds 7, not examples"):
+        qa_examples(7)
+
+
 def test_examples_as_columns_are_the_datasets_squad_columns():
     columns = examples_as_columns(EXAMPLES[:1])
     assert columns == {"id": ["q1"], "title": ["Super_Bowl_50"], "question": ["Who won Super Bowl 50?"],

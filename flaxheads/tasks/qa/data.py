@@ -135,7 +135,14 @@ def qa_examples(data, *, version_2_with_negative: bool = False, labelled: bool |
             raise ValueError(f"{places.source} holds an object without a 'data' list, question and context columns; "
                              "give SQuAD's {\"data\": [...]}, a list of records, or a dict of columns")
         names = list(data)
+        lengths = {name: len(data[name]) for name in names if isinstance(data[name], (list, tuple))}
+        if len(set(lengths.values())) > 1 or len(lengths) < len(names):
+            raise ValueError(f"the columns of {places.source} differ in length ({lengths}, and not lists: "
+                             f"{[n for n in names if n not in lengths]}); give every column one value per example")
         data = [dict(zip(names, row)) for row in zip(*(data[name] for name in names))]
+    if isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
+        raise ValueError(f"{places.source} holds {_short(data)}, not examples; give SQuAD's {{\"data\": [...]}}, a "
+                         "list of records, or a dict of columns")
     records = list(data)
     if not records:
         raise ValueError(f"{places.source} has no examples: give it question-answering examples")
