@@ -6,6 +6,7 @@ on randomised examples, for a tokenizer padding on the right and one padding on 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import random
 import re
@@ -110,6 +111,13 @@ def test_data_held_in_python_reads_as_the_files_do():
     assert qa_examples(datasets.Dataset.from_dict(columns)) == EXAMPLES
 
 
+def test_data_in_python_that_is_not_examples_is_refused():
+    with pytest.raises(ValueError, match=r"the columns of the data differ in length"):
+        qa_examples({"question": ["a", "b"], "context": ["c"], "answers": [{"text": [], "answer_start": []}] * 2})
+    with pytest.raises(ValueError, match=r"the data holds 7, not examples"):
+        qa_examples(7)
+
+
 def test_examples_as_columns_are_the_datasets_squad_columns():
     columns = examples_as_columns(EXAMPLES[:1])
     assert columns == {"id": ["q1"], "title": ["Super_Bowl_50"], "question": ["Who won Super Bowl 50?"],
@@ -134,6 +142,18 @@ def test_an_unanswerable_flat_row_reads_with_version_2_with_negative(tmp_path):
     assert [e.answerable for e in read_qa_file(path, version_2_with_negative=True)] == [True, False]
     with pytest.raises(ValueError, match=r"line 3 of .*v2.csv \(id 'b'\) has no answer.*--version_2_with_negative"):
         read_qa_file(path)
+
+
+def test_an_unanswerable_question_may_leave_its_answers_out_or_empty(tmp_path):
+    nested = _nested(EXAMPLES[:1], version_2=True)
+    nested["data"][0]["paragraphs"][0]["qas"].append({"id": "x", "question": "Who lost?", "is_impossible": True})
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(nested))
+    assert [e.answerable for e in read_qa_file(path, version_2_with_negative=True)] == [True, False]
+    path = tmp_path / "v2.csv"
+    _write_csv(path, ["id", "question", "context", "answers"],
+               [["a", "Who won?", CONTEXT_1, json.dumps(EXAMPLES[0].answers)], ["b", "Who lost?", CONTEXT_1, ""]])
+    assert [e.answerable for e in read_qa_file(path, version_2_with_negative=True)] == [True, False]
 
 
 def test_a_file_without_ids_numbers_its_examples_and_data_to_predict_needs_no_answers(tmp_path):
@@ -173,11 +193,12 @@ def _record(**changes) -> dict:
 
 BAD_RECORDS = {
     "off by one": (_record(answers={"text": ["Denver Broncos"], "answer_start": [48]}),
-                   r"the answer 'Denver Broncos' is not at answer_start 48: the context there reads ' Denver Bronco'; "
-                   r"the text occurs at 49, 1 after it \(off by one\?\)\. Give the index.*remove the answer"),
+                   (r"the answer 'Denver Broncos' is not at answer_start 48: the context there reads ' Denver Bronco'; "
+                    r"the text occurs at 49, 1 after it \(off by one\?\)\. Give the index.*remove the answer")),
     "bytes": ({"id": "q1", "question": "Who?", "context": "Café Denver Broncos",
                "answers": {"text": ["Denver"], "answer_start": [6]}},
-              r"it is there counting bytes of UTF-8, and answer_start must count characters, not bytes \(it is 5 here\)"),
+              (r"it is there counting bytes of UTF-8, and answer_start must count characters, not bytes "
+               r"\(it is 5 here\)")),
     "nowhere": (_record(answers={"text": ["Dallas"], "answer_start": [49]}), r"the text occurs nowhere in the context"),
     "other case": (_record(answers={"text": ["denver broncos"], "answer_start": [49]}),
                    r"the context holds it only with other case or spaces"),
@@ -428,7 +449,7 @@ def test_long_contexts_overflow_into_windows_sharing_doc_stride_tokens():
     features = windows.validation_features([example], tokenizer, max_seq_length=40, doc_stride=10, with_labels=True)
     spans = [[o for o in offsets if o is not None] for offsets in features["offset_mapping"]]
     assert len(spans) > 3 and all(len(s) == 40 - 5 for s in spans[:-1])  # [CLS] which ? [SEP] ... [SEP]
-    for before, after in zip(spans, spans[1:]):
+    for before, after in itertools.pairwise(spans):
         assert before[-10:] == after[:10]
     labelled = [w for w in range(len(spans)) if features["start_positions"][w] != 0]
     assert labelled and all(tokenizer.decode(features["input_ids"][w][features["start_positions"][w]:
@@ -471,7 +492,8 @@ def test_a_tokenizer_without_pad_token_or_offsets_is_refused():
     tokenizer = _gpt2_like(pad=False)
     with pytest.raises(ValueError, match=r"has no pad token .* or pass pad_to_max_length=False"):
         windows.train_features(EXAMPLES, tokenizer, max_seq_length=64, doc_stride=16)
-    assert len(windows.train_features(EXAMPLES, tokenizer, max_seq_length=64, doc_stride=16, pad_to_max_length=False)["input_ids"])
+    unpadded = windows.train_features(EXAMPLES, tokenizer, max_seq_length=64, doc_stride=16, pad_to_max_length=False)
+    assert len(unpadded["input_ids"]) == len(EXAMPLES)
 
     class Slow:
         is_fast = False
@@ -499,7 +521,8 @@ def test_windows_padded_later_equal_windows_padded_to_max_length(side):
 
 
 def test_pad_features_refuses_a_window_longer_than_the_length():
-    features = windows.train_features(EXAMPLES, _tokenizer("right"), max_seq_length=64, doc_stride=16, pad_to_max_length=False)
+    features = windows.train_features(EXAMPLES, _tokenizer("right"), max_seq_length=64, doc_stride=16,
+                                      pad_to_max_length=False)
     with pytest.raises(ValueError, match=r"a window is \d+ tokens, longer than length=8"):
         windows.pad_features(features, pad_token_id=0, length=8)
 
@@ -558,7 +581,8 @@ def test_without_cls_an_unanswerable_window_is_labelled_at_bos_else_the_first_re
         assert features["start_positions"][0] == features["end_positions"][0] == first_real
         if token:
             assert tokenizer.convert_ids_to_tokens(int(features["input_ids"][0][first_real])) == token
-        later = windows.train_features(unanswerable, tokenizer, max_seq_length=64, doc_stride=16, pad_to_max_length=False)
+        later = windows.train_features(unanswerable, tokenizer, max_seq_length=64, doc_stride=16,
+                                       pad_to_max_length=False)
         assert windows.pad_features(later, pad_token_id=tokenizer.pad_token_id, padding_side=side,
                                     length=64)["start_positions"][0] == first_real
     gpt2 = _gpt2_like()

@@ -41,6 +41,7 @@ import ast
 import csv
 import dataclasses
 import json
+import math
 import pathlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -112,7 +113,8 @@ def read_qa_file(path: str | pathlib.Path, *, version_2_with_negative: bool = Fa
         content = json.loads(text)
     except json.JSONDecodeError as error:
         if error.msg != "Extra data":
-            raise ValueError(f"{source} is not JSON: {error.msg} at line {error.lineno}, column {error.colno}") from None
+            raise ValueError(f"{source} is not JSON: {error.msg} at line {error.lineno}, column {error.colno}"
+                             ) from None
         records, places = _json_lines(text, source)  # JSON Lines saved as .json, as datasets' to_json writes
         return _flat_examples(records, places, version_2_with_negative, labelled)
     return qa_examples(content, version_2_with_negative=version_2_with_negative, labelled=labelled,
@@ -133,7 +135,14 @@ def qa_examples(data, *, version_2_with_negative: bool = False, labelled: bool |
             raise ValueError(f"{places.source} holds an object without a 'data' list, question and context columns; "
                              "give SQuAD's {\"data\": [...]}, a list of records, or a dict of columns")
         names = list(data)
+        lengths = {name: len(data[name]) for name in names if isinstance(data[name], (list, tuple))}
+        if len(set(lengths.values())) > 1 or len(lengths) < len(names):
+            raise ValueError(f"the columns of {places.source} differ in length ({lengths}, and not lists: "
+                             f"{[n for n in names if n not in lengths]}); give every column one value per example")
         data = [dict(zip(names, row)) for row in zip(*(data[name] for name in names))]
+    if isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
+        raise ValueError(f"{places.source} holds {_short(data)}, not examples; give SQuAD's {{\"data\": [...]}}, a "
+                         "list of records, or a dict of columns")
     records = list(data)
     if not records:
         raise ValueError(f"{places.source} has no examples: give it question-answering examples")
@@ -309,8 +318,8 @@ def _flat_examples(records: list, places: RowPlaces, version_2: bool, labelled: 
 
 
 def _blank(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value) or (isinstance(value, str) and
-                                                                               not value.strip())
+    return value is None or (isinstance(value, float) and math.isnan(value)) or (
+        isinstance(value, str) and not value.strip())
 
 
 def _has_answer_fields(record: Mapping) -> bool:
@@ -331,10 +340,12 @@ def _text(record: Mapping, field: str, where: str) -> str:
 
 
 def _answers(record: Mapping, where: str, labelled: bool, text_cells: bool) -> tuple[list[str], list[int]]:
-    if not labelled:
+    if not labelled or (not _has_answer_fields(record) and _impossible(record)):
         return [], []
     if ANSWERS in record:
         answers = record[ANSWERS]
+        if text_cells and _blank(answers):
+            return [], []  # an empty cell: no answer, as empty answer_text and answer_start cells
         if text_cells and isinstance(answers, str):
             answers = _parsed_cell(answers, where, ANSWERS, '{"text": ["Denver Broncos"], "answer_start": [177]}')
         if isinstance(answers, list) and all(isinstance(a, Mapping) for a in answers):  # the nested format's list
@@ -408,8 +419,9 @@ def _check_answer(text: str, start: int, context: str, where: str) -> None:
                          "in the context, counted from 0, or remove the answer")
     if context[start:end] == text:
         return
+    found = _where_found(text, start, context)
     raise ValueError(f"{where}: the answer {_short(text)} is not at answer_start {start}: the context there reads "
-                     f"{_short(context[start:end])}{_where_found(text, start, context)}. Give the index of the answer's "
+                     f"{_short(context[start:end])}{found}. Give the index of the answer's "
                      "first character in the context (Python's context.index(text) counts as SQuAD does), or remove "
                      "the answer; flaxheads moves no answer to where it guesses it is")
 
@@ -434,9 +446,7 @@ def _where_found(text: str, start: int, context: str) -> str:
 def _check_answerable(record: Mapping, texts: list, where: str, version_2: bool, labelled: bool) -> None:
     if not labelled:
         return
-    impossible = record.get("is_impossible")
-    if isinstance(impossible, str):
-        impossible = impossible.strip().lower() in ("true", "1", "yes")
+    impossible = _impossible(record)
     if impossible and texts:
         raise ValueError(f"{where}: is_impossible is true and the question has {len(texts)} answer(s); SQuAD v2 keeps "
                          "an unanswerable question's answers empty (its guesses in plausible_answers): make them agree")
@@ -448,10 +458,28 @@ def _check_answerable(record: Mapping, texts: list, where: str, version_2: bool,
                          "(--version_2_with_negative), or give it its answer")
 
 
+def _impossible(record: Mapping) -> bool | None:
+    """A record's is_impossible (SQuAD v2's mark of an unanswerable question), None without one."""
+    impossible = record.get("is_impossible")
+    if isinstance(impossible, str):  # a CSV cell
+        return impossible.strip().lower() in ("true", "1", "yes") if impossible.strip() else None
+    return None if impossible is None else bool(impossible)
+
+
 def _short(value, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
-__all__ = ["ANSWERS", "CONTEXT", "QAExample", "QUESTION", "SUFFIXES", "examples_as_columns", "looks_like_qa_columns",
-           "looks_like_qa_file", "qa_examples", "read_qa_file"]
+__all__ = [
+    "ANSWERS",
+    "CONTEXT",
+    "QUESTION",
+    "SUFFIXES",
+    "QAExample",
+    "examples_as_columns",
+    "looks_like_qa_columns",
+    "looks_like_qa_file",
+    "qa_examples",
+    "read_qa_file",
+]
