@@ -12,7 +12,6 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import transformers
 
 import flaxheads
@@ -80,7 +79,7 @@ def test_a_squad_checkpoint_loads_with_its_head_and_round_trips_bit_identical(hf
     checkpoint = _squad(hf_checkpoint)
     model, info = flaxheads.from_pretrained(checkpoint.path, task="question-answering", output_loading_info=True)
     model.save_pretrained(tmp_path)
-    reloaded, report = transformers.XLNetForQuestionAnswering.from_pretrained(tmp_path, output_loading_info=True)
+    _, report = transformers.XLNetForQuestionAnswering.from_pretrained(tmp_path, output_loading_info=True)
 
     assert model.config.head == "squad" and info.fully_pretrained and info.unused == []
     assert flaxheads.tasks.of_checkpoint(checkpoint.path).name == "question-answering"
