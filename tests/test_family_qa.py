@@ -80,6 +80,7 @@ def test_qa_logits_and_loss_match_transformers_and_the_round_trip_is_bit_identic
 
     assert isinstance(model, flaxheads.QuestionAnswering) and model.config.head != "squad"
     assert info.fully_pretrained and info.unused == []
+    assert flaxheads.tasks.of_checkpoint(checkpoint.path).name == TASK  # what the command line and convert ask
     for padding in row.paddings:
         batch = _six_rows(row, padding)
         start, end = _positions(batch["input_ids"].shape[1])

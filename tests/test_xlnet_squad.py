@@ -12,7 +12,6 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import transformers
 
 import flaxheads
@@ -36,11 +35,12 @@ def _question_mask(batch: dict) -> np.ndarray:
 @pytest.mark.parametrize("padding, masked", [("none", True), ("left", False)], ids=["p_mask-cls_index", "neither"])
 def test_squad_beams_match_transformers(hf_checkpoint, padding, masked):
     """Every row keeps more unmasked positions than end_n_top (rows wholly masked give tied
-    probabilities, whose order top-k leaves open in both libraries)."""
+    probabilities, whose order top-k leaves open in both libraries); cls_index points the answer
+    class at other positions than the last, which it reads without one."""
     checkpoint = _squad(hf_checkpoint)
     model = flaxheads.QuestionAnswering.from_pretrained(checkpoint.path)
     batch = xlnet_batch(padding)
-    extra = {"p_mask": _question_mask(batch), "cls_index": np.full(3, 9)} if masked else {}
+    extra = {"p_mask": _question_mask(batch), "cls_index": np.array([9, 3, 0])} if masked else {}
     out = model(**flax_inputs({**batch, **extra}))
     expected = torch_forward(checkpoint.model, {**batch, **extra})
 
@@ -55,13 +55,16 @@ def test_squad_beams_match_transformers(hf_checkpoint, padding, masked):
 
 def test_squad_training_loss_matches_transformers_with_and_without_the_answer_class(hf_checkpoint):
     """The end logits read the gold start; is_impossible with cls_index adds half the answer
-    class's binary cross entropy. Row 2 (two tokens, all of it masked) has uniform logits."""
+    class's binary cross entropy. p_mask leaves segment 1 only, so row 2 (two tokens, no segment
+    1) is masked whole: its logits are all -1e30, each side's cross entropy log(10) as PyTorch
+    computes it (a normaliser taken at -1e30's precision would give 0)."""
     checkpoint = _squad(hf_checkpoint)
     model = flaxheads.QuestionAnswering.from_pretrained(checkpoint.path)
     batch = xlnet_batch("left")
     start, end, impossible = np.array([5, 6, 9]), np.array([7, 8, 9]), np.array([0.0, 1.0, 0.0])
     gold = {"start_positions": start, "end_positions": end}
-    for extra in ({"p_mask": _question_mask(batch), "cls_index": np.full(3, 9), "is_impossible": impossible}, {}):
+    context_only = (batch["token_type_ids"] != 1).astype(np.float32)
+    for extra in ({"p_mask": context_only, "cls_index": np.full(3, 9), "is_impossible": impossible}, {}):
         inputs = {k: v for k, v in extra.items() if k != "is_impossible"}
         out = model(**flax_inputs({**batch, **inputs}), start_positions=jnp.asarray(start))
         expected = torch_forward(checkpoint.model, {**batch, **extra, **gold})
@@ -76,7 +79,7 @@ def test_a_squad_checkpoint_loads_with_its_head_and_round_trips_bit_identical(hf
     checkpoint = _squad(hf_checkpoint)
     model, info = flaxheads.from_pretrained(checkpoint.path, task="question-answering", output_loading_info=True)
     model.save_pretrained(tmp_path)
-    reloaded, report = transformers.XLNetForQuestionAnswering.from_pretrained(tmp_path, output_loading_info=True)
+    _, report = transformers.XLNetForQuestionAnswering.from_pretrained(tmp_path, output_loading_info=True)
 
     assert model.config.head == "squad" and info.fully_pretrained and info.unused == []
     assert flaxheads.tasks.of_checkpoint(checkpoint.path).name == "question-answering"
@@ -118,3 +121,22 @@ def test_what_the_squad_head_cannot_take_is_refused_naming_the_fix(hf_checkpoint
     with pytest.raises(ValueError, match=r"is_impossible has shape \(2,\)"):
         model.loss(model(**batch, start_positions=jnp.zeros(3, jnp.int32)), jnp.zeros(3, jnp.int32),
                    jnp.zeros(3, jnp.int32), is_impossible=jnp.zeros(2))
+
+
+def test_the_squad_head_runs_under_jit_as_it_runs_eagerly(hf_checkpoint):
+    """Beams (static widths from the config) and the training loss leave `nnx.jit` as pytrees."""
+    from flax import nnx
+
+    model = flaxheads.QuestionAnswering.from_pretrained(_squad(hf_checkpoint).path)
+    batch = flax_inputs(xlnet_batch("left"))
+    start, end = jnp.array([5, 6, 9]), jnp.array([7, 8, 9])
+
+    @nnx.jit
+    def run(model, batch, start, end):
+        return model(**batch), model.loss(model(**batch, start_positions=start), start, end)
+
+    beams, loss = run(model, batch, start, end)
+    eager = model(**batch)
+    for field in SquadBeams._fields:
+        np.testing.assert_allclose(getattr(beams, field), getattr(eager, field), rtol=1e-6, atol=1e-6, err_msg=field)
+    assert_close(loss, model.loss(model(**batch, start_positions=start), start, end), "loss under jit")

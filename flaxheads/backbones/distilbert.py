@@ -40,7 +40,7 @@ class DistilBertConfig:
     activation: str = "gelu"
     initializer_range: float = 0.02
     qa_dropout: float = 0.1
-    """Unused by flaxheads; kept so that an export keeps what config.json said."""
+    """Dropout of `DistilBertForQuestionAnswering` (the question-answering model's, `tasks/qa/model.py`)."""
     seq_classif_dropout: float = 0.2
     """Dropout of `DistilBertForSequenceClassification`, the default for every head on DistilBERT."""
     pad_token_id: int | None = 0
