@@ -299,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("context_column", "question_column", "choice_columns"):  # multiple choice: as train reads them
         p.add_argument(f"--{name}", nargs="+" if name == "choice_columns" else None,
                        help=field_docs()[name].replace("%", "%%"))
-    p.add_argument("--question", nargs="+", help="question-answering models: the question(s) to answer from --context")
+    p.add_argument("--question", nargs="+",
+                   help="question-answering models: the question(s) to answer from --context")
     p.add_argument("--context", nargs="+", help="question-answering models: the context of each --question (one for "
                                                 "all, or one per question)")
     for name in ("version_2_with_negative", "doc_stride", "n_best_size", "max_answer_length",

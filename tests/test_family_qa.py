@@ -224,3 +224,19 @@ def test_settings_of_other_tasks_and_squad_only_inputs_are_refused_naming_the_fi
         model(**batch, p_mask=jnp.zeros(batch["input_ids"].shape))
     with pytest.raises(ValueError, match="is_impossible: only the 'squad' head"):
         model.loss(model(**batch), jnp.zeros(6, jnp.int32), jnp.zeros(6, jnp.int32), is_impossible=jnp.zeros(6))
+
+
+def test_a_qa_checkpoint_is_known_as_one_to_a_process_that_never_imported_the_task(hf_checkpoint):
+    """ModernBertForQuestionAnswering's head has a token classifier's tensor names: loaded by a
+    TokenClassifier in a process without flaxheads.tasks.qa, it must still be refused naming the
+    task, never filled with the other task's weights."""
+    import subprocess
+    import sys
+
+    checkpoint = hf_checkpoint("ModernBertForQuestionAnswering", family="modernbert")
+    code = ("import sys; from flaxheads.tasks.token.model import TokenClassifier\n"
+            "try:\n    TokenClassifier.from_pretrained(sys.argv[1])\nexcept ValueError as error:\n    print(error)\n"
+            "assert 'flaxheads.tasks.qa' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code, str(checkpoint.path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ModernBertForQuestionAnswering, a question-answering model" in done.stdout, done.stdout

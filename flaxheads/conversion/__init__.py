@@ -32,6 +32,14 @@ TABLES: dict[str, ArchitectureTable] = {
 }
 """Every architecture flaxheads converts, by Hugging Face `model_type`."""
 
+
+def _add_built_in_task_rows() -> None:
+    """Question answering's rows (`question_answering.py`), known to every loader from the start."""
+    from flaxheads.conversion.question_answering import CONVERSION_ROWS, QUESTION_ANSWERING
+
+    add_task_rows(QUESTION_ANSWERING, CONVERSION_ROWS)
+
+
 WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (PYTORCH, FLAXHEADS, HF_FLAX)}
 """Every weight format by name, in the order a checkpoint folder is searched for them."""
 
@@ -56,6 +64,9 @@ def architecture_table(model_type: str | None) -> ArchitectureTable:
         raise ValueError(
             f"model_type {model_type!r} has no conversion table; supported: {sorted(TABLES)}"
         ) from None
+
+
+_add_built_in_task_rows()
 
 
 __all__ = ["TABLES", "WEIGHT_FORMATS", "ArchitectureTable", "TaskTable", "WeightFormat", "add_task_rows",

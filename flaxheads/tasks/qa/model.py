@@ -30,14 +30,11 @@ from flax import nnx
 from flaxheads import conversion
 from flaxheads.backbones import BackboneConfig, backbone_config_from_hf
 from flaxheads.backbones.interface import check_inputs
-from flaxheads.conversion.table import LINEAR, Rule, TaskTable, layer_norm, linear
+from flaxheads.conversion.question_answering import CONVERSION_ROWS, QUESTION_ANSWERING
 from flaxheads.heads import HeadConfig, HeadInputs
 from flaxheads.heads.squad import SQUAD_DEFAULTS, SquadBeams, SquadHead, SquadLogits
 from flaxheads.heads.token import TokenHead, modernbert_token_head
 from flaxheads.model import FLAXHEADS_CONFIG_KEY, PretrainedModel
-
-QUESTION_ANSWERING = "question-answering"
-"""The task's name, transformers' pipeline name (`*ForQuestionAnswering`)."""
 
 QA_HEADS = {"linear": TokenHead, "modernbert": modernbert_token_head, "squad": SquadHead}
 """Question-answering heads: "linear" and "modernbert" are the token heads with two outputs
@@ -49,47 +46,7 @@ QA_DROPOUT: dict[str, Callable[[Any], float]] = {
 }
 """The families whose `*ForQuestionAnswering` has dropout before its Linear; the others have none."""
 
-_SPAN = tuple(linear("qa_outputs", "classifier"))
-_SQUAD = (
-    *linear("start_logits.dense", "start_logits.dense"),
-    *linear("end_logits.dense_0", "end_logits.dense_0"),
-    *layer_norm("end_logits.LayerNorm", "end_logits.layer_norm"),
-    *linear("end_logits.dense_1", "end_logits.dense_1"),
-    *linear("answer_class.dense_0", "answer_class.dense_0"),
-    Rule("answer_class.dense_1.weight", "answer_class.dense_1.kernel", LINEAR),  # bias=False in transformers
-)
 
-
-def _span(architecture: str, base_prefix: str | None = None, **options) -> TaskTable:
-    return TaskTable(architecture, "linear", _SPAN, base_prefix=base_prefix, **options)
-
-
-CONVERSION_ROWS: dict[str, TaskTable] = {
-    "bert": _span("BertForQuestionAnswering"),
-    "roberta": _span("RobertaForQuestionAnswering"),
-    "xlm-roberta": _span("XLMRobertaForQuestionAnswering"),
-    "distilbert": _span("DistilBertForQuestionAnswering"),
-    "albert": _span("AlbertForQuestionAnswering"),
-    "electra": _span("ElectraForQuestionAnswering"),
-    "deberta-v2": _span("DebertaV2ForQuestionAnswering"),
-    "modernbert": TaskTable("ModernBertForQuestionAnswering", "modernbert", (
-        *linear("head.dense", "dense"), *layer_norm("head.norm", "norm"), *linear("classifier", "classifier"))),
-    "xlnet": _span("XLNetForQuestionAnsweringSimple", other_heads={"squad": _SQUAD},
-                   head_classes={"squad": "XLNetForQuestionAnswering"}),
-    "gpt2": _span("GPT2ForQuestionAnswering"),
-    # GenericForQuestionAnswering; Llama's, Qwen2's and Qwen3's keep the base model under `transformer`
-    # (transformers' backward compatibility), Mistral's under `model` as its other classes.
-    "llama": _span("LlamaForQuestionAnswering", "transformer"),
-    "mistral": _span("MistralForQuestionAnswering"),
-    "qwen2": _span("Qwen2ForQuestionAnswering", "transformer"),
-    "qwen3": _span("Qwen3ForQuestionAnswering", "transformer"),
-}
-"""Each family's transformers class for question answering and its head's tensors (the task's rows
-of the conversion tables, `Task.conversion_rows`)."""
-
-# The rows join the conversion tables as this module is imported, so that a QuestionAnswering loads
-# and saves whether or not the task registry was imported (registering the task adds the same rows).
-conversion.add_task_rows(QUESTION_ANSWERING, CONVERSION_ROWS)
 
 
 class QuestionAnsweringOutput(NamedTuple):

@@ -11,13 +11,10 @@ the train step's over a batch.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
-import jax
 import numpy as np
 
-from flaxheads import data
 from flaxheads.tasks.token import entity_metrics
 from flaxheads.tasks.token import tags as tags_lib
 from flaxheads.tasks.token.windows import word_predictions
