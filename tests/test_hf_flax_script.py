@@ -454,7 +454,8 @@ QA_SCRIPT = textwrap.dedent(
 )
 
 QA_PEOPLE = ["Anna", "Peter", "Maria", "John", "Lena", "Omar"]
-QA_CITIES = ["Berlin", "Paris", "Rome", "Madrid", "Vienna", "Oslo"]
+QA_CITIES = ["New York", "Buenos Aires", "Hong Kong", "Los Angeles", "San Diego", "Cape Town"]
+"""Answers of two tokens: start and end differ, so logits read the wrong way round give other answers."""
 QA_FILLER = ["the", "day", "was", "long", "and", "warm", "in", "town", "we", "saw", "a", "river"]
 
 
@@ -493,7 +494,7 @@ def qa_bert(tmp_path_factory):
     return path
 
 
-QA_EPOCHS = 3
+QA_EPOCHS = 4
 
 
 def test_run_qa_style_pmap_loop_trains_answers_and_saves_a_folder_holding_the_trained_weights(qa_bert, tmp_path):
