@@ -5,7 +5,8 @@ and a pure `__call__(..., params=, dropout_rng=, train=)`, so a training script 
 
 `FunctionalModel` knows no task: each task's face is a subclass naming its model class and its
 output type (`flaxheads.FunctionalClassifier`, `flaxheads.FunctionalTokenClassifier`,
-`flaxheads.FunctionalMultipleChoice`, in `tasks/<task>/functional.py`).
+`flaxheads.FunctionalMultipleChoice`, `flaxheads.FunctionalQuestionAnswering`, in
+`tasks/<task>/functional.py`).
 
     model = FunctionalTokenClassifier.from_pretrained("path/to/bert", num_labels=9)
     logits = model(input_ids, attention_mask, params=model.params, dropout_rng=key, train=True).logits
@@ -44,8 +45,8 @@ class FunctionalModel:
     """
 
     model_class: ClassVar[type[PretrainedModel]]
-    """The model this face wraps (`SequenceClassifier`, `TokenClassifier`, `MultipleChoice`): what
-    `from_pretrained` loads and `to_model` returns."""
+    """The model this face wraps (`SequenceClassifier`, `TokenClassifier`, `MultipleChoice`,
+    `QuestionAnswering`): what `from_pretrained` loads and `to_model` returns."""
     output_class: ClassVar[type]
     """What `__call__` returns: `output_class(logits)`, or the model's output where it is an
     `output_class` already; a pytree, so it can leave `jax.jit` / `jax.pmap`."""
