@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors; at run t
     from flaxheads.tasks.classification.functional import ClassifierOutput, FunctionalClassifier
     from flaxheads.tasks.token.functional import FunctionalTokenClassifier, TokenClassifierOutput
     from flaxheads.tasks.choice.functional import FunctionalMultipleChoice, MultipleChoiceOutput
+    from flaxheads.tasks.qa.functional import FunctionalQuestionAnswering
     from flaxheads.heads import HEAD_NAMES
     from flaxheads.model import UntrainedModel, load_backbone, save_pretrained
     from flaxheads.tasks.choice.model import MultipleChoice, MultipleChoiceConfig
@@ -75,6 +76,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "flaxheads.tasks.classification.functional": ("ClassifierOutput", "FunctionalClassifier"),
     "flaxheads.tasks.token.functional": ("FunctionalTokenClassifier", "TokenClassifierOutput"),
     "flaxheads.tasks.choice.functional": ("FunctionalMultipleChoice", "MultipleChoiceOutput"),
+    "flaxheads.tasks.qa.functional": ("FunctionalQuestionAnswering",),
     "flaxheads.heads": ("HEAD_NAMES",),
     "flaxheads.model": ("UntrainedModel", "load_backbone", "save_pretrained"),
     "flaxheads.tasks.choice.model": ("MultipleChoice", "MultipleChoiceConfig"),

@@ -5,7 +5,8 @@ and a pure `__call__(..., params=, dropout_rng=, train=)`, so a training script 
 
 `FunctionalModel` knows no task: each task's face is a subclass naming its model class and its
 output type (`flaxheads.FunctionalClassifier`, `flaxheads.FunctionalTokenClassifier`,
-`flaxheads.FunctionalMultipleChoice`, in `tasks/<task>/functional.py`).
+`flaxheads.FunctionalMultipleChoice`, `flaxheads.FunctionalQuestionAnswering`, in
+`tasks/<task>/functional.py`).
 
     model = FunctionalTokenClassifier.from_pretrained("path/to/bert", num_labels=9)
     logits = model(input_ids, attention_mask, params=model.params, dropout_rng=key, train=True).logits
@@ -39,14 +40,16 @@ class FunctionalModel:
 
     A subclass names `model_class` (the flaxheads model it wraps) and `output_class` (a
     NamedTuple whose first field is `logits`, as Hugging Face's `Flax...Output` has them, so
-    `apply_fn(...)[0]` keeps working).
+    `apply_fn(...)[0]` keeps working; or, for a model that already returns a NamedTuple of its
+    outputs, that NamedTuple: question answering's `start_logits`, `end_logits`).
     """
 
     model_class: ClassVar[type[PretrainedModel]]
-    """The model this face wraps (`SequenceClassifier`, `TokenClassifier`, `MultipleChoice`): what
-    `from_pretrained` loads and `to_model` returns."""
+    """The model this face wraps (`SequenceClassifier`, `TokenClassifier`, `MultipleChoice`,
+    `QuestionAnswering`): what `from_pretrained` loads and `to_model` returns."""
     output_class: ClassVar[type]
-    """What `__call__` returns: `output_class(logits)`, a pytree, so it can leave `jax.jit` / `jax.pmap`."""
+    """What `__call__` returns: `output_class(logits)`, or the model's output where it is an
+    `output_class` already; a pytree, so it can leave `jax.jit` / `jax.pmap`."""
 
     def __init__(self, model: PretrainedModel):
         graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
@@ -111,9 +114,11 @@ class FunctionalModel:
                       **model_inputs)
         if train:
             model.train()
-            return self.output_class(model(input_ids, **inputs, rngs=DropoutKeys(dropout_rng)))
-        model.eval()
-        return self.output_class(model(input_ids, **inputs))
+            outputs = model(input_ids, **inputs, rngs=DropoutKeys(dropout_rng))
+        else:
+            model.eval()
+            outputs = model(input_ids, **inputs)
+        return outputs if isinstance(outputs, self.output_class) else self.output_class(outputs)
 
     def to_model(self, params: Params | None = None):
         """The `model_class` model holding `params` (default `self.params`), arrays as given (bit

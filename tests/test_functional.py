@@ -1,5 +1,6 @@
 """The Hugging Face Flax faces (`.params` + pure `__call__`): FunctionalClassifier, and the token
-classification and multiple-choice faces over the same `FunctionalModel`; and `decay_mask`."""
+classification, multiple-choice and question-answering faces over the same `FunctionalModel`; and
+`decay_mask`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from flaxheads import conversion
 from flaxheads.tasks.choice.functional import FunctionalMultipleChoice
 from flaxheads.tasks.classification.functional import FunctionalClassifier
 from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
+from flaxheads.tasks.qa.functional import FunctionalQuestionAnswering
+from flaxheads.tasks.qa.model import QuestionAnswering, QuestionAnsweringOutput
 from flaxheads.tasks.token.functional import FunctionalTokenClassifier
 
 
@@ -415,3 +418,96 @@ def test_use_auth_token_is_taken_as_token_as_transformers_4_took_it(checkpoint, 
     assert passed["token"] is True
     with pytest.raises(ValueError, match="use_auth_token= is the older name of token=: pass token= alone"):
         FunctionalClassifier.from_pretrained(checkpoint.path, use_auth_token=True, token="hf_x")
+
+
+# -- question answering: two outputs, start and end logits ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reader(hf_checkpoint):
+    """(FunctionalQuestionAnswering of a tiny BertForQuestionAnswering, its checkpoint)."""
+    checkpoint = hf_checkpoint("BertForQuestionAnswering")
+    return FunctionalQuestionAnswering.from_pretrained(checkpoint.path), checkpoint
+
+
+def _torch_spans(torch_model, batch) -> tuple[np.ndarray, np.ndarray]:
+    with torch.no_grad():
+        out = torch_model(**{k: torch.as_tensor(np.array(v)) for k, v in batch.items()})
+    return out.start_logits.numpy(), out.end_logits.numpy()
+
+
+@pytest.mark.slow
+def test_qa_faces_eval_call_gives_the_models_start_and_end_logits_bit_for_bit_as_outputs_0_and_1(reader):
+    """run_qa.py (Flax) reads `logits[0]`, `logits[1]` in its loss and `predictions[0]`,
+    `predictions[1]` after pmap, as `FlaxQuestionAnsweringModelOutput` gives them."""
+    model, checkpoint = reader
+    batch = _batch()
+    out = jax.jit(model.__call__)(**batch, params=model.params)
+    expected = QuestionAnswering.from_pretrained(checkpoint.path)(**batch)
+    assert type(out) is QuestionAnsweringOutput and len(out) == 2
+    assert out[0] is out.start_logits and out[1] is out.end_logits
+    start_logits, end_logits = out[:2]
+    assert start_logits.shape == end_logits.shape == (3, 9) and start_logits.dtype == jnp.float32
+    assert np.asarray(start_logits).tobytes() == np.asarray(expected.start_logits).tobytes()
+    assert np.asarray(end_logits).tobytes() == np.asarray(expected.end_logits).tobytes()
+    theirs = _torch_spans(checkpoint.model, batch)
+    print("max |apply_fn - transformers|", max(np.abs(np.asarray(a) - b).max() for a, b in zip(out, theirs)))
+    for ours, reference in zip(out, theirs):
+        np.testing.assert_allclose(np.asarray(ours), reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_qa_faces_train_call_drops_what_the_model_drops_with_nnx_rngs_of_its_dropout_rng(reader):
+    model, checkpoint = reader
+    batch, key = _batch(), jax.random.key(7)
+    in_memory = QuestionAnswering.from_pretrained(checkpoint.path)
+    in_memory.train()
+    expected = in_memory(**batch, rngs=nnx.Rngs(dropout=key))
+    train = model(**batch, dropout_rng=key, train=True)
+    for ours, reference in zip(train, expected):
+        assert np.asarray(ours).tobytes() == np.asarray(reference).tobytes()
+    assert np.abs(np.asarray(train.start_logits) - np.asarray(model(**batch).start_logits)).max() > 1e-3
+
+
+def test_qa_faces_save_pretrained_with_params_reloads_to_those_params_in_flaxheads_and_transformers(reader, tmp_path):
+    model, _ = reader
+    params = _perturbed(model.params)
+    model.save_pretrained(tmp_path, params=jax.device_get(params))
+    reloaded = FunctionalQuestionAnswering.from_pretrained(tmp_path)
+    _assert_bit_identical(reloaded.params, params)
+    assert reloaded.config == model.config
+
+    batch = _batch()
+    ours = reloaded(**batch)
+    theirs = _torch_spans(transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path).eval(), batch)
+    for mine, reference in zip(ours, theirs):
+        np.testing.assert_allclose(np.asarray(mine), reference, atol=1e-5, rtol=1e-5)
+    assert np.abs(np.asarray(ours.end_logits) - np.asarray(model(**batch).end_logits)).max() > 1e-4  # the new params
+
+
+def test_qa_face_takes_the_config_and_options_run_qa_passes_and_names_the_new_head(hf_checkpoint):
+    """run_qa.py (Flax) loads a bare encoder with `config=AutoConfig.from_pretrained(path)` (which
+    carries num_labels=2 and id2label, unused by a span head), `cache_dir=`, `revision=`,
+    `use_auth_token=`, `seed=` and `dtype=getattr(jnp, "float32")`."""
+    checkpoint = hf_checkpoint("BertModel")
+    config = transformers.AutoConfig.from_pretrained(checkpoint.path)
+    with pytest.warns(UserWarning, match=r"newly initialized: \['qa_outputs.bias', 'qa_outputs.weight'\]"):
+        model = FunctionalQuestionAnswering.from_pretrained(
+            checkpoint.path, config=config, cache_dir=None, revision="main", use_auth_token=None, seed=42,
+            dtype=getattr(jnp, "float32"))
+    assert model.params["head"]["classifier"]["kernel"].shape == (32, 2)
+    out = model(**_batch(), params=model.params, dropout_rng=jax.random.key(0), train=True)
+    assert out.start_logits.shape == out.end_logits.shape == (3, 9)
+
+
+def test_qa_face_refuses_xlnets_squad_head_naming_its_span_head(hf_checkpoint):
+    """`XLNetForQuestionAnswering` gives beams and reads the gold start inside its forward pass; its
+    span head (`XLNetForQuestionAnsweringSimple`) is what a run_qa.py-style loop can train."""
+    checkpoint = hf_checkpoint("XLNetForQuestionAnswering")
+    with pytest.raises(ValueError, match=r"head='squad' .*FunctionalQuestionAnswering.from_pretrained\(path, "
+                                         r"head='linear'\)"):
+        FunctionalQuestionAnswering.from_pretrained(checkpoint.path)
+    with pytest.warns(UserWarning, match="qa_outputs"):
+        simple = FunctionalQuestionAnswering.from_pretrained(checkpoint.path, head="linear")
+    batch = {k: v for k, v in _batch().items() if k != "token_type_ids"}
+    assert simple(**batch).start_logits.shape == (3, 9)
