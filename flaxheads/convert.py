@@ -149,7 +149,7 @@ def describe(
         f"  parameters: backbone {counts['backbone']:,}, head {counts['head']:,}",
         f"  canonical head: {table.canonical_head!r} ({table.classification_architecture}); "
         f"head shown: {cfg.head!r}, " + (f"num_labels {cfg.num_labels}, labels {list(cfg.label_names)}"
-                                        if hasattr(cfg, "label_names") else "one score per choice"),
+                                        if hasattr(cfg, "label_names") else f"a {tasks.of_model(model).noun} (no labels)"),
         f"  task: {cfg.task}",
         "",
         str(info),

@@ -240,3 +240,11 @@ def test_a_qa_checkpoint_is_known_as_one_to_a_process_that_never_imported_the_ta
     done = subprocess.run([sys.executable, "-c", code, str(checkpoint.path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ModernBertForQuestionAnswering, a question-answering model" in done.stdout, done.stdout
+
+
+def test_inspect_describes_a_qa_checkpoint_as_one(hf_checkpoint):
+    from flaxheads.convert import describe
+
+    text = describe(hf_checkpoint("BertForQuestionAnswering").path)
+    assert "a question-answering model (no labels)" in text and "choice" not in text
+    assert "task: question-answering" in text
