@@ -221,7 +221,6 @@ def test_the_trainer_trains_on_squad_v2_examples_held_in_python(tiny_bert):
     rows = [squad_row(i, rng, answered=i % 3 != 0) for i in range(24)]
     for row in rows:
         row.setdefault("answers", {"text": [], "answer_start": []})
-    task = flaxheads.data.load_task  # noqa: F841 (files are read by load_task; Python data by qa_examples)
     examples = flaxheads.tasks.qa.data.qa_examples(rows, version_2_with_negative=True)
     task = qa_task_data({"train": examples, "validation": examples[:12]}, version_2_with_negative=True)
     model = flaxheads.QuestionAnswering.from_pretrained(tiny_bert)

@@ -37,9 +37,9 @@ def evaluate_qa(model_dir: str | Path, task: data.TaskData, split: str, *, max_s
     (`rows.qa_task_data`): SQuAD's metrics and the loss, as `flaxheads train` reports them."""
     if split not in task.splits:
         raise ValueError(f"the data has no {split!r} split; it has {sorted(task.splits)}")
-    scorer = _scorer(model_dir, task, split, max_seq_length=max_seq_length, batch_size=batch_size,
-                     tokenizer_name=tokenizer_name, unlabelled=not task.source.labelled(split))
-    return scorer.predict(split, scorer.params).metrics
+    scorer, params = _scorer(model_dir, task, split, max_seq_length=max_seq_length, batch_size=batch_size,
+                             tokenizer_name=tokenizer_name, unlabelled=not task.source.labelled(split))
+    return scorer.predict(split, params).metrics
 
 
 def answer_questions(model_dir: str | Path, examples: Sequence[QAExample], *, max_seq_length: int = 384,
@@ -56,9 +56,9 @@ def answer_questions(model_dir: str | Path, examples: Sequence[QAExample], *, ma
                         doc_stride=doc_stride, n_best_size=n_best_size or 20,
                         max_answer_length=max_answer_length or 30,
                         null_score_diff_threshold=null_score_diff_threshold or 0.0)
-    scorer = _scorer(model_dir, task, "test", max_seq_length=max_seq_length, batch_size=batch_size,
-                     tokenizer_name=tokenizer_name, unlabelled=True)
-    scorer.predict("test", scorer.params)
+    scorer, params = _scorer(model_dir, task, "test", max_seq_length=max_seq_length, batch_size=batch_size,
+                             tokenizer_name=tokenizer_name, unlabelled=True)
+    scorer.predict("test", params)
     found = scorer.answers["test"]
     rows = []
     for example in examples:
@@ -73,7 +73,8 @@ def answer_questions(model_dir: str | Path, examples: Sequence[QAExample], *, ma
 
 
 def _scorer(model_dir, task: data.TaskData, split: str, *, max_seq_length: int, batch_size: int,
-            tokenizer_name: str | None, unlabelled: bool) -> SpanSplitScorer:
+            tokenizer_name: str | None, unlabelled: bool) -> tuple[SpanSplitScorer, Any]:
+    """The scorer of `split` for the trained model in `model_dir`, and the model's parameters."""
     model, tokenizer, max_seq_length = open_trained(model_dir, QuestionAnswering, max_seq_length=max_seq_length,
                                                     tokenizer_name=tokenizer_name)
     refuse_beam_head(model, "flaxheads evaluate and predict")
@@ -89,8 +90,7 @@ def _scorer(model_dir, task: data.TaskData, split: str, *, max_seq_length: int, 
                              batch_format, Layout.create(), eval_batch=batch_size,
                              unlabelled=frozenset({split} if unlabelled else ()),
                              objective=SpanObjective(source.version_2_with_negative), qa=source)
-    scorer.params = params
-    return scorer
+    return scorer, params
 
 
 __all__ = ["answer_questions", "evaluate_qa", "refuse_beam_head"]

@@ -13,6 +13,7 @@ from flaxheads.tasks.qa import data as qa_data
 from flaxheads.tasks.qa.model import CONVERSION_ROWS, QUESTION_ANSWERING, QuestionAnswering
 from flaxheads.tasks.qa.objective import SpanObjective
 from flaxheads.tasks.qa.rows import PROBLEM, QASource, qa_task_data
+from flaxheads.tasks.qa.windows import check_windows_fit
 from flaxheads.training.config import TrainConfig
 
 SETTINGS = ("version_2_with_negative", "doc_stride", "n_best_size", "max_answer_length", "null_score_diff_threshold")
@@ -105,7 +106,8 @@ class QuestionAnsweringTask(Task):
                              "(--version_2_with_negative), or leave the threshold out")
         for split, examples in source.examples.items():
             if split != "train" or args.do_train:
-                qa_data_fit(examples, tokenizer, max_seq_length, source.stride_for(max_seq_length))
+                check_windows_fit(examples, tokenizer, max_seq_length=max_seq_length,
+                                  doc_stride=source.stride_for(max_seq_length))
 
     def objective(self, data_task: data.TaskData, loss_options: Mapping[str, Any]) -> SpanObjective:
         return SpanObjective(data_task.source.version_2_with_negative)
@@ -166,14 +168,6 @@ class QuestionAnsweringTask(Task):
         from flaxheads.tasks.qa.pipeline import question_answering_pipeline
 
         return question_answering_pipeline(model, tokenizer, **options)
-
-
-def qa_data_fit(examples, tokenizer, max_seq_length: int, doc_stride: int) -> None:
-    """ValueError, naming the example and the setting to change, when a question leaves a window
-    no room for its context (`windows.check_windows_fit`)."""
-    from flaxheads.tasks.qa.windows import check_windows_fit
-
-    check_windows_fit(examples, tokenizer, max_seq_length=max_seq_length, doc_stride=doc_stride)
 
 
 TASK = QuestionAnsweringTask()
