@@ -5,6 +5,10 @@
 #   bash scripts/test.sh --fast                the fast lane for local work: every test not marked `slow`
 #                                              (pyproject.toml says what slow means); 1,974 tests,
 #                                              5 min 17 s on 2 cores (2026-11-28, the README)
+#   bash scripts/test.sh --full                every combination of the cross products (families x heads x
+#                                              padding sides ...); without it each run tests a part that
+#                                              holds every family, head and side, and every combination
+#                                              every 2 runs (tests/conftest.py, `MATRIX_PARTS`)
 #   bash scripts/test.sh tests/test_cli.py -k help     other arguments go to pytest
 #
 # Tests run in FLAXHEADS_TEST_WORKERS parallel processes (pytest-xdist; default: the number of
@@ -21,6 +25,8 @@ lane=()
 for arg in "$@"; do
     if [[ $arg == --fast ]]; then
         lane=(-m "not slow")
+    elif [[ $arg == --full ]]; then
+        export FLAXHEADS_TEST_MATRIX=all
     else
         args+=("$arg")
     fi

@@ -7,6 +7,7 @@ read-only: write exports into their own `tmp_path`.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import pathlib
@@ -64,11 +65,101 @@ worker whole files (`--dist loadfile`), so a long file started last keeps one wo
 the other has finished; first, the short files fill in beside it."""
 
 
+MATRIX_ENV = "FLAXHEADS_TEST_MATRIX"
+MATRIX_PARTS = 2
+"""The cross products marked `matrix` (families x heads, x label kinds x padding sides, ...) run in
+`MATRIX_PARTS` parts, one part per run: every run tests every value of every axis (every family,
+every head, both padding sides) of each marked test, and every combination every `MATRIX_PARTS`
+runs. The part is the number of commits on HEAD modulo the parts, so each commit's CI runs the
+next part and a rerun of one commit runs the same one. `FLAXHEADS_TEST_MATRIX=all` (`bash
+scripts/test.sh --full`) runs every combination; `FLAXHEADS_TEST_MATRIX=K/N` part K (from 0) of N."""
+
+
+def _commit_count() -> int | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=pathlib.Path(__file__).parent,
+                             capture_output=True, text=True, timeout=30)
+        return int(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+@functools.cache
+def matrix_part() -> tuple[int, int, str] | None:
+    """(part, parts, why) of the cross products this run tests; None for all of them."""
+    setting = os.environ.get(MATRIX_ENV, "").strip().lower()
+    if setting == "all":
+        return None
+    if setting:
+        try:
+            part, parts = (int(x) for x in setting.split("/"))
+            if not 0 <= part < parts:
+                raise ValueError
+        except ValueError:
+            raise pytest.UsageError(f"{MATRIX_ENV}={setting!r}: use 'all', or 'K/N' with 0 <= K < N (part K of N)")
+        return part, parts, f"{MATRIX_ENV}={setting}"
+    count = _commit_count()
+    if count is None:
+        return 0, MATRIX_PARTS, "no git history here: part 0"
+    return count % MATRIX_PARTS, MATRIX_PARTS, f"{count} commits on HEAD"
+
+
+def _axis_values(item) -> set[tuple[str, str]]:
+    """(axis, value) of each axis the item's `matrix` marker names: a parameter ("row") or an
+    element of a tuple parameter ("case.0"); a family row by its name, anything else by str."""
+    values = set()
+    for axis in item.get_closest_marker("matrix").args:
+        name, _, index = axis.partition(".")
+        value = item.callspec.params[name]
+        value = value[int(index)] if index else value
+        values.add((axis, str(getattr(value, "name", None) or value)))
+    return values
+
+
+def matrix_selection(items: list, part: int, parts: int) -> list:
+    """The marked `items` this part keeps, per test function: every `parts`-th combination (from
+    the `part`-th, in collection order), and any other that holds a value of an axis those lack."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(item.nodeid.split("[")[0], []).append(item)
+    kept = []
+    for group in groups.values():
+        chosen = [i % parts == part for i in range(len(group))]
+        covered = set().union(*(_axis_values(item) for item, c in zip(group, chosen) if c))
+        for i, item in enumerate(group):
+            if not chosen[i] and not _axis_values(item) <= covered:
+                chosen[i] = True
+                covered |= _axis_values(item)
+        kept += [item for item, c in zip(group, chosen) if c]
+    return kept
+
+
+def pytest_report_header(config):
+    chosen = matrix_part()
+    if chosen is None:
+        return f"cross products (tests marked matrix): every combination ({MATRIX_ENV}=all)"
+    part, parts, why = chosen
+    return (f"cross products (tests marked matrix): part {part} of parts 0-{parts - 1} ({why}); every family, head and "
+            f"padding side each run, every combination every {parts} runs; `bash scripts/test.sh --full` runs all")
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the part covers the axes among what runs
 def pytest_collection_modifyitems(session, config, items):
     """The `LONGEST_FILES` first, in that order; every other file after them, as collected (each
-    file's tests keep their order)."""
+    file's tests keep their order). Of the cross products (`matrix`), this run's part only."""
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    chosen = matrix_part()
+    if chosen is not None:
+        marked = [item for item in items if item.get_closest_marker("matrix") is not None and hasattr(item, "callspec")]
+        kept = set(matrix_selection(marked, *chosen[:2]))
+        dropped = [item for item in marked if item not in kept]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            gone = set(dropped)
+            items[:] = [item for item in items if item not in gone]
 
 
 def pytest_unconfigure(config):

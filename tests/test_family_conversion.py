@@ -32,6 +32,7 @@ ROUND_TRIPS = [
 ]
 
 
+@pytest.mark.matrix("row", "torch_dtype")
 @pytest.mark.parametrize(("row", "overrides", "torch_dtype"), ROUND_TRIPS)
 def test_pytorch_flaxheads_pytorch_round_trip_is_bit_identical(hf_checkpoint, tmp_path, row, overrides, torch_dtype):
     checkpoint = hf_checkpoint(row.classifier, family=row.name, num_labels=3, torch_dtype=torch_dtype,
@@ -49,6 +50,7 @@ def test_pytorch_flaxheads_pytorch_round_trip_is_bit_identical(hf_checkpoint, tm
         assert getattr(exported, name) == getattr(checkpoint.model.config, name), name
 
 
+@pytest.mark.matrix("row", "torch_dtype")
 @pytest.mark.parametrize("torch_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("row", rows(fast=False))
 def test_flaxheads_format_round_trip_is_exact_and_converts_back_bit_identically(hf_checkpoint, tmp_path, row,
@@ -77,6 +79,7 @@ TASK_CHECKPOINTS = [
 ]
 
 
+@pytest.mark.matrix("row", "task")
 @pytest.mark.parametrize(("row", "task"), TASK_CHECKPOINTS)
 def test_token_and_choice_checkpoints_convert_both_ways_bit_identically(hf_checkpoint, tmp_path, row, task):
     checkpoint = hf_checkpoint(getattr(row, task), family=row.name, num_labels=3)
@@ -98,6 +101,7 @@ def test_inspect_describes_token_and_choice_checkpoints_with_their_task(hf_check
     assert named in report and "every parameter came from the checkpoint" in report
 
 
+@pytest.mark.matrix("row", "source")
 @pytest.mark.parametrize("source", ["classifier", "pretrained", "base"])
 @pytest.mark.parametrize("row", rows(fast=False))
 def test_export_loads_in_transformers_with_no_missing_or_unexpected_keys_and_same_logits(
@@ -136,6 +140,7 @@ def _sharded_bin(checkpoint, folder) -> None:
     (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
+@pytest.mark.matrix("row", "layout")
 @pytest.mark.parametrize("layout", ["sharded_safetensors", "bin", "sharded_bin"])
 @pytest.mark.parametrize("row", rows(fast=False))
 def test_sharded_and_bin_checkpoints_read_like_the_single_safetensors_file(hf_checkpoint, tmp_path, row, layout):
@@ -168,6 +173,7 @@ REPORTS = [
 ]
 
 
+@pytest.mark.matrix("row")
 @pytest.mark.parametrize(("row", "architecture", "overrides", "unused", "new"), REPORTS)
 def test_loading_report_lists_pretraining_heads_as_unused_and_the_head_as_new(
     hf_checkpoint, row, architecture, overrides, unused, new

@@ -20,6 +20,7 @@ OTHER_HEADS = [case(row, head, id=f"{row.name}-{head}", fast=False) for row in F
                for head in (HEAD_NAMES if row.other_heads is None else row.other_heads) if head != row.head]
 
 
+@pytest.mark.matrix("row", "head")
 @pytest.mark.parametrize(("row", "head"), OTHER_HEADS)
 def test_other_head_reads_transformers_hidden_states_and_its_export_reloads(hf_checkpoint, tmp_path, row, head):
     checkpoint = hf_checkpoint(row.base, family=row.name, **{row.layers_key: 4})  # concat_last4 needs 4 layers

@@ -22,6 +22,7 @@ CANONICAL = [
 ]
 
 
+@pytest.mark.matrix("row", "num_labels", "padding")
 @pytest.mark.parametrize(("row", "overrides", "num_labels", "padding"), CANONICAL)
 def test_canonical_head_logits_match_transformers(hf_checkpoint, row, overrides, num_labels, padding):
     checkpoint = hf_checkpoint(row.classifier, family=row.name, num_labels=num_labels, **dict(overrides))

@@ -14,6 +14,7 @@ CASES = [case(row, task, id=f"{row.name}-{name}", fast=row.name == "bert")
          for row in FAMILIES.values() for name, task in TASKS.items()]
 
 
+@pytest.mark.matrix("row", "task")
 @pytest.mark.parametrize(("row", "task"), CASES)
 def test_logits_and_loss_of_the_task_match_transformers(hf_checkpoint, row, task):
     checkpoint = hf_checkpoint(row.classifier, family=row.name, num_labels=task.num_labels,

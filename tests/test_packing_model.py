@@ -129,6 +129,7 @@ FAST_CASE = ("gemma2", "last_token", {})
 """The one case the fast lane (`-m "not slow"`) keeps: the sweep compiles every family."""
 
 
+@pytest.mark.matrix("case.0", "case.1")
 @pytest.mark.parametrize("case", [
     pytest.param(case, id=_case_id(case), marks=() if case == FAST_CASE else pytest.mark.slow) for case in CASES
 ])
