@@ -70,7 +70,8 @@ MATRIX_PARTS = 2
 """The cross products marked `matrix` (families x heads, x label kinds x padding sides, ...) run in
 `MATRIX_PARTS` parts, one part per run: every run tests every value of every axis (every family,
 every head, both padding sides) of each marked test, and every combination every `MATRIX_PARTS`
-runs. The part is the number of commits on HEAD modulo the parts, so each commit's CI runs the
+runs. A marker without axes (`@pytest.mark.matrix()`, a sweep of one feature over the families)
+takes every `MATRIX_PARTS`-th case alone: half the families a run, each every second run. The part is the number of commits on HEAD modulo the parts, so each commit's CI runs the
 next part and a rerun of one commit runs the same one. `FLAXHEADS_TEST_MATRIX=all` (`bash
 scripts/test.sh --full`) runs every combination; `FLAXHEADS_TEST_MATRIX=K/N` part K (from 0) of N."""
 
