@@ -181,7 +181,7 @@ def torch_runners(bench: StepBench, checkpoint: str | Path | None = None) -> lis
         config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
         model = transformers.AutoModelForSequenceClassification.from_config(config, **kwargs)
     model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
+    opt, optim_name = trainer_default_optimizer(model, learning_rate=2e-5, weight_decay=0.01)
     batch = {k: torch.as_tensor(v.astype(np.int64)).to(device) for k, v in _batch(bench, model.config.vocab_size).items()}
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bench.dtype == "bfloat16")
 
@@ -208,8 +208,29 @@ def torch_runners(bench: StepBench, checkpoint: str | Path | None = None) -> lis
         sync()
 
     name = torch.cuda.get_device_name() if cuda else "cpu"
-    label = f"transformers {transformers.__version__} PyTorch {torch.__version__} ({attn or 'own attention'})"
+    precision = ", bf16 autocast" if bench.dtype == "bfloat16" else ""
+    label = (f"transformers {transformers.__version__} PyTorch {torch.__version__} "
+             f"({attn or 'own attention'}, {optim_name}{precision})")
     return [Runner(label, "train", name, run_train), Runner(label, "eval", name, run_eval)]
+
+
+def trainer_default_optimizer(model, *, learning_rate: float, weight_decay: float):
+    """(optimizer, its `optim` name): what `transformers.Trainer` builds for `model` when a user
+    names none: `TrainingArguments`' default `optim` (adamw_torch_fused where this torch has the
+    fused AdamW), weight decay on every parameter but biases and norms (the Trainer's groups)."""
+    import tempfile
+
+    import transformers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = transformers.TrainingArguments(output_dir=tmp, learning_rate=learning_rate,
+                                              weight_decay=weight_decay, report_to="none")
+    optimizer_cls, kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(args, model)
+    # The Trainer's own rule (it reads nothing of the Trainer but the model).
+    decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    groups = [{"params": [p for n, p in model.named_parameters() if n in decay], "weight_decay": weight_decay},
+              {"params": [p for n, p in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
+    return optimizer_cls(groups, **kwargs), str(getattr(args.optim, "value", args.optim))
 
 
 def matmul_peak(dtype: str, n: int | None = None) -> float:
