@@ -109,6 +109,13 @@ def _batch(bench: StepBench, vocab: int) -> dict[str, np.ndarray]:
     }
     if bench.arch in NO_TOKEN_TYPES:
         del batch["token_type_ids"]
+    if bench.padding != "none":
+        lengths = np.linspace(bench.seq_len // 4, bench.seq_len, bench.batch).astype(int)
+        mask = np.arange(bench.seq_len)[None, :] < lengths[:, None]
+        mask = mask if bench.padding == "right" else mask[:, ::-1]
+        batch["attention_mask"] = mask.astype(np.int32)
+        pad_id = bench.hf_config().get("pad_token_id", 0)
+        batch["input_ids"] = np.where(mask, batch["input_ids"], pad_id).astype(np.int32)
     return batch
 
 
