@@ -89,9 +89,9 @@ def test_the_profile_script_prints_the_table(cpu_trace):
     assert "host timelines" in lines[0] and len(lines) == 4, result.stdout
 
 
-@pytest.mark.slow  # ~60 CPU-s: compiles tiny train steps (with the PyTorch peer), a profile, a reward step
+@pytest.mark.slow  # ~90 CPU-s: tiny train steps (the PyTorch peer too), a profile, two interpreters
 def test_the_gpu_bench_script_runs_end_to_end_at_tiny_shapes(tmp_path):
-    jobs = "bert_bf16 bert_bf16_scatter_add_vocabulary_sorted profile decoder_left_padding bert_bf16_scatter_add_ftz"
+    jobs = "bert_bf16 profile decoder_left_padding bert_bf16_scatter_add_ftz"
     env = {**os.environ, "OUT": str(tmp_path), "GPU_BENCH_TINY": "1", "GPU_BENCH_JOBS": jobs,
            "PYTHONPATH": str(ROOT)}
     result = subprocess.run(["bash", "scripts/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True, text=True,

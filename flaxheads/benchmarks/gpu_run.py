@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import sys
 from typing import Any, Callable
 
 ORDER = (
@@ -55,7 +54,7 @@ class Shapes:
     """`fused_check.run_all`'s keyword arguments."""
 
     @classmethod
-    def tiny(cls) -> "Shapes":
+    def tiny(cls) -> Shapes:
         llama = dict(model_type="llama", vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
         return cls(size="tiny", small="tiny", seq=16, batch=4, long_seq=32, long_batch=2, steps=1, repeats=1,
@@ -96,10 +95,10 @@ def jobs(shapes: Shapes) -> dict[str, Callable[[], list[dict[str, Any]]]]:
     bert = bench()
 
     def variant(name: str, **limits):
-        """flaxheads alone with the embedding gradient's paths limited (`layers`' row limits)."""
+        """flaxheads' train step alone with the embedding gradient's paths limited (`layers`' row limits)."""
         def job():
             with _limits(**limits):
-                return [dict(r, variant=name) for r in run(bert, torch_peer=False)]
+                return [dict(r, variant=name) for r in run(bert, torch_peer=False, steps=("train",))]
         return job
 
     def reward(**kw):
@@ -123,10 +122,12 @@ def jobs(shapes: Shapes) -> dict[str, Callable[[], list[dict[str, Any]]]]:
         "bert_bf16_512": lambda: run(bench(seq_len=shapes.long_seq, batch=shapes.long_batch)),
         "reward_1b": reward(),
         "fused_attention": lambda: fused_check.run_all(**shapes.fused),
-        "decoder_left_padding": lambda: decoder_left_padding(bench(arch="llama", padding="left", attention_dropout=0.0)),
+        "decoder_left_padding": lambda: decoder_left_padding(bench(arch="llama", padding="left",
+                                                                   attention_dropout=0.0)),
         "bert_bf16_no_attention_dropout": lambda: run(bench(attention_dropout=0.0)),
         "reward_1b_remat": reward(gradient_checkpointing=True),
-        "bert_f32": lambda: run(bench(dtype="float32", batch=max(shapes.batch // 2, 1), repeats=max(shapes.repeats - 2, 1))),
+        "bert_f32": lambda: run(bench(dtype="float32", batch=max(shapes.batch // 2, 1),
+                                      repeats=max(shapes.repeats - 2, 1))),
     }
 
 
@@ -163,12 +164,14 @@ def decoder_left_padding(bench) -> list[dict[str, Any]]:
     from flaxheads import backbones
     from flaxheads.benchmarks.steps import run
 
-    rows = [dict(r, variant="padding side known (static XLA)") for r in run(bench, torch_peer=False)]
+    rows = [dict(r, variant="padding side known (static XLA)")
+            for r in run(bench, torch_peer=False, steps=("train",))]
     model_type = bench.hf_config()["model_type"]
     spec = backbones.BACKBONES[model_type]
     backbones.BACKBONES[model_type] = dataclasses.replace(spec, padding_side="right")
     try:
-        rows += [dict(r, variant="padding side unknown (run-time check)") for r in run(bench, torch_peer=False)]
+        rows += [dict(r, variant="padding side unknown (run-time check)")
+                 for r in run(bench, torch_peer=False, steps=("train",))]
     finally:
         backbones.BACKBONES[model_type] = spec
     return rows
@@ -182,7 +185,7 @@ def run_jobs(names: list[str], out_path: str, shapes: Shapes) -> None:
         for name in names:
             try:
                 rows = table[name]()
-            except Exception as err:  # keep going: one failing job must not lose the others
+            except Exception as err:  # keep going: one failing job must not lose the others  # noqa: BLE001
                 rows = [{"error": repr(err)[:2000]}]
             for row in rows:
                 line = json.dumps({"job": name, **row}, default=str)
@@ -220,7 +223,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
             f"{r['case']}: {r['chosen']} {'ok' if r['passes'] else 'FAILS'} {r['speedup']}x" for r in fused))
     if profile_rows:
         lines.append(f"profile ({profile_rows[0]['timeline']} time), top {len(profile_rows)}:")
-        lines += [f"  {r['percent']:5.1f}% {r['self_us']:10.1f} us x{r['count']:<5} {r['op'][:90]}" for r in profile_rows]
+        lines += [f"  {r['percent']:5.1f}% {r['self_us']:10.1f} us x{r['count']:<5} {r['op'][:90]}"
+                  for r in profile_rows]
     lines += [f"ERROR {e}" for e in errors]
     return "\n".join(lines)
 

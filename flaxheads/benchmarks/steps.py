@@ -288,10 +288,12 @@ def published_peak(device_kind: str, dtype: str) -> float | None:
 
 
 def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = None,
-        hf_flax_python: str | None = None, scan_layers: bool = False) -> list[dict[str, Any]]:
+        hf_flax_python: str | None = None, scan_layers: bool = False,
+        steps: tuple[str, ...] = ("train", "eval")) -> list[dict[str, Any]]:
     """flaxheads (and with `scan_layers` flaxheads with scanned layers too) and transformers PyTorch
     interleaved in this process, then the Flax peer in its own interpreter, then the matmul peak:
-    every row of one call comes from the same machine state."""
+    every row of one call comes from the same machine state. `steps`: which of the train and eval
+    steps to time (a step not timed is not compiled either)."""
     import jax
 
     if hf_flax_python:  # refuse before the minutes of timing, not after
@@ -303,7 +305,7 @@ def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = N
         runners += flaxheads_runners(bench, checkpoint, scan=True)
     if torch_peer:
         runners += torch_runners(bench, checkpoint)
-    rows = timed(runners, bench)
+    rows = timed([r for r in runners if r.step in steps], bench)
     del runners
     if hf_flax_python:
         rows += hf_flax_steps(bench, hf_flax_python, checkpoint)
