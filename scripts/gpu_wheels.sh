@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run here, where PyPI is reachable, before scripts/gpu_bench.sh runs on a device machine (which
 # reaches nothing). Downloads into .whl/ (git ignores it) the wheels of what flaxheads needs and
-# the device image lacks (datasets and its dill/multiprocess, tensorboardX) or holds at another
+# the device image lacks (datasets and its dill/multiprocess, tensorboardX; accelerate, which
+# TrainingArguments needs for the PyTorch peer's Trainer optimizer) or holds at another
 # version than this checkout is tested with (transformers): each at the version installed here,
 # for the image's Python 3.12 on x86-64. flax stays the image's: it must match the image's jax
 # (flax 0.12.8 with the image's jax 0.11.2 fails at import: no hijax.HiPrimitive). gpu_bench.sh
@@ -14,7 +15,7 @@ source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/python_env.sh"
 use_repo_python
 cd "$repo_root"
 
-packages=(datasets dill multiprocess tensorboardX transformers)
+packages=(accelerate datasets dill multiprocess tensorboardX transformers)
 pins=()
 for name in "${packages[@]}"; do
     version=$("$python" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name") || {

@@ -1,11 +1,16 @@
 """Embedding lookups (`layers.lookup`) whose gradient is not XLA's scatter-add into a table of zeros:
 on GPUs and TPUs small tables take it as a one-hot matmul (GPU atomics serialise where many tokens
-read one row), equal to the scatter-add's to float32 rounding; on CPUs large tables gather it from
-per-id sums, the scatter-add's bits. The forward is `jnp.take` either way. Tested for every family's
-tables, padded and packed; the tests make `lookup` choose as on a GPU (`layers._backend`) or take
-the CPU's path for any table size (`GATHERED_GRADIENT_ROWS`), and compare in the same process."""
+read one row), on GPUs large tables (a vocabulary) sum it per id after sorting the ids, both equal to
+the scatter-add's to float32 rounding; on CPUs large tables gather it from per-id sums, the
+scatter-add's bits. The forward is `jnp.take` either way. Tested for every family's tables, padded
+and packed. The tests make `lookup` take each path on this CPU (`taking`: the backend it believes it
+runs on, `layers._backend`, and the row limits) and trace every path into ONE jitted function, so
+that each case compiles once (the forward passes, identical, are computed once) and compares the
+paths with the scatter-add in the same program."""
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -19,17 +24,38 @@ from family_parity import flax_inputs
 from flaxheads.backbones import layers
 from test_unread_positions import _packed
 
+REFERENCE = "scatter-add"
+PATHS = {
+    # path -> (the backend `lookup` believes it runs on, {row limit: value}): every table of these
+    # tests (all of at most ONE_HOT_GRADIENT_ROWS rows) then takes that path.
+    REFERENCE: ("cpu", {"GATHERED_GRADIENT_ROWS": 2**62}),
+    "one-hot (GPU)": ("gpu", {}),
+    "sorted (GPU)": ("gpu", {"ONE_HOT_GRADIENT_ROWS": 0, "SORTED_GRADIENT_ROWS": 0}),
+    "gathered (CPU)": ("cpu", {"GATHERED_GRADIENT_ROWS": 0}),
+}
+CUSTOM_GRADIENT = {REFERENCE: None, "one-hot (GPU)": "_lookup_one_hot_gradient",
+                   "sorted (GPU)": "_lookup_sorted_gradient", "gathered (CPU)": "_lookup_gathered_gradient"}
+
+
+@contextlib.contextmanager
+def taking(path: str, paths: dict = PATHS):
+    """`lookup` traced inside takes `path` (of `paths`), as it would on that backend."""
+    backend, limits = paths[path]
+    saved = {name: getattr(layers, name) for name in ("_backend", *limits)}
+    try:
+        layers._backend = lambda: backend
+        for name, value in limits.items():
+            setattr(layers, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(layers, name, value)
+
 
 @pytest.fixture
 def backend(monkeypatch):
     """`backend("gpu")` makes `layers.lookup` choose as it would on a GPU."""
     return lambda name: monkeypatch.setattr(layers, "_backend", lambda: name)
-
-
-@pytest.fixture
-def gathered(monkeypatch):
-    """`gathered(True)`: every CPU table (of more than 0 rows) gathers its gradient; False: none."""
-    return lambda on: monkeypatch.setattr(layers, "GATHERED_GRADIENT_ROWS", 0 if on else 2**62)
 
 
 def _custom_gradient(table, ids) -> str | None:
@@ -41,12 +67,15 @@ def _custom_gradient(table, ids) -> str | None:
     return None
 
 
-def _one_hot_gradient(table, ids) -> bool:
-    return _custom_gradient(table, ids) == "_lookup_one_hot_gradient"
-
-
-def _grad_of_lookup(table, ids, cotangent):
-    return jax.jit(jax.value_and_grad(lambda t: jnp.sum(layers.lookup(t, ids).astype(jnp.float32) * cotangent)))(table)
+def _every_path(fn, paths: dict = PATHS):
+    """A function of fn's arguments returning {path: fn(...) traced taking that path}."""
+    def every_path(*args):
+        results = {}
+        for path in paths:
+            with taking(path, paths):
+                results[path] = fn(*args)
+        return results
+    return every_path
 
 
 IDS_KINDS = ["one row for every token", "positions of every row", "random, out of range too"]
@@ -54,50 +83,7 @@ IDS_KINDS = ["one row for every token", "positions of every row", "random, out o
 
 @pytest.mark.parametrize("ids_kind", IDS_KINDS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_one_hot_gradient_equals_the_scatter_add(backend, ids_kind, dtype):
-    rng = np.random.default_rng(0)
-    rows, batch, seq = 9, 6, 7
-    ids = {
-        "one row for every token": np.zeros((batch, seq), np.int32),
-        "positions of every row": np.broadcast_to(np.arange(seq), (batch, seq)),
-        "random, out of range too": rng.integers(-rows, rows + 3, (batch, seq)),
-    }[ids_kind]
-    ids = jnp.asarray(ids, jnp.int32)
-    table = jnp.asarray(rng.normal(size=(rows, 5)), dtype)
-    cotangent = jnp.asarray(rng.normal(size=(batch, seq, 5)), jnp.float32)
-    in_range = np.asarray((ids >= -rows) & (ids < rows))
-    cotangent = cotangent * jnp.asarray(in_range, jnp.float32)[..., None]  # NaN rows stay out of the sum
-    backend("gpu")
-    assert _one_hot_gradient(table, ids), "the one-hot gradient is not taken"
-    got_forward = layers.lookup(table, ids)
-    (_, got) = _grad_of_lookup(table, ids, cotangent)
-    backend("cpu")
-    assert not _one_hot_gradient(table, ids)
-    (_, expected) = _grad_of_lookup(table, ids, cotangent)
-
-    expected_forward = jnp.take(table, ids, axis=0)
-    np.testing.assert_array_equal(np.asarray(got_forward, np.float32), np.asarray(expected_forward, np.float32))
-    assert got.dtype == table.dtype
-    # bf16: the scatter-add rounds every partial sum to bf16, the matmul only its float32 total
-    tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == jnp.float32 else dict(atol=0.1, rtol=0.05)
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32), **tolerance)
-
-
-def test_large_tables_keep_the_scatter_add(backend):
-    backend("gpu")
-    table = jnp.zeros((layers.ONE_HOT_GRADIENT_ROWS + 1, 2))
-    assert not _one_hot_gradient(table, jnp.zeros((3,), jnp.int32))
-    assert _one_hot_gradient(table[:-1], jnp.zeros((3,), jnp.int32))
-
-
-def test_tpu_takes_the_one_hot_gradient_too(backend):
-    backend("tpu")
-    assert _one_hot_gradient(jnp.zeros((4, 2)), jnp.zeros((3,), jnp.int32))
-
-
-@pytest.mark.parametrize("ids_kind", IDS_KINDS)
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_gathered_gradient_is_the_scatter_add_bit_for_bit(backend, gathered, ids_kind, dtype):
+def test_every_gradient_equals_the_scatter_add(ids_kind, dtype):
     rng = np.random.default_rng(1)
     rows, batch, seq = 40, 6, 9
     ids = jnp.asarray({
@@ -107,61 +93,61 @@ def test_gathered_gradient_is_the_scatter_add_bit_for_bit(backend, gathered, ids
     }[ids_kind], jnp.int32)
     table = jnp.asarray(rng.normal(size=(rows, 5)), dtype)
     cotangent = jnp.asarray(rng.normal(size=(batch, seq, 5)), jnp.float32)  # out of range too: dropped
-    backend("cpu")
-    gathered(True)
-    assert _custom_gradient(table, ids) == "_lookup_gathered_gradient"
-    got_forward = layers.lookup(table, ids)
-    loss, got = _grad_of_lookup(table, ids, cotangent)
-    gathered(False)
-    assert _custom_gradient(table, ids) is None
-    expected_loss, expected = _grad_of_lookup(table, ids, cotangent)
+    for path in PATHS:
+        with taking(path):
+            assert _custom_gradient(table, ids) == CUSTOM_GRADIENT[path], path
 
-    np.testing.assert_array_equal(np.asarray(got_forward, np.float32),
+    def forward_loss_and_gradient(table):
+        loss = lambda t: jnp.sum(layers.lookup(t, ids).astype(jnp.float32) * cotangent)
+        return layers.lookup(table, ids), *jax.value_and_grad(loss)(table)
+
+    results = jax.jit(_every_path(forward_loss_and_gradient))(table)
+    expected_forward, expected_loss, expected = results.pop(REFERENCE)
+    np.testing.assert_array_equal(np.asarray(expected_forward, np.float32),
                                   np.asarray(jnp.take(table, ids, axis=0), np.float32))
-    np.testing.assert_array_equal(loss, expected_loss)
-    assert got.dtype == table.dtype
-    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(expected, np.float32))
+    for path, (forward, loss, got) in results.items():
+        np.testing.assert_array_equal(np.asarray(forward, np.float32), np.asarray(expected_forward, np.float32))
+        np.testing.assert_array_equal(loss, expected_loss)
+        assert got.dtype == table.dtype, path
+        if path == "gathered (CPU)":  # the scatter-add's sums in its order
+            np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(expected, np.float32), err_msg=path)
+            continue
+        # bf16: the scatter-add rounds every partial sum to bf16, these paths only their float32 total
+        tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == jnp.float32 else dict(atol=0.1, rtol=0.05)
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32), **tolerance,
+                                   err_msg=path)
 
 
 def test_which_tables_take_which_gradient(backend):
     vocabulary = jnp.zeros((layers.GATHERED_GRADIENT_ROWS + 1, 2))
-    small = jnp.zeros((layers.ONE_HOT_GRADIENT_ROWS, 2))
+    largest_one_hot = jnp.zeros((layers.ONE_HOT_GRADIENT_ROWS, 2))
+    smallest_sorted = jnp.zeros((layers.SORTED_GRADIENT_ROWS + 1, 2))
     ids = jnp.zeros((3,), jnp.int32)
+    taken = lambda *tables: tuple(_custom_gradient(table, ids) for table in tables)
     backend("cpu")
-    assert (_custom_gradient(vocabulary, ids), _custom_gradient(small, ids)) == ("_lookup_gathered_gradient", None)
-    assert _custom_gradient(vocabulary[:-1], ids) is None
-    for accelerator in ("gpu", "tpu"):
-        backend(accelerator)
-        assert (_custom_gradient(vocabulary, ids), _custom_gradient(small, ids)) == (None, "_lookup_one_hot_gradient")
+    assert taken(vocabulary, vocabulary[:-1], largest_one_hot) == ("_lookup_gathered_gradient", None, None)
+    backend("gpu")
+    assert taken(vocabulary, smallest_sorted, largest_one_hot) == (
+        "_lookup_sorted_gradient", "_lookup_sorted_gradient", "_lookup_one_hot_gradient")
+    backend("tpu")
+    assert taken(vocabulary, largest_one_hot) == (None, "_lookup_one_hot_gradient")
 
 
-def _loss_and_grads(model, inputs: dict, extra: dict):
-    """((loss, logits), gradients) of a training-mode forward pass, and how many scatter-adds of
-    the gradient program write an array of an embedding table's shape."""
-    graphdef, params = nnx.split(model)
-    table_shapes = {"[{}]".format(",".join(map(str, m.embedding.shape)))
-                    for _, m in nnx.iter_graph(model) if isinstance(m, layers.Embed)}
-
-    def loss(params):
-        logits = nnx.merge(graphdef, params)(**inputs, **extra, rngs=nnx.Rngs(dropout=3))
-        return jnp.sum(jnp.sin(3.0 * logits)), logits
-
-    step = jax.value_and_grad(loss, has_aux=True)
-    scatter_adds = sum(1 for line in str(jax.make_jaxpr(step)(params)).splitlines()
-                       if "= scatter-add[" in line and line.split("=")[0].strip().split("f32")[-1] in table_shapes)
-    return jax.jit(step)(params), scatter_adds
+def _table_scatter_adds(jaxpr, table_shapes: set[str]) -> int:
+    """How many scatter-adds of a jaxpr write an array of one of these shapes ("[rows,features]")."""
+    return sum(1 for line in str(jaxpr).splitlines()
+               if "= scatter-add[" in line and line.split("=")[0].strip().split("f32")[-1] in table_shapes)
 
 
-# Every family (each row's tiny vocabulary is small enough that its word table takes the one-hot
-# gradient too) in training mode (dropout on), on its padding side; BERT packed too (positions
-# restart at every segment).
+# Every family in training mode (dropout on), on its padding side; BERT packed too (positions
+# restart at every segment). As on a GPU with the row limits scaled to the tiny tables: the largest
+# (the vocabulary) sorted, the others one-hot; and as on a CPU with every table gathered.
 LAYOUTS = [(name, row.sample_padding) for name, row in FAMILIES.items()] + [("bert", "packed")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", ["one-hot (GPU)", "gathered (CPU)"])
 @pytest.mark.parametrize(("name", "layout"), LAYOUTS, ids=[f"{name}-{layout}" for name, layout in LAYOUTS])
-def test_every_family_trains_the_same_with_each_gradient(hf_checkpoint, backend, gathered, name, layout, path):
+def test_every_family_trains_the_same_with_each_gradient(hf_checkpoint, name, layout):
     row = FAMILIES[name]
     checkpoint = hf_checkpoint(row.base, family=row.name, **{row.layers_key: 1})
     model = flaxheads.from_pretrained(checkpoint.path, head=row.head, num_labels=3, seed=1, **dict(row.load_options))
@@ -169,27 +155,37 @@ def test_every_family_trains_the_same_with_each_gradient(hf_checkpoint, backend,
     tables = [module for _, module in nnx.iter_graph(model) if isinstance(module, layers.Embed)]
     assert tables, f"{name}: no embedding table"
     assert all(module.num_embeddings <= layers.ONE_HOT_GRADIENT_ROWS for module in tables)
+    table_shapes = {"[{}]".format(",".join(map(str, m.embedding.shape))) for m in tables}
+    below_largest = max(module.num_embeddings for module in tables) - 1
+    paths = {REFERENCE: PATHS[REFERENCE], "gathered (CPU)": PATHS["gathered (CPU)"],
+             "GPU": ("gpu", {"ONE_HOT_GRADIENT_ROWS": below_largest, "SORTED_GRADIENT_ROWS": below_largest})}
     if layout == "packed":
         inputs, extra = flax_inputs(_packed(row.batch("right"))), {"num_segments": 3}
     else:
         inputs, extra = flax_inputs(row.batch(layout)), {}
+    graphdef, params = nnx.split(model)
 
-    if path == "one-hot (GPU)":
-        backend("gpu")
-    else:
-        backend("cpu")
-        gathered(True)
-    ((_, logits), grads), scatter_adds = _loss_and_grads(model, inputs, extra)
-    backend("cpu")
-    gathered(False)
-    ((_, expected_logits), expected_grads), expected_scatter_adds = _loss_and_grads(model, inputs, extra)
+    def loss(params):
+        logits = nnx.merge(graphdef, params)(**inputs, **extra, rngs=nnx.Rngs(dropout=3))
+        return jnp.sum(jnp.sin(3.0 * logits)), logits
 
-    # No table's gradient is a scatter-add any more (a table of one row never was: it broadcasts).
-    assert (scatter_adds, expected_scatter_adds > 0) == (0, True), (name, scatter_adds, expected_scatter_adds)
+    step = jax.value_and_grad(loss, has_aux=True)
+    with taking(REFERENCE):
+        expected_scatter_adds = _table_scatter_adds(jax.make_jaxpr(step)(params), table_shapes)
+    traced = jax.jit(_every_path(step, paths)).trace(params)
+    # No table's gradient is a scatter-add on the other paths (a table of one row never was: it broadcasts).
+    assert expected_scatter_adds > 0, name
+    assert _table_scatter_adds(traced.jaxpr, table_shapes) == expected_scatter_adds, name
+    with taking("GPU", paths):  # the forward's jaxpr names the custom gradients
+        forward = str(jax.make_jaxpr(loss)(params))
+    assert "name=_lookup_sorted_gradient" in forward, name
+    results = traced.lower().compile()(params)
 
-    # The same rows are read; XLA may fuse their sum differently around the custom gradient (1 ulp).
-    np.testing.assert_allclose(logits, expected_logits, atol=1e-6, rtol=1e-6, err_msg=f"{name}: logits")
-    for (key, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(grads),
-                                jax.tree_util.tree_leaves_with_path(expected_grads)):
-        np.testing.assert_allclose(a, b, atol=1e-6 + 1e-6 * float(np.abs(b).max()), rtol=1e-5,
-                                   err_msg=f"{name}: gradient of {jax.tree_util.keystr(key)}")
+    ((_, expected_logits), expected_grads) = results.pop(REFERENCE)
+    for path, ((_, logits), grads) in results.items():
+        # The same rows are read; XLA may fuse their sum differently around the custom gradient (1 ulp).
+        np.testing.assert_allclose(logits, expected_logits, atol=1e-6, rtol=1e-6, err_msg=f"{name}, {path}: logits")
+        for (key, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(grads),
+                                    jax.tree_util.tree_leaves_with_path(expected_grads)):
+            np.testing.assert_allclose(a, b, atol=1e-6 + 1e-6 * float(np.abs(b).max()), rtol=1e-5,
+                                       err_msg=f"{name}, {path}: gradient of {jax.tree_util.keystr(key)}")

@@ -126,6 +126,11 @@ def _assert_matches_xla(fused, inputs, *, mask_BS, segment_ids_BT, is_causal, wi
     ("gpu", jnp.bfloat16, {"has_bias": True}, attention.XLA),
     ("gpu", jnp.bfloat16, {"dropout_active": True}, attention.XLA),
     ("gpu", jnp.bfloat16, {"query_rows": True}, attention.XLA),
+    # The tokenizer's side, known while tracing: left padding goes to XLA without cuDNN's run-time check.
+    ("gpu", jnp.bfloat16, {"mask_BS": LEFT_PADDED, "is_causal": True, "padding_side": "left"}, attention.XLA),
+    ("gpu", jnp.bfloat16, {"mask_BS": RIGHT_PADDED, "is_causal": True, "padding_side": "right"}, attention.CUDNN),
+    ("gpu", jnp.bfloat16, {"is_causal": True, "padding_side": "left"}, attention.CUDNN),
+    ("tpu", jnp.bfloat16, {"mask_BS": LEFT_PADDED, "padding_side": "left"}, attention.SPLASH),
     ("tpu", jnp.float32, {}, attention.SPLASH),
     ("tpu", jnp.bfloat16, {"mask_BS": LEFT_PADDED, "is_causal": True}, attention.SPLASH),
     ("tpu", jnp.float32, {"segment_ids_BT": PACKED, "local_window_size": 3}, attention.SPLASH),

@@ -66,8 +66,12 @@ def backbone_config_from_hf(hf_config: dict[str, Any]) -> BackboneConfig:
 
 
 def build_backbone(cfg: BackboneConfig, *, dtype, param_dtype, rngs: nnx.Rngs, add_pooling_layer: bool = False):
-    module_cls = backbone_spec(cfg.model_type).module_cls
-    return module_cls(cfg, dtype=dtype, param_dtype=param_dtype, add_pooling_layer=add_pooling_layer, rngs=rngs)
+    spec = backbone_spec(cfg.model_type)
+    module = spec.module_cls(cfg, dtype=dtype, param_dtype=param_dtype, add_pooling_layer=add_pooling_layer, rngs=rngs)
+    # Layers whose attention kernel depends on the padding side (`attention.kernel`) learn the
+    # family's, the side flaxheads' tokenizers pad (`tokenizer.py`): a static choice, no run-time check.
+    module.set_attributes(padding_side=spec.padding_side, raise_if_not_found=False)
+    return module
 
 
 __all__ = [

@@ -88,13 +88,19 @@ def kernel(
     dropout_active: bool = False,
     query_rows: bool = False,
     backend: str | None = None,
+    padding_side: str | None = None,
 ) -> str:
     """Which kernel `attend` runs for these inputs on `backend` (default: `_backend()`): one of
     XLA, CUDNN, PALLAS_GPU, SPLASH. XLA whenever the setting says "xla", and for a bias, dropout,
     queries that are rows of a longer sequence, a per-query mask without segment ids, or queries
     and keys of different lengths. Otherwise: TPU -> SPLASH; GPU in half precision -> PALLAS_GPU
     for packed rows without a window, CUDNN for the rest but a two-sided window (cuDNN's windows
-    look left only); XLA on every other platform and dtype."""
+    look left only); XLA on every other platform and dtype.
+
+    `padding_side="left"` says a (batch, key) padding mask pads on the left (the tokenizer's side,
+    decoders'): cuDNN takes right padding only, as key lengths, so such a mask goes to XLA here,
+    while tracing, instead of to cuDNN's adapter, which would check at run time (`lax.cond`) and
+    then run XLA's kernel anyway. None or "right": the adapter's run-time check stays."""
     per_query_mask = mask_BS is not None and mask_BS.ndim == 4 and segment_ids_BT is None
     if (configured_implementation() == "xla" or has_bias or dropout_active or query_rows or per_query_mask
             or query_BTNH.shape[1] != key_BSKH.shape[1]):
@@ -107,6 +113,8 @@ def kernel(
     if segment_ids_BT is not None:
         return PALLAS_GPU if local_window_size is None else XLA
     if local_window_size is not None and not is_causal:
+        return XLA
+    if padding_side == "left" and mask_BS is not None:
         return XLA
     return CUDNN
 
@@ -126,6 +134,7 @@ def attend(
     rngs: nnx.Rngs | None = None,
     query_rows: dropout.Rows | None = None,
     segment_ids_BT: jax.Array | None = None,
+    padding_side: str | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention over a (batch, key) padding mask; returns BTNH.
 
@@ -146,7 +155,8 @@ def attend(
     `local_window_size` w lets query t see only keys s with |t - s| <= w (ModernBERT's
     bidirectional sliding window), on top of the padding mask; with `is_causal`, t - w <= s <= t.
 
-    The kernel is chosen by `kernel` (module doc): fused kernels on GPUs and TPUs, XLA's on CPUs.
+    The kernel is chosen by `kernel` (module doc): fused kernels on GPUs and TPUs, XLA's on CPUs;
+    `padding_side="left"` (the tokenizer pads left) keeps a padding mask off cuDNN (`kernel`).
     Attention-probability dropout (as BERT trains with) has no fused form that draws our masks,
     so in train mode at a non-zero rate the probabilities are materialised; that needs `rngs`
     (ValueError without, as `dropout.apply`).
@@ -156,7 +166,7 @@ def attend(
     dropout_active = dropout.active(dropout_rate, deterministic=deterministic, rngs=rngs)
     chosen = kernel(query_BTNH, key_BSNH, mask_BS, segment_ids_BT=segment_ids_BT, has_bias=bias_BNTS is not None,
                     is_causal=is_causal, local_window_size=local_window_size, dropout_active=dropout_active,
-                    query_rows=query_rows is not None)
+                    query_rows=query_rows is not None, padding_side=padding_side)
     if chosen != XLA:
         return _fused(chosen, query_BTNH, key_BSNH, value_BSNH, mask_BS, segment_ids_BT, is_causal=is_causal,
                       scale=scale, local_window_size=local_window_size)

@@ -105,6 +105,10 @@ class Attention(nnx.Module):
             self.key_norm = _norm(cfg, h, **kw)
         self.deterministic = False
         """Eval mode: no attention dropout. `model.train()` / `model.eval()` set it (see `layers`)."""
+        self.padding_side: str | None = None
+        """The side the tokenizer pads ("left" for most of these families; `build_backbone` sets the
+        family's): with "left" a padding mask takes XLA's path, chosen while tracing
+        (`attention.kernel`), not cuDNN's behind a run-time check for right padding."""
 
     def __call__(self, x_BTD: jax.Array, inputs: LayerInputs, rngs) -> jax.Array:
         cfg = self.cfg
@@ -140,7 +144,8 @@ class Attention(nnx.Module):
         window: keys fewer than `sliding_window` positions back, t - (w - 1) <= s <= t."""
         cfg = self.cfg
         window = cfg.effective_sliding_window - 1 if self.mask_kind == "sliding" else None
-        options = dict(segment_ids_BT=inputs.segment_ids_BT, is_causal=True, local_window_size=window)
+        options = dict(segment_ids_BT=inputs.segment_ids_BT, is_causal=True, local_window_size=window,
+                       padding_side=self.padding_side)
         dropout_active = dropout.active(cfg.attention_dropout, deterministic=self.deterministic, rngs=rngs)
         if (cfg.attention_logit_cap is not None or attention.kernel(
                 q_BTNH, k_BTKH, inputs.padding_BS, dropout_active=dropout_active, **options) == attention.XLA):

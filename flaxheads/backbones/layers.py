@@ -159,6 +159,10 @@ def layer_norm(
 ONE_HOT_GRADIENT_ROWS = 2048
 """On GPUs and TPUs, an embedding table of at most this many rows (token types, positions) takes its
 gradient as a matmul with the ids' one-hot matrix (`lookup`); 0 turns that off."""
+SORTED_GRADIENT_ROWS = 2048
+"""On GPUs, an embedding table of more than this many rows (a vocabulary) sums its gradient's rows
+by id after sorting the ids, then writes each id's row once (`lookup`); a very large number turns
+that off (the scatter-add)."""
 GATHERED_GRADIENT_ROWS = 4096
 """On CPUs, an embedding table of more than this many rows (a vocabulary) builds its gradient from
 the rows its ids read (`lookup`); a very large number turns that off."""
@@ -205,6 +209,12 @@ def lookup(table_VD: jax.Array, ids: jax.Array) -> jax.Array:
       `ONE_HOT_GRADIENT_ROWS` rows therefore takes its gradient as one_hot(ids)^T @ gradient
       (float32 accumulation, full precision): no atomics, deterministic, equal to the scatter-add's
       sum to float32 rounding.
+    - On GPUs a table of more than `SORTED_GRADIENT_ROWS` rows (a vocabulary: too many rows for a
+      one-hot matmul, 16,384 tokens x 30,522 rows x 768) still sees [CLS], [SEP] and padding ids in
+      every row of a batch. There the ids are sorted (stably: each id's tokens keep their order),
+      each run of equal ids is summed by a segmented scan in float32, and each run's total is
+      written to its row by one scatter whose indices are distinct: no atomics contend, and the
+      result equals the scatter-add's to float32 rounding (`_lookup_sorted_gradient`).
     - On CPUs a table of more than `GATHERED_GRADIENT_ROWS` rows (a vocabulary: MiniLM's is 30522
       x 384, 47 MB) spent a pass writing zeros and another scattering into them, and the optimizer
       then read the result back. Here the gradient's rows are summed into one row per distinct
@@ -215,6 +225,8 @@ def lookup(table_VD: jax.Array, ids: jax.Array) -> jax.Array:
     backend = _backend()
     if backend in ("gpu", "tpu") and rows <= ONE_HOT_GRADIENT_ROWS:
         return _lookup_one_hot_gradient(table_VD, ids)
+    if backend == "gpu" and rows > SORTED_GRADIENT_ROWS:
+        return _lookup_sorted_gradient(table_VD, ids)
     if backend == "cpu" and rows > GATHERED_GRADIENT_ROWS:
         return _lookup_gathered_gradient(table_VD, ids)
     return jnp.take(table_VD, ids, axis=0)
@@ -273,6 +285,41 @@ def _gathered_backward(residuals, gradient):
 
 
 _lookup_gathered_gradient.defvjp(_lookup_forward, _gathered_backward)
+
+
+@jax.custom_vjp
+def _lookup_sorted_gradient(table_VD: jax.Array, ids: jax.Array) -> jax.Array:
+    return jnp.take(table_VD, ids, axis=0)
+
+
+def _add_within_runs(left, right):
+    """The segmented scan's step: the right part's sum alone where a run starts inside it."""
+    (left_sums, left_starts), (right_sums, right_starts) = left, right
+    return jnp.where(right_starts, right_sums, left_sums + right_sums), left_starts | right_starts
+
+
+def _sorted_backward(residuals, gradient):
+    ids, like = residuals
+    rows = like.shape[0]
+    ids_N, gradient_ND = _flat_ids_and_gradient(ids, rows, gradient)
+    ids_N = jnp.where((ids_N >= 0) & (ids_N < rows), ids_N, rows)  # out of range: no row (dropped below)
+    n = ids_N.shape[0]
+    order_N = jnp.argsort(ids_N, stable=True)
+    sorted_ids_N = ids_N[order_N]
+    new_id_N = sorted_ids_N[1:] != sorted_ids_N[:-1]
+    starts_N1 = jnp.concatenate([jnp.ones((1,), bool), new_id_N])[:, None]
+    # Inclusive sums within each run of equal ids (float32 whatever the dtype, as the one-hot path):
+    # the run's last element holds its total.
+    sums_ND, _ = jax.lax.associative_scan(_add_within_runs, (gradient_ND[order_N].astype(jnp.float32), starts_N1))
+    last_N = jnp.concatenate([new_id_N, jnp.ones((1,), bool)])
+    # Every other element goes to a distinct row past the table's end, dropped: the indices stay unique.
+    target_N = jnp.where(last_N, sorted_ids_N, rows + jnp.arange(n, dtype=sorted_ids_N.dtype))
+    table_gradient_VD = jnp.zeros((rows, gradient_ND.shape[1]), jnp.float32).at[target_N].set(
+        sums_ND, mode="drop", unique_indices=True)
+    return table_gradient_VD.astype(like.dtype), np.zeros(ids.shape, jax.dtypes.float0)
+
+
+_lookup_sorted_gradient.defvjp(_lookup_forward, _sorted_backward)
 
 
 class Pooler(nnx.Module):

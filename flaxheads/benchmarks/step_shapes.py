@@ -12,6 +12,7 @@ SIZES = {
     "minilm": (384, 6, 12, 1536),
     "bert-base": (768, 12, 12, 3072),
     "minilm-24l": (384, 24, 12, 1536),  # MiniLM's width, 24 layers: where compile time grows with depth
+    "tiny": (32, 2, 2, 64),  # the GPU record's jobs on a CPU (`gpu_run --tiny`): plumbing, not speed
 }
 ARCHS = ("bert", "roberta", "xlm-roberta", "gpt2", "xlnet", "electra", "albert", "distilbert", "deberta-v3",
          "modernbert", "llama")
@@ -40,6 +41,9 @@ class StepBench:
     arch: str = "bert"  # the Hugging Face model_type ("deberta-v3": deberta-v2 as v3 sets it); its canonical head
     attention_dropout: float = 0.1
     """BERT trains with 0.1; with 0 the flaxheads train step keeps cuDNN's fused attention."""
+    padding: str = "none"
+    """"none": every token real; "left" or "right": rows of 1/4 to all of `seq_len` real tokens,
+    padded on that side (the padding's cost: attention kernels, decoders' left padding)."""
 
     def hf_config(self) -> dict[str, Any]:
         if self.size not in SIZES:

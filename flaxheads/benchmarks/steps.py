@@ -109,6 +109,13 @@ def _batch(bench: StepBench, vocab: int) -> dict[str, np.ndarray]:
     }
     if bench.arch in NO_TOKEN_TYPES:
         del batch["token_type_ids"]
+    if bench.padding != "none":
+        lengths = np.linspace(bench.seq_len // 4, bench.seq_len, bench.batch).astype(int)
+        mask = np.arange(bench.seq_len)[None, :] < lengths[:, None]
+        mask = mask if bench.padding == "right" else mask[:, ::-1]
+        batch["attention_mask"] = mask.astype(np.int32)
+        pad_id = bench.hf_config().get("pad_token_id", 0)
+        batch["input_ids"] = np.where(mask, batch["input_ids"], pad_id).astype(np.int32)
     return batch
 
 
@@ -181,7 +188,7 @@ def torch_runners(bench: StepBench, checkpoint: str | Path | None = None) -> lis
         config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
         model = transformers.AutoModelForSequenceClassification.from_config(config, **kwargs)
     model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
+    opt, optim_name = trainer_default_optimizer(model, learning_rate=2e-5, weight_decay=0.01)
     batch = {k: torch.as_tensor(v.astype(np.int64)).to(device) for k, v in _batch(bench, model.config.vocab_size).items()}
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bench.dtype == "bfloat16")
 
@@ -208,8 +215,29 @@ def torch_runners(bench: StepBench, checkpoint: str | Path | None = None) -> lis
         sync()
 
     name = torch.cuda.get_device_name() if cuda else "cpu"
-    label = f"transformers {transformers.__version__} PyTorch {torch.__version__} ({attn or 'own attention'})"
+    precision = ", bf16 autocast" if bench.dtype == "bfloat16" else ""
+    label = (f"transformers {transformers.__version__} PyTorch {torch.__version__} "
+             f"({attn or 'own attention'}, {optim_name}{precision})")
     return [Runner(label, "train", name, run_train), Runner(label, "eval", name, run_eval)]
+
+
+def trainer_default_optimizer(model, *, learning_rate: float, weight_decay: float):
+    """(optimizer, its `optim` name): what `transformers.Trainer` builds for `model` when a user
+    names none: `TrainingArguments`' default `optim` (adamw_torch_fused where this torch has the
+    fused AdamW), weight decay on every parameter but biases and norms (the Trainer's groups)."""
+    import tempfile
+
+    import transformers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = transformers.TrainingArguments(output_dir=tmp, learning_rate=learning_rate,
+                                              weight_decay=weight_decay, report_to="none")
+    optimizer_cls, kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(args, model)
+    # The Trainer's own rule (it reads nothing of the Trainer but the model).
+    decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    groups = [{"params": [p for n, p in model.named_parameters() if n in decay], "weight_decay": weight_decay},
+              {"params": [p for n, p in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
+    return optimizer_cls(groups, **kwargs), str(getattr(args.optim, "value", args.optim))
 
 
 def matmul_peak(dtype: str, n: int | None = None) -> float:
@@ -260,10 +288,12 @@ def published_peak(device_kind: str, dtype: str) -> float | None:
 
 
 def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = None,
-        hf_flax_python: str | None = None, scan_layers: bool = False) -> list[dict[str, Any]]:
+        hf_flax_python: str | None = None, scan_layers: bool = False,
+        steps: tuple[str, ...] = ("train", "eval")) -> list[dict[str, Any]]:
     """flaxheads (and with `scan_layers` flaxheads with scanned layers too) and transformers PyTorch
     interleaved in this process, then the Flax peer in its own interpreter, then the matmul peak:
-    every row of one call comes from the same machine state."""
+    every row of one call comes from the same machine state. `steps`: which of the train and eval
+    steps to time (a step not timed is not compiled either)."""
     import jax
 
     if hf_flax_python:  # refuse before the minutes of timing, not after
@@ -275,7 +305,7 @@ def run(bench: StepBench, *, torch_peer: bool = True, checkpoint: str | None = N
         runners += flaxheads_runners(bench, checkpoint, scan=True)
     if torch_peer:
         runners += torch_runners(bench, checkpoint)
-    rows = timed(runners, bench)
+    rows = timed([r for r in runners if r.step in steps], bench)
     del runners
     if hf_flax_python:
         rows += hf_flax_steps(bench, hf_flax_python, checkpoint)
