@@ -27,8 +27,13 @@ from flaxheads.training.sharding import Layout
 class Trainer(training.Trainer):
     __doc__ = training.Trainer.__doc__
 
-    def __init__(self, model, args: TrainConfig | None = None, *, train_dataset=None, eval_dataset=None,
-                 test_dataset=None, tokenizer, compute_metrics=None, task: data.TaskData | None = None):
+    def __init__(self, model=None, args: TrainConfig | None = None, *, train_dataset=None, eval_dataset=None,
+                 test_dataset=None, tokenizer, compute_metrics=None, task: data.TaskData | None = None,
+                 model_init=None):
+        if model is None and model_init is not None:  # transformers' Trainer(model_init=...)
+            model = training.call_model_init(model_init, None)
+        if model is None:
+            raise ValueError("the Trainer needs a model: pass one, or model_init= (a function returning one)")
         kind = tasks.of_model(model)
         if task is not None and task.task != kind.name:
             theirs = tasks.named(task.task)
@@ -38,7 +43,7 @@ class Trainer(training.Trainer):
                 f"(path, task={theirs.name!r})), or give it {kind.name} data")
         super().__init__(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          test_dataset=test_dataset, tokenizer=tokenizer, compute_metrics=compute_metrics, task=task,
-                         kind=kind)
+                         kind=kind, model_init=model_init)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None, *,

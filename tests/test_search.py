@@ -1,0 +1,166 @@
+"""Hyperparameter search (`Trainer.hyperparameter_search`, `flaxheads search`): one tiny 3-trial
+search shared by most questions (its run folders, study, table, best export, compilations), and a
+few searches of their own where the question needs one (pruning, model_init, resume, workers)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import weakref
+
+import pytest
+from runs import four_step_config
+
+optuna = pytest.importorskip("optuna")
+
+
+def _space(trial):
+    # Every value here is a run-time argument of the train step: one compiled program for the search.
+    return {"learning_rate": trial.suggest_float("learning_rate", 1e-4, 3e-3, log=True),
+            "warmup_ratio": trial.suggest_float("warmup_ratio", 0.0, 0.5),
+            "weight_decay": trial.suggest_float("weight_decay", 0.001, 0.1),
+            "adam_beta2": trial.suggest_float("adam_beta2", 0.98, 0.999),
+            "max_grad_norm": trial.suggest_float("max_grad_norm", 0.5, 2.0)}
+
+
+def _trainer(tiny_bert, snippets_csv, output_dir, **overrides):
+    from flaxheads import Trainer
+
+    settings = dict(eval_steps=2, save_steps=4, max_steps=4)
+    settings.update(overrides)
+    return Trainer.from_config(four_step_config(tiny_bert, snippets_csv, output_dir, **settings))
+
+
+@pytest.fixture(scope="module")
+def searched(tiny_bert, snippets_csv, tmp_path_factory):
+    """Three trials of 4 steps, evaluated every 2, into one output folder (no pruning: the median
+    pruner waits for 5 finished trials by default)."""
+    output_dir = tmp_path_factory.mktemp("search") / "out"
+    best = _trainer(tiny_bert, snippets_csv, output_dir).hyperparameter_search(
+        hp_space=_space, n_trials=3, direction="minimize")
+    return best, output_dir
+
+
+def test_search_returns_transformers_best_run_of_its_best_trial(searched):
+    best, _ = searched
+    study = best.run_summary["study"]
+    assert type(best).__name__ == "BestRun" and best._fields == ("run_id", "objective", "hyperparameters",
+                                                                  "run_summary")
+    assert best.run_id == str(study.best_trial.number)
+    assert best.objective == study.best_trial.value == min(t.value for t in study.trials)
+    assert set(best.hyperparameters) == {"learning_rate", "warmup_ratio", "weight_decay", "adam_beta2",
+                                         "max_grad_norm"}
+
+
+def test_default_objective_of_a_trial_is_the_sum_of_its_eval_metrics(searched):
+    best, output_dir = searched
+    results = json.loads((output_dir / f"run-{best.run_id}" / "results.json").read_text())
+    validation = results["validation"]
+    # transformers' rule: the loss is left out when there are metrics
+    assert best.objective == pytest.approx(sum(v for k, v in validation.items() if k != "loss"))
+
+
+def test_each_trial_is_a_run_folder_of_its_own_with_its_values(searched):
+    best, output_dir = searched
+    for trial in best.run_summary["study"].trials:
+        folder = output_dir / f"run-{trial.number}"
+        run = json.loads((folder / "run.json").read_text())
+        assert run["complete"] and (folder / "results.json").exists() and (folder / "config.json").exists()
+        assert run["identity"]["settings"]["learning_rate"] == trial.params["learning_rate"]
+
+
+def test_one_train_step_program_serves_every_trial(searched):
+    best, _ = searched
+    assert best.run_summary["compilations"] == 1
+
+
+def test_the_study_is_stored_in_sqlite_in_the_output_folder(searched):
+    _, output_dir = searched
+    study = optuna.load_study(study_name="flaxheads-search", storage=f"sqlite:///{output_dir / 'optuna.db'}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+
+
+def test_the_best_trials_export_is_the_searchs_best_model(searched):
+    best, output_dir = searched
+    assert (output_dir / "best_model" / "config.json").read_bytes() == (
+        output_dir / f"run-{best.run_id}" / "config.json").read_bytes()
+    assert (output_dir / "best_model" / "model.safetensors").read_bytes() == (
+        output_dir / f"run-{best.run_id}" / "model.safetensors").read_bytes()
+
+
+def test_the_table_lists_every_trial_with_values_objective_state_steps_and_seconds(searched):
+    best, output_dir = searched
+    lines = (output_dir / "trials.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert header[:3] == ["number", "state", "objective"] and {"learning_rate", "steps", "seconds"} <= set(header)
+    assert len(lines) == 4 and all(",complete," in line for line in lines[1:])
+    assert f"**{best.run_id}** (best)" in (output_dir / "trials.md").read_text()
+
+
+def test_the_report_draws_the_history_importances_and_learning_rate_pictures(searched):
+    _, output_dir = searched
+    assert {p.name for p in (output_dir / "search_report").iterdir()} == {
+        "optimization_history.png", "param_importances.png", "objective_vs_learning_rate.png"}
+
+
+def test_a_search_run_again_runs_no_finished_trial_again(searched, tiny_bert, snippets_csv):
+    best, output_dir = searched
+    again = _trainer(tiny_bert, snippets_csv, output_dir).hyperparameter_search(hp_space=_space, n_trials=3)
+    assert len(again.run_summary["study"].trials) == 3 and again.run_id == best.run_id
+
+
+def test_the_report_refuses_to_overwrite_a_file_no_search_wrote(tmp_path):
+    from flaxheads.training import search_report
+
+    (tmp_path / "trials.csv").write_text("mine")
+    with pytest.raises(ValueError, match="trials.csv .* not written by a search"):
+        search_report._claim(tmp_path, ["trials.csv"])
+    assert (tmp_path / "trials.csv").read_text() == "mine"
+
+
+def test_a_pruned_trial_stops_at_its_first_evaluation_and_its_trainer_is_freed(tiny_bert, snippets_csv, tmp_path,
+                                                                                monkeypatch):
+    from flaxheads.training import trainer as training
+
+    runs = []
+    real = training.Trainer.for_trial
+    monkeypatch.setattr(training.Trainer, "for_trial",
+                        lambda self, *a: runs.append(weakref.ref(run := real(self, *a))) or run)
+    trainer = _trainer(tiny_bert, snippets_csv, tmp_path)
+    with pytest.raises(ValueError, match="no trial of the search finished"):
+        trainer.hyperparameter_search(hp_space=_space, n_trials=2,
+                                      compute_objective=lambda metrics: metrics["eval_loss"],
+                                      pruner=optuna.pruners.ThresholdPruner(upper=0.0))  # every loss > 0: pruned
+    trials = optuna.load_study(study_name="flaxheads-search", storage=f"sqlite:///{tmp_path / 'optuna.db'}").trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
+    assert [t.user_attrs["steps"] for t in trials] == [2, 2]
+    assert [run() for run in runs] == [None, None]
+
+
+def _columns(path):
+    with open(path, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return [r["sentence"] for r in rows], [r["label"] for r in rows]
+
+
+def test_a_trainer_given_model_init_searches_in_memory_calling_it_per_trial(tiny_bert, snippets_csv):
+    import flaxheads
+    from flaxheads.tokenizer import load_tokenizer
+    from flaxheads.training.config import TrainConfig
+
+    calls = []
+
+    def model_init(trial):
+        calls.append(trial)
+        return flaxheads.SequenceClassifier.from_pretrained(tiny_bert, num_labels=2, seed=3)
+
+    args = TrainConfig(output_dir=None, max_steps=2, per_device_train_batch_size=16, max_seq_length=32,
+                       disable_tqdm=True, seed=3)
+    trainer = flaxheads.Trainer(model_init=model_init, args=args, train_dataset=_columns(snippets_csv["train"]),
+                                eval_dataset=_columns(snippets_csv["validation"]),
+                                tokenizer=load_tokenizer(tiny_bert)[0])
+    best = trainer.hyperparameter_search(direction="maximize", n_trials=2, hp_space=lambda trial: {
+        "learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-3)})
+    assert calls[0] is None and len(calls) == 3 and all(isinstance(t, optuna.Trial) for t in calls[1:])
+    assert best.objective == max(t.value for t in best.run_summary["study"].trials)
+    assert best.run_summary["output_dir"] is None
