@@ -164,3 +164,65 @@ def test_a_trainer_given_model_init_searches_in_memory_calling_it_per_trial(tiny
     assert calls[0] is None and len(calls) == 3 and all(isinstance(t, optuna.Trial) for t in calls[1:])
     assert best.objective == max(t.value for t in best.run_summary["study"].trials)
     assert best.run_summary["output_dir"] is None
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_search_flags_read_ranges_choices_and_plain_values():
+    from flaxheads.cli import build_parser
+    from flaxheads.training.search_space import Choice, Range
+
+    args = build_parser().parse_args(["search", "--learning_rate", "1e-5:3e-4:log", "--warmup_ratio", "0:0.2",
+                                      "--num_train_epochs", "1:4", "--lr_scheduler_type", "linear,cosine",
+                                      "--per_device_train_batch_size", "8,16", "--weight_decay", "0:0.1:0.01",
+                                      "--max_steps", "5"])
+    assert args.learning_rate == Range(1e-5, 3e-4, float, log=True)
+    assert args.warmup_ratio == Range(0.0, 0.2, float)
+    assert args.num_train_epochs == Range(1.0, 4.0, float)  # a float field: epochs may be fractions
+    assert args.weight_decay == Range(0.0, 0.1, float, step=0.01)
+    assert args.lr_scheduler_type == Choice(("linear", "cosine"))
+    assert args.per_device_train_batch_size == Choice((8, 16))
+    assert args.max_steps == 5
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--learning_rate", "3e-4:1e-5"], "argument --learning_rate: --learning_rate 3e-4:1e-5: the range's low end "
+                                       "must be below its high end (--learning_rate 1e-5:3e-4)"),
+    (["--learning_rate", "0:1e-3:log"], "a log range needs a positive low end, or drop :log"),
+    (["--lr_scheduler_type", "linear,cosin"], "--lr_scheduler_type cosin: choose from linear, cosine, constant"),
+    (["--learning_rate", "1e-5:x"], "e.g. --learning_rate 1e-5:3e-4:log"),
+])
+def test_a_bad_range_or_choice_is_refused_naming_the_flag_and_the_fix(argv, said, capsys):
+    from flaxheads.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["search", *argv])
+    assert said in capsys.readouterr().err
+
+
+def test_a_search_space_in_json_reads_as_the_flags_do(tmp_path):
+    from flaxheads.training.search_space import Choice, Range, from_json
+
+    kinds, choices = {"learning_rate": float, "lr_scheduler_type": str, "warmup_ratio": float}, {}
+    text = '{"learning_rate": "1e-5:3e-4:log", "lr_scheduler_type": ["linear", "cosine"], ' \
+           '"warmup_ratio": {"low": 0, "high": 0.2}}'
+    (tmp_path / "space.json").write_text(text)
+    expected = {"learning_rate": Range(1e-5, 3e-4, float, log=True), "lr_scheduler_type": Choice(("linear", "cosine")),
+                "warmup_ratio": Range(0.0, 0.2, float)}
+    assert from_json(text, kinds, choices) == from_json(str(tmp_path / "space.json"), kinds, choices) == expected
+    with pytest.raises(ValueError, match="--search_space names 'learning_rat', which is no flag"):
+        from_json('{"learning_rat": "1:2"}', kinds, choices)
+
+
+def test_search_without_a_space_says_how_to_give_one(capsys):
+    from flaxheads.cli import main
+
+    assert main(["search", "--max_steps", "2"]) == 2
+    assert "give a range or choices, e.g. --learning_rate 1e-5:3e-4:log" in capsys.readouterr().err
+
+
+def test_metric_for_best_model_reads_transformers_eval_prefix():
+    from flaxheads.training.config import TrainConfig
+
+    assert TrainConfig(metric_for_best_model="eval_macro_f1").metric_for_best_model == "macro_f1"

@@ -205,7 +205,8 @@ def run_search(trainer, hp_space: Callable | None, compute_objective: Callable |
     if directions is None:
         kwargs.setdefault("pruner", optuna.pruners.MedianPruner())
     kwargs["storage"] = storage_of(kwargs.get("storage") or default_storage(output_dir))
-    kwargs.setdefault("study_name", STUDY_NAME if kwargs["storage"] is not None else None)
+    if kwargs.get("study_name") is None and kwargs["storage"] is not None:
+        kwargs["study_name"] = STUDY_NAME
     if output_dir is not None:
         atomic.require_folder(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
