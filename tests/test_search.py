@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
+import subprocess
+import sys
+import time
 import weakref
 
 import pytest
@@ -226,3 +230,62 @@ def test_metric_for_best_model_reads_transformers_eval_prefix():
     from flaxheads.training.config import TrainConfig
 
     assert TrainConfig(metric_for_best_model="eval_macro_f1").metric_for_best_model == "macro_f1"
+
+
+def _search_command(tiny_bert, snippets_csv, output_dir, *extra):
+    return [sys.executable, "-m", "flaxheads.cli", "search", "--model_name_or_path", str(tiny_bert),
+            "--train_file", str(snippets_csv["train"]), "--validation_file", str(snippets_csv["validation"]),
+            "--text_column", "sentence", "--max_seq_length", "32", "--per_device_train_batch_size", "16",
+            "--max_steps", "4", "--eval_steps", "2", "--save_steps", "2", "--disable_tqdm", "--seed", "3",
+            "--learning_rate", "1e-4:3e-3:log", "--warmup_ratio", "0:0.3", "--output_dir", str(output_dir), *extra]
+
+
+def _stored(output_dir):
+    storage = f"sqlite:///{output_dir / 'optuna.db'}"
+    return optuna.load_study(study_name="flaxheads-search", storage=storage).trials
+
+
+@pytest.mark.slow  # three processes of the command, each importing jax and training tiny runs
+def test_a_search_killed_after_its_first_trial_resumes_without_repeating_finished_trials(tiny_bert, snippets_csv,
+                                                                                         tmp_path):
+    output_dir = tmp_path / "out"
+    command = _search_command(tiny_bert, snippets_csv, output_dir, "--n_trials", "3")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        done = []
+        while process.poll() is None and not done:
+            time.sleep(0.2)
+            if (output_dir / "optuna.db").exists():
+                done = [t for t in _stored(output_dir) if t.state == optuna.trial.TrialState.COMPLETE]
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait()
+    first = {t.number: t.params for t in _stored(output_dir) if t.state == optuna.trial.TrialState.COMPLETE}
+    assert first, "the search ended before it was killed"
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = _stored(output_dir)
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 3 and all(first[n] == t.params for t in complete for n in [t.number] if n in first)
+    assert len({t.user_attrs["run_name"] for t in complete}) == 3  # no run done twice
+    summary = json.loads(result.stdout[result.stdout.rindex("\n{\n"):result.stdout.rindex("\n}") + 2])
+    assert summary["best_run"] in {str(t.number) for t in complete} and summary["train_step_compilations"] == 1
+
+
+@pytest.mark.slow  # two processes of the command at once
+def test_two_worker_processes_share_one_study_through_its_storage(tiny_bert, snippets_csv, tmp_path):
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    command = _search_command(tiny_bert, snippets_csv, output_dir, "--n_trials", "4",
+                              "--storage", f"journal:{output_dir / 'journal.log'}")
+    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [worker.communicate(timeout=600) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
+    from optuna.storages.journal import JournalFileBackend
+
+    study = optuna.load_study(study_name="flaxheads-search",
+                              storage=optuna.storages.JournalStorage(JournalFileBackend(str(output_dir / "journal.log"))))
+    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(finished) >= 4
+    assert {t.user_attrs["owner"]["pid"] for t in finished} == {worker.pid for worker in workers}
+    assert len({t.user_attrs["run_name"] for t in finished}) == len(finished)
