@@ -17,6 +17,8 @@ from runs import four_step_config
 
 optuna = pytest.importorskip("optuna")
 
+searches = pytest.mark.slow  # trains tiny runs: the module's search (~40 CPU-s once, shared), or one of its own
+
 
 def _space(trial):
     # Every value here is a run-time argument of the train step: one compiled program for the search.
@@ -45,6 +47,7 @@ def searched(tiny_bert, snippets_csv, tmp_path_factory):
     return best, output_dir
 
 
+@searches
 def test_search_returns_transformers_best_run_of_its_best_trial(searched):
     best, _ = searched
     study = best.run_summary["study"]
@@ -56,6 +59,7 @@ def test_search_returns_transformers_best_run_of_its_best_trial(searched):
                                          "max_grad_norm"}
 
 
+@searches
 def test_default_objective_of_a_trial_is_the_sum_of_its_eval_metrics(searched):
     best, output_dir = searched
     results = json.loads((output_dir / f"run-{best.run_id}" / "results.json").read_text())
@@ -64,6 +68,7 @@ def test_default_objective_of_a_trial_is_the_sum_of_its_eval_metrics(searched):
     assert best.objective == pytest.approx(sum(v for k, v in validation.items() if k != "loss"))
 
 
+@searches
 def test_each_trial_is_a_run_folder_of_its_own_with_its_values(searched):
     best, output_dir = searched
     for trial in best.run_summary["study"].trials:
@@ -73,17 +78,20 @@ def test_each_trial_is_a_run_folder_of_its_own_with_its_values(searched):
         assert run["identity"]["settings"]["learning_rate"] == trial.params["learning_rate"]
 
 
+@searches
 def test_one_train_step_program_serves_every_trial(searched):
     best, _ = searched
     assert best.run_summary["compilations"] == 1
 
 
+@searches
 def test_the_study_is_stored_in_sqlite_in_the_output_folder(searched):
     _, output_dir = searched
     study = optuna.load_study(study_name="flaxheads-search", storage=f"sqlite:///{output_dir / 'optuna.db'}")
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
 
 
+@searches
 def test_the_best_trials_export_is_the_searchs_best_model(searched):
     best, output_dir = searched
     assert (output_dir / "best_model" / "config.json").read_bytes() == (
@@ -92,6 +100,7 @@ def test_the_best_trials_export_is_the_searchs_best_model(searched):
         output_dir / f"run-{best.run_id}" / "model.safetensors").read_bytes()
 
 
+@searches
 def test_the_table_lists_every_trial_with_values_objective_state_steps_and_seconds(searched):
     best, output_dir = searched
     lines = (output_dir / "trials.csv").read_text().splitlines()
@@ -101,12 +110,14 @@ def test_the_table_lists_every_trial_with_values_objective_state_steps_and_secon
     assert f"**{best.run_id}** (best)" in (output_dir / "trials.md").read_text()
 
 
+@searches
 def test_the_report_draws_the_history_importances_and_learning_rate_pictures(searched):
     _, output_dir = searched
     assert {p.name for p in (output_dir / "search_report").iterdir()} == {
         "optimization_history.png", "param_importances.png", "objective_vs_learning_rate.png"}
 
 
+@searches
 def test_a_search_run_again_runs_no_finished_trial_again(searched, tiny_bert, snippets_csv):
     best, output_dir = searched
     again = _trainer(tiny_bert, snippets_csv, output_dir).hyperparameter_search(hp_space=_space, n_trials=3)
@@ -122,6 +133,7 @@ def test_the_report_refuses_to_overwrite_a_file_no_search_wrote(tmp_path):
     assert (tmp_path / "trials.csv").read_text() == "mine"
 
 
+@searches
 def test_a_pruned_trial_stops_at_its_first_evaluation_and_its_trainer_is_freed(tiny_bert, snippets_csv, tmp_path,
                                                                                 monkeypatch):
     from flaxheads.training import trainer as training
@@ -147,6 +159,7 @@ def _columns(path):
     return [r["sentence"] for r in rows], [r["label"] for r in rows]
 
 
+@searches
 def test_a_trainer_given_model_init_searches_in_memory_calling_it_per_trial(tiny_bert, snippets_csv):
     import flaxheads
     from flaxheads.tokenizer import load_tokenizer
