@@ -130,7 +130,6 @@ def draw(study, folder: Path) -> list[Path]:
     """Optuna's matplotlib pictures of `study` as PNGs in `folder`; one that cannot be drawn (too
     few finished trials, a single value searched) is left out with a note."""
     import optuna.visualization.matplotlib as views
-    from optuna.exceptions import ExperimentalWarning
 
     plt = plotting.pyplot()
     pictures = {"optimization_history.png": lambda: views.plot_optimization_history(study),
@@ -141,8 +140,8 @@ def draw(study, folder: Path) -> list[Path]:
     drawn = []
     for name, plot in pictures.items():
         try:
-            with warnings.catch_warnings():  # "experimental" since Optuna 2.2: said once per picture otherwise
-                warnings.simplefilter("ignore", ExperimentalWarning)
+            with warnings.catch_warnings():  # "experimental" since Optuna 2.2, "equal importances", "no legend"
+                warnings.simplefilter("ignore", UserWarning)
                 axes = plot()
         except Exception as error:  # noqa: BLE001 (a picture is extra; the table holds the numbers)
             print(f"note: search report: {name} not drawn ({type(error).__name__}: {error})", file=sys.stderr)
