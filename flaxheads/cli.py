@@ -217,6 +217,10 @@ def _train(args) -> int:
     return 0
 
 
+SEARCH_OUTPUT_DIR = "runs/minilm-movie_snippets-search"
+"""`flaxheads search`'s default --output_dir: beside `flaxheads train`'s default run, not in it."""
+
+
 def _search(args) -> int:
     from flaxheads.tasks.runs import search
 
@@ -344,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "sqlite in OUTPUT_DIR/optuna.db")
     p.add_argument("--study_name", help="the study's name in the storage; default: flaxheads-search")
     p.add_argument("--timeout", type=float, help="seconds after which no new trial starts")
-    p.set_defaults(run=_search)
+    p.set_defaults(run=_search, output_dir=SEARCH_OUTPUT_DIR)  # a search's folder, never train's default run
 
     p = add_parser("evaluate", help="metrics of a saved classifier on a data split")
     _add_train_flags(p)
