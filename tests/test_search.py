@@ -281,6 +281,7 @@ def test_a_search_killed_after_its_first_trial_resumes_without_repeating_finishe
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == 3 and all(first[n] == t.params for t in complete for n in [t.number] if n in first)
     assert len({t.user_attrs["run_name"] for t in complete}) == 3  # no run done twice
+    assert len({tuple(sorted(t.params.items())) for t in complete}) == 3  # the resumed sampler drew new values
     summary = json.loads(result.stdout[result.stdout.rindex("\n{\n"):result.stdout.rindex("\n}") + 2])
     assert summary["best_run"] in {str(t.number) for t in complete} and summary["train_step_compilations"] == 1
 
@@ -302,3 +303,4 @@ def test_two_worker_processes_share_one_study_through_its_storage(tiny_bert, sni
     assert len(finished) >= 4
     assert {t.user_attrs["owner"]["pid"] for t in finished} == {worker.pid for worker in workers}
     assert len({t.user_attrs["run_name"] for t in finished}) == len(finished)
+    assert len({tuple(sorted(t.params.items())) for t in finished}) == len(finished)  # workers drew apart

@@ -98,20 +98,20 @@ class TrainStepCompilations:
 
     def __init__(self):
         self.count = 0
-        self._active = False
 
     def __enter__(self) -> TrainStepCompilations:
         import jax
 
-        self._active = True
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._active = False  # jax keeps its listeners; an inactive one counts nothing
+        import jax
+
+        jax.monitoring.unregister_event_duration_listener(self._on_duration)
 
     def _on_duration(self, event: str, seconds: float, *, fun_name: str = "", **_) -> None:
-        if self._active and event == "/jax/core/compile/backend_compile_duration" and "train_step" in fun_name:
+        if event == "/jax/core/compile/backend_compile_duration" and "train_step" in fun_name:
             self.count += 1
 
 
@@ -159,6 +159,17 @@ def retry_abandoned(study) -> list[int]:
     return retried
 
 
+def sampler_seed(seed: int, study, shared: bool) -> int:
+    """The TPE sampler's seed: `seed` for a new study, so one search is reproduced by the same
+    command; plus the trials the study holds already, so a resumed search does not draw its first
+    trials' values again; and, in a storage given to share (several workers), a number of this
+    process, so workers started together do not draw the same values."""
+    offset = len(study.get_trials(deepcopy=False))
+    if shared:
+        offset += 7919 * (os.getpid() % 10007)
+    return seed + offset
+
+
 def finished_count(study) -> int:
     optuna = import_optuna()
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
@@ -201,17 +212,19 @@ def run_search(trainer, hp_space: Callable | None, compute_objective: Callable |
     directions = direction if isinstance(direction, (list, tuple)) else None
     timeout, catch = kwargs.pop("timeout", None), kwargs.pop("catch", ())
     kwargs.pop("n_jobs", None)  # one trial at a time per process: several workers share a storage instead
-    kwargs.setdefault("sampler", optuna.samplers.TPESampler(seed=trainer.args.seed))
-    if directions is None:
-        kwargs.setdefault("pruner", optuna.pruners.MedianPruner())
+    shared = kwargs.get("storage") is not None
     kwargs["storage"] = storage_of(kwargs.get("storage") or default_storage(output_dir))
     if kwargs.get("study_name") is None and kwargs["storage"] is not None:
         kwargs["study_name"] = STUDY_NAME
     if output_dir is not None:
         atomic.require_folder(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
+    sampler = kwargs.pop("sampler", None)
+    if directions is None:
+        kwargs.setdefault("pruner", optuna.pruners.MedianPruner())
     study = optuna.create_study(direction=None if directions else direction, directions=directions,
                                 load_if_exists=kwargs["storage"] is not None, **kwargs)
+    study.sampler = sampler or optuna.samplers.TPESampler(seed=sampler_seed(trainer.args.seed, study, shared))
     retried = retry_abandoned(study)
     if retried:
         print0(f"search: trial(s) {retried} were cut off (their process is gone); queued again to resume from their "
