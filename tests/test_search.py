@@ -304,3 +304,40 @@ def test_two_worker_processes_share_one_study_through_its_storage(tiny_bert, sni
     assert {t.user_attrs["owner"]["pid"] for t in finished} == {worker.pid for worker in workers}
     assert len({t.user_attrs["run_name"] for t in finished}) == len(finished)
     assert len({tuple(sorted(t.params.items())) for t in finished}) == len(finished)  # workers drew apart
+
+
+# -- the pieces, without training ---------------------------------------------------------------
+
+
+def test_default_objective_is_transformers_loss_alone_else_the_sum_of_metrics_without_speed():
+    from flaxheads.training.search import default_compute_objective
+
+    assert default_compute_objective({"eval_loss": 0.4, "epoch": 2.0, "eval_runtime": 3.0}) == 0.4
+    assert default_compute_objective({"eval_loss": 0.4, "eval_accuracy": 0.75, "eval_f1": 0.5,
+                                      "eval_samples_per_second": 90.0}) == 1.25
+
+
+def test_a_space_naming_no_trainconfig_field_is_refused_with_the_fields_to_name():
+    from flaxheads.training.search import check_space
+
+    with pytest.raises(ValueError, match="hp_space gave learnig_rate, which TrainConfig has no field for"):
+        check_space({"learnig_rate": 1e-4})
+    with pytest.raises(ValueError, match="name it with hp_name="):
+        check_space({"output_dir": "x"})
+
+
+def test_a_storage_is_a_database_url_or_a_journal_file(tmp_path):
+    from flaxheads.training.search import storage_of
+
+    assert storage_of("sqlite:///x.db") == "sqlite:///x.db"
+    assert isinstance(storage_of(f"journal:{tmp_path / 'j'}"), optuna.storages.JournalStorage)
+    with pytest.raises(ValueError, match="pass sqlite:///PATH, postgresql://..., or journal:PATH"):
+        storage_of("x.db")
+
+
+def test_a_search_trains_nothing_when_a_value_of_its_space_is_no_valid_setting():
+    from flaxheads.training.config import TrainConfig
+    from flaxheads.training.search_space import Range, check
+
+    with pytest.raises(ValueError, match="warmup_ratio=1.5: it must be in"):
+        check({"warmup_ratio": Range(0.0, 1.5, float)}, TrainConfig(output_dir=None))
