@@ -299,8 +299,8 @@ def test_two_worker_processes_share_one_study_through_its_storage(tiny_bert, sni
     assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
     from optuna.storages.journal import JournalFileBackend
 
-    study = optuna.load_study(study_name="flaxheads-search",
-                              storage=optuna.storages.JournalStorage(JournalFileBackend(str(output_dir / "journal.log"))))
+    journal = optuna.storages.JournalStorage(JournalFileBackend(str(output_dir / "journal.log")))
+    study = optuna.load_study(study_name="flaxheads-search", storage=journal)
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(finished) >= 4
     assert {t.user_attrs["owner"]["pid"] for t in finished} == {worker.pid for worker in workers}
