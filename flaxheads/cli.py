@@ -20,6 +20,7 @@ import typing
 # import what they run in their own functions.
 from flaxheads import compile_cache, host_memory, names, notes, quiet_imports
 from flaxheads.names import HEAD_NAMES
+from flaxheads.training import search_space
 from flaxheads.training.config import CHOICES, COMMAND_LINE_DEFAULTS, TrainConfig, field_docs
 
 
@@ -159,9 +160,23 @@ def flag_choices() -> dict[str, tuple[str, ...]]:
     return {**CHOICES, **names.TASK_SETTINGS}
 
 
-def _add_train_flags(parser: argparse.ArgumentParser) -> None:
+def _searchable(name: str, kind: type, choices) -> typing.Callable[[str], typing.Any]:
+    """`flaxheads search`'s reading of a train flag: a value, or a range or choices to search
+    (`training.search_space.parse`), its errors in argparse's words."""
+    def read(text: str):
+        try:
+            return search_space.parse(name, text, kind, choices)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    read.__name__ = kind.__name__
+    return read
+
+
+def _add_train_flags(parser: argparse.ArgumentParser, *, searchable: bool = False) -> None:
     """One flag per TrainConfig field, same name and default, its docstring as help and, for the
-    fields in `flag_choices`, only those values; booleans get --x / --no_x."""
+    fields in `flag_choices`, only those values; booleans get --x / --no_x. `searchable`: a
+    number's or a choice's flag also takes a range or choices to search (`flaxheads search`)."""
     docs, choices = field_docs(), flag_choices()
     for field in dataclasses.fields(TrainConfig):
         kind = _flag_type(field)
@@ -173,6 +188,9 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
                                 default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         elif kind is tuple:  # a list of names: --lora_target_modules query value
             parser.add_argument(flag, nargs="+", default=default, help=doc)
+        elif searchable and (kind in (int, float) or field.name in choices):
+            parser.add_argument(flag, type=_searchable(field.name, kind, choices.get(field.name)), default=default,
+                                help=doc)
         else:
             parser.add_argument(flag, type=kind, default=default, choices=choices.get(field.name), help=doc)
 
@@ -196,6 +214,41 @@ def _train(args) -> int:
             print("report: " + ", ".join(str(pathlib.Path(config.output_dir) / name) for name in results["report"]))
     else:
         print(f"scored without training (--no_do_train) in {results['seconds']:.0f} s")
+    return 0
+
+
+SEARCH_OUTPUT_DIR = "runs/minilm-movie_snippets-search"
+"""`flaxheads search`'s default --output_dir: beside `flaxheads train`'s default run, not in it."""
+
+
+def _search(args) -> int:
+    from flaxheads.tasks.runs import search
+
+    values, space = {}, {}
+    for field in dataclasses.fields(TrainConfig):
+        value = getattr(args, field.name)
+        if isinstance(value, (search_space.Range, search_space.Choice)):
+            space[field.name], value = value, COMMAND_LINE_DEFAULTS.get(field.name, field.default)
+        values[field.name] = value
+    if args.search_space:
+        kinds = {field.name: _flag_type(field) for field in dataclasses.fields(TrainConfig)}
+        given = search_space.from_json(args.search_space, kinds, flag_choices())
+        twice = sorted(set(given) & set(space))
+        if twice:
+            raise ValueError(f"{', '.join(twice)} searched twice, by its flag and by --search_space: keep one")
+        space.update(given)
+    if not space:
+        raise ValueError("flaxheads search needs something to search: give a range or choices, e.g. --learning_rate "
+                         "1e-5:3e-4:log --warmup_ratio 0:0.2, or --search_space FILE_OR_JSON")
+    config = TrainConfig(**values)
+    print(f"search: {search_space.described(space)}; {args.n_trials} trials", file=sys.stderr)
+    best = search(config, space, n_trials=args.n_trials, direction=args.direction, storage=args.storage,
+                  study_name=args.study_name, timeout=args.timeout)
+    summary = best.run_summary
+    print(json.dumps({"best_run": best.run_id, "objective": best.objective, "hyperparameters": best.hyperparameters,
+                      "best_model": str(summary.get("best_model")), "train_step_compilations": summary["compilations"]},
+                     indent=2))
+    print("report: " + ", ".join(str(path) for path in summary.get("report", ())))
     return 0
 
 
@@ -274,6 +327,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("train", help="fine-tune a classifier (no flags: MiniLM on movie_snippets)")
     _add_train_flags(p)
     p.set_defaults(run=_train)
+
+    p = add_parser("search", help="hyperparameter search over train runs on Optuna (e.g. --learning_rate "
+                                  "1e-5:3e-4:log --warmup_ratio 0:0.2), resumable, with pruning",
+                   description="Trains --n_trials runs, each a run folder in --output_dir, with values from the ranges "
+                               "(LOW:HIGH, LOW:HIGH:log, LOW:HIGH:STEP) and choices (A,B) given to train's flags or "
+                               "in --search_space; scores each by --metric_for_best_model (default: the task's "
+                               "metric). The study is stored in OUTPUT_DIR/optuna.db (or --storage): the same "
+                               "command again resumes it, and several processes may share it.")
+    _add_train_flags(p, searchable=True)
+    p.add_argument("--n_trials", type=int, default=20,
+                   help="trials the study should have finished (complete or pruned); a resumed search runs the rest")
+    p.add_argument("--direction", choices=["minimize", "maximize"],
+                   help="whether the objective is minimized or maximized; default: the metric's own direction")
+    p.add_argument("--search_space", metavar="FILE_OR_JSON",
+                   help='ranges and choices as JSON, e.g. \'{"learning_rate": "1e-5:3e-4:log", "lr_scheduler_type": '
+                        '["linear", "cosine"]}\'')
+    p.add_argument("--storage", help="Optuna storage shared by the search's processes: a database URL "
+                                     "(sqlite:///PATH, postgresql://...) or journal:PATH; default: "
+                                     "sqlite in OUTPUT_DIR/optuna.db")
+    p.add_argument("--study_name", help="the study's name in the storage; default: flaxheads-search")
+    p.add_argument("--timeout", type=float, help="seconds after which no new trial starts")
+    p.set_defaults(run=_search, output_dir=SEARCH_OUTPUT_DIR)  # a search's folder, never train's default run
 
     p = add_parser("evaluate", help="metrics of a saved classifier on a data split")
     _add_train_flags(p)

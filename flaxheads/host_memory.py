@@ -27,7 +27,7 @@ TUNABLE = "glibc.malloc.hugetlb=1"
 """The glibc tunable; `scripts/python_env.sh` spells the same."""
 ENVIRONMENT_VARIABLE = "FLAXHEADS_HUGE_PAGES"
 """"off" leaves glibc's allocation as it is."""
-LONG_COMMANDS = ("train", "study", "bench")
+LONG_COMMANDS = ("train", "search", "study", "bench")
 """Commands worth starting again with the tunable (`restart_with_huge_pages`): a second start costs
 a few milliseconds (`launcher`), a train step of the default job gains ~12%."""
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"

@@ -15,8 +15,8 @@ import pytest
 from flaxheads import names, notes
 from flaxheads.cli import _in_flag_terms, build_parser, main
 
-HEAVY = ("jax", "flax", "datasets", "transformers", "torch")
-COMMANDS = [[], ["convert"], ["inspect"], ["train"], ["evaluate"], ["predict"], ["report"], ["bench"], ["study"],
+HEAVY = ("jax", "flax", "datasets", "transformers", "torch", "optuna")
+COMMANDS = [[], ["convert"], ["inspect"], ["train"], ["search"], ["evaluate"], ["predict"], ["report"], ["bench"], ["study"],
             ["study", "run"], ["study", "report"]]
 """Every command and subcommand of `flaxheads` (a test below checks that the list is whole)."""
 
@@ -41,7 +41,7 @@ def test_the_list_of_commands_is_every_command_of_the_parser():
     assert sorted(path for path, _ in _parsers(build_parser())) == sorted(COMMANDS)
 
 
-def test_every_commands_help_imports_no_jax_flax_datasets_transformers_or_torch():
+def test_every_commands_help_imports_no_jax_flax_datasets_transformers_torch_or_optuna():
     code = (
         "import json, sys\n"
         "from flaxheads.cli import main\n"

@@ -29,11 +29,15 @@ def _logits_predicting(predicted, num_classes):
 
 def _sklearn_single_label(logits, labels):
     predicted = logits.argmax(-1)
-    return {
+    expected = {
         "accuracy": skm.accuracy_score(labels, predicted),
         "macro_f1": skm.f1_score(labels, predicted, average="macro"),
         "mcc": skm.matthews_corrcoef(labels, predicted),
     }
+    if logits.shape[1] == 2:  # run_glue's MRPC/QQP f1: the positive class's
+        for name, score in (("f1", skm.f1_score), ("precision", skm.precision_score), ("recall", skm.recall_score)):
+            expected[name] = score(labels, predicted, average="binary", zero_division=0.0)
+    return expected
 
 
 def _sklearn_multi_label(logits, labels):
@@ -403,3 +407,12 @@ def test_lower_is_better_for_errors_and_loss(name):
 def test_higher_is_better_rejects_unknown_metric():
     with pytest.raises(ValueError, match="accuracyy"):
         metrics.higher_is_better("accuracyy")
+
+
+@pytest.mark.filterwarnings("ignore:A single label was found")
+def test_binary_precision_and_recall_are_zero_where_sklearn_divides_by_zero():
+    labels = np.array([0, 0, 0, 1])
+    logits = _logits_predicting(np.zeros(4, dtype=int), num_classes=2)  # never predicts the positive class
+    actual = metrics.compute_metrics("single_label_classification", logits, labels)
+    assert (actual["f1"], actual["precision"], actual["recall"]) == (0.0, 0.0, 0.0)
+    _assert_metrics_close(actual, _sklearn_single_label(logits, labels))

@@ -106,3 +106,29 @@ def test_updates_with_run_time_schedule_numbers_equal_those_with_constants(kind)
             states[name] = (optax.apply_updates(p, u), s)
     for ours, theirs in zip(jax.tree.leaves(states["given"]), jax.tree.leaves(states["constant"])):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_grad_norm, weight_decay", [(0.5, 0.05), (None, 0.05), (1.0, 0.0)])
+def test_run_time_optimizer_numbers_update_as_the_same_numbers_made_constants(max_grad_norm, weight_decay):
+    """An optimizer made with the default betas, epsilon, decay and clipping norm, given other
+    numbers at run time (`optimizer_values`), updates bit for bit as the optimizer made with them:
+    a search over them shares one compiled step and changes no result."""
+    params = _params()
+    schedule = optim.learning_rate_schedule(1e-2, 9, 3)
+    numbers = dict(weight_decay=weight_decay, max_grad_norm=max_grad_norm, adam_b1=0.8, adam_b2=0.99, adam_eps=1e-6)
+    constant = optim.make_optimizer(schedule, **numbers)
+    given = optim.make_optimizer(schedule, weight_decay=weight_decay and 0.01, max_grad_norm=max_grad_norm and 1.0)
+    values = {**schedule.values(), **optim.optimizer_values(**numbers)}
+    rng = np.random.default_rng(2)
+    states = {"given": (params, given.init(params)), "constant": (params, constant.init(params))}
+    updates = {"given": jax.jit(lambda g, s, p, v: given.update(g, s, p, schedule_values=v)),
+               "constant": jax.jit(lambda g, s, p, v: constant.update(g, s, p, schedule_values=v))}
+    for step in range(5):  # gradients large and small: clipping on some steps, off on others
+        grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * 10.0 ** (step % 3 - 2), p.dtype), params)
+        for name, update in updates.items():
+            p, s = states[name]
+            u, s = update(grads, s, p, values if name == "given" else schedule.values())
+            states[name] = (optax.apply_updates(p, u), s)
+    for ours, theirs in zip(jax.tree.leaves(states["given"]), jax.tree.leaves(states["constant"])):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))

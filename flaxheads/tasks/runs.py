@@ -27,8 +27,13 @@ from flaxheads.training.sharding import Layout
 class Trainer(training.Trainer):
     __doc__ = training.Trainer.__doc__
 
-    def __init__(self, model, args: TrainConfig | None = None, *, train_dataset=None, eval_dataset=None,
-                 test_dataset=None, tokenizer, compute_metrics=None, task: data.TaskData | None = None):
+    def __init__(self, model=None, args: TrainConfig | None = None, *, train_dataset=None, eval_dataset=None,
+                 test_dataset=None, tokenizer, compute_metrics=None, task: data.TaskData | None = None,
+                 model_init=None):
+        if model is None and model_init is not None:  # transformers' Trainer(model_init=...)
+            model = training.call_model_init(model_init, None)
+        if model is None:
+            raise ValueError("the Trainer needs a model: pass one, or model_init= (a function returning one)")
         kind = tasks.of_model(model)
         if task is not None and task.task != kind.name:
             theirs = tasks.named(task.task)
@@ -38,7 +43,7 @@ class Trainer(training.Trainer):
                 f"(path, task={theirs.name!r})), or give it {kind.name} data")
         super().__init__(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          test_dataset=test_dataset, tokenizer=tokenizer, compute_metrics=compute_metrics, task=task,
-                         kind=kind)
+                         kind=kind, model_init=model_init)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, task: data.TaskData | None = None, *,
@@ -49,15 +54,8 @@ class Trainer(training.Trainer):
         src = open_model(cfg) if model_folder is None else model_folder
         if task is None:
             task = load_task(**(cfg.data_source() if cfg.do_train else scoring_source(cfg, src)))
-        kind = tasks.named(task.task)
         tokenizer, pad_token_id = load_tokenizer(src, cfg.tokenizer_name)
-        layout = Layout.create(cfg.mesh)
-        model, loading_info = kind.model_class.from_pretrained(
-            src, pad_token_id=pad_token_id, **kind.load_settings(task, cfg),
-            classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, param_dtype=cfg.param_dtype, seed=cfg.seed,
-            ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
-            placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
-        )
+        model, loading_info = _load_model(cfg, src, task, pad_token_id)
         if not cfg.do_train:
             require_trained(loading_info, model, src, fix="do_train is off: train it (do_train=True) or pass a trained "
                             "model folder as model_name_or_path")
@@ -67,6 +65,19 @@ class Trainer(training.Trainer):
         trainer.data_identity = None
         trainer.loading_info = loading_info
         return trainer
+
+
+def _load_model(cfg: TrainConfig, src: Checkpoint, task: data.TaskData, pad_token_id, *, seed: int | None = None):
+    """(model, loading info): the model of `task`'s task from `src`, as `cfg` loads it (placed on
+    the mesh as it loads); `seed` for its new weights instead of cfg.seed."""
+    kind = tasks.named(task.task)
+    layout = Layout.create(cfg.mesh)
+    return kind.model_class.from_pretrained(
+        src, pad_token_id=pad_token_id, **kind.load_settings(task, cfg),
+        classifier_dropout=cfg.classifier_dropout, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        seed=cfg.seed if seed is None else seed, ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
+        placement=layout.param_sharding if cfg.parallel == "jit" else None, output_loading_info=True,
+    )
 
 
 def open_model(cfg: TrainConfig) -> Checkpoint:
@@ -112,4 +123,36 @@ def train(cfg: TrainConfig = TrainConfig()) -> dict[str, Any]:
     return output.metrics
 
 
-__all__ = ["Trainer", "open_model", "scoring_source", "train"]
+def search(cfg: TrainConfig, space: dict, *, n_trials: int = 20, direction: str | None = None,
+           storage: str | None = None, study_name: str | None = None, timeout: float | None = None):
+    """The hyperparameter search behind `flaxheads search`: trials of `train(cfg)` with the values
+    `space` gives (`training.search_space`: {field: Range or Choice}), each in a run folder under
+    `cfg.output_dir`, scored by metric_for_best_model (with or without `eval_`; default the task's
+    own metric) in its direction unless `direction` says otherwise. The model is loaded from its
+    folder for each trial, as `train` loads it. Returns the best trial's `BestRun`
+    (`Trainer.hyperparameter_search`)."""
+    from flaxheads.training import search_space
+    from flaxheads.training.metrics import higher_is_better
+
+    initialize_distributed(cfg.coordinator_address, cfg.num_processes, cfg.process_id, auto=cfg.distributed)
+    if cfg.output_dir is None:
+        raise ValueError("search() needs output_dir=: each trial is a run folder in it, beside the study's storage")
+    search_space.check(space, cfg)
+    run_dir.check_output_dir(cfg.output_dir)
+    model_folder = open_model(cfg)
+    run_dir.refuse_output_inside_model(cfg.output_dir, model_folder.folder)
+    trainer = Trainer.from_config(cfg, model_folder=model_folder)
+    pad_token_id = load_tokenizer(model_folder, cfg.tokenizer_name)[1]
+    # Each trial's model as `train` would load it (its seed too, when searched): from the folder.
+    trainer.model_init = lambda trial: _load_model(cfg, model_folder, trainer.task, pad_token_id,
+                                                   seed=(trial.params if trial else {}).get("seed"))[0]
+    metric = trainer.best_metric
+    if direction is None:
+        direction = "maximize" if higher_is_better(metric) else "minimize"
+    best = trainer.hyperparameter_search(
+        hp_space=search_space.hp_space(space), compute_objective=lambda metrics: metrics[f"eval_{metric}"],
+        n_trials=n_trials, direction=direction, storage=storage, study_name=study_name, timeout=timeout)
+    return best
+
+
+__all__ = ["Trainer", "open_model", "scoring_source", "search", "train"]

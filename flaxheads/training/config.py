@@ -295,7 +295,8 @@ class TrainConfig:
     metric_for_best_model: str | None = None
     """Validation metric whose best value (and step) the results report, best_model/ holds, and
     load_best_model_at_end and early stopping follow; default: accuracy (classification) or mse
-    (regression). Any metric the task reports, or "loss"."""
+    (regression). Any metric the task reports, or "loss", with or without transformers' `eval_`
+    prefix ("eval_accuracy" is "accuracy")."""
     greater_is_better: bool | None = None
     """Whether a larger metric_for_best_model is better; default: the metric's own direction (lower
     for loss and mse)."""
@@ -325,6 +326,9 @@ class TrainConfig:
     def __post_init__(self):
         _check_kinds(self)  # first: the checks below compare numbers
         _check_numbers(self)
+        if self.metric_for_best_model and self.metric_for_best_model.startswith("eval_"):
+            # transformers' Trainer reads "eval_f1" as "f1": the same run, the same identity
+            object.__setattr__(self, "metric_for_best_model", self.metric_for_best_model.removeprefix("eval_"))
         positive = ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size",
                     "gradient_accumulation_steps", "logging_steps", "save_steps", "save_total_limit",
                     "data_shards")

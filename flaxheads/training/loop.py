@@ -59,8 +59,10 @@ class TrainLoop:
     def __init__(self, cfg: TrainConfig, runner, state, train: data.OwnSplit, batch_format: data.BatchFormat,
                  scorer: Scorer, *, total_steps: int, global_batch: int, eval_splits: tuple[str, ...],
                  checkpoints: RunCheckpoints | None = None, output_dir: Path | None = None, loading_info=None,
-                 best_metric: str):
+                 best_metric: str, on_evaluate=None):
         self.cfg, self.runner, self.state, self.scorer = cfg, runner, state, scorer
+        self.on_evaluate = on_evaluate
+        """Called as `on_evaluate(step, metrics)` once per validation evaluation (a search's pruning)."""
         self.total_steps, self.eval_splits = total_steps, eval_splits
         self.checkpoints, self.output_dir = checkpoints, output_dir
         self.start_time = time.perf_counter()
@@ -245,6 +247,8 @@ class TrainLoop:
         result = self._timed_scores("validation")
         self.last_eval.update(step=self.step, result=result)
         self._record("eval", result, show=True)
+        if self.on_evaluate is not None:
+            self.on_evaluate(self.step, result)
         value = result.get(self.best["metric"])
         patience = self.cfg.early_stopping_patience
         if patience is not None:

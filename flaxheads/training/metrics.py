@@ -10,6 +10,8 @@ reported here can be compared with those of evaluation scripts built on those li
   over the classes present in the labels or the predictions, as scikit-learn does; for
   multi-label problems it runs over all `C` label columns.
 - `mcc`: `sklearn.metrics.matthews_corrcoef` (multiclass form; 0.0 when undefined).
+- `f1` / `precision` / `recall` of two-class single-label problems: `sklearn.metrics.f1_score`
+  (`precision_score`, `recall_score`) with `average="binary"`: the positive class (id 1) alone.
 - `mse`: `sklearn.metrics.mean_squared_error`.
 - `accuracy` of preference pairs (`pairwise_reward`): the share of pairs whose chosen text gets
   the strictly higher reward; a tie counts as wrong (the model has not ranked the pair), as in
@@ -47,6 +49,16 @@ METRIC_NAMES: Mapping[str, tuple[str, ...]] = {
     PAIRWISE_REWARD: ("accuracy", "margin"),
 }
 """Other tasks name their own (`flaxheads.tasks`; a task's `Objective.metric_names`)."""
+
+BINARY_METRIC_NAMES = ("f1", "precision", "recall")
+"""What a single-label problem of two classes reports besides `METRIC_NAMES`: the positive
+class's (class id 1) F1, precision and recall, as run_glue reports F1 for MRPC and QQP
+(scikit-learn's `average="binary"`, `pos_label=1`, 0.0 where a ratio is 0/0)."""
+
+
+def single_label_names(num_labels: int) -> tuple[str, ...]:
+    """The metrics a single-label problem of `num_labels` classes reports, in order."""
+    return METRIC_NAMES[SINGLE_LABEL] + (BINARY_METRIC_NAMES if num_labels == 2 else ())
 
 class NonFiniteScores(FloatingPointError):
     """Logits or a loss that are NaN or infinite: no metric is computed from them (argmax of NaN
@@ -195,11 +207,19 @@ def _single_label_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, f
     per_class_f1 = thresholds_lib.f1_from_counts(
         np.diag(confusion), confusion.sum(axis=0), confusion.sum(axis=1)
     )
-    return {
+    results = {
         "accuracy": float(np.mean(predicted == labels)),
         "macro_f1": float(per_class_f1.mean()),
         "mcc": _matthews_corrcoef(confusion),
     }
+    if logits.shape[1] == 2:  # the positive class's, as scikit-learn's average="binary"
+        positive, said = labels == 1, predicted == 1
+        true_positives = float(np.sum(positive & said))
+        results["f1"] = float(thresholds_lib.f1_from_counts(
+            np.array([true_positives]), np.array([float(said.sum())]), np.array([float(positive.sum())]))[0])
+        results["precision"] = float(true_positives / said.sum()) if said.any() else 0.0
+        results["recall"] = float(true_positives / positive.sum()) if positive.any() else 0.0
+    return results
 
 
 def _multi_label_metrics(logits: np.ndarray, labels: np.ndarray, thresholds=None) -> dict[str, float]:
@@ -300,7 +320,8 @@ def compute_metrics(
       thresholds: multi-label decision thresholds per label (`flaxheads.thresholds`); None: 0.5.
 
     Returns:
-      A dict of Python floats, keyed and ordered as `METRIC_NAMES[problem_type]`.
+      A dict of Python floats, keyed and ordered as `METRIC_NAMES[problem_type]` (two-class
+      single-label logits add `BINARY_METRIC_NAMES`).
 
     Raises:
       ValueError: unknown problem type, mismatched shapes, or no unmasked rows.

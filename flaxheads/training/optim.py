@@ -170,6 +170,25 @@ def make_optimizer(
                                        max_grad_norm=max_grad_norm, mask=decay_mask))
 
 
+OPTIMIZER_NUMBERS = ("weight_decay", "max_grad_norm", "adam_b1", "adam_b2", "adam_eps")
+"""The optimizer's numbers a train step may take at run time (`optimizer_values`), as a
+`Schedule`'s are: a search over them shares one compiled step."""
+
+
+def optimizer_values(*, weight_decay: float, max_grad_norm: float | None, adam_b1: float, adam_b2: float,
+                     adam_eps: float) -> dict[str, np.ndarray]:
+    """`make_optimizer`'s numbers as the 0-d float32 arrays a jitted step takes beside a
+    `Schedule`'s (`clipped_adamw`'s `update(..., schedule_values=...)` reads them), so that runs
+    with other betas, epsilon, weight decay or clipping norm share the compiled step. `1 - b1` and
+    `1 - b2` are computed here in float64, as Python computed them when they were constants, so
+    the update is the same bit for bit. What still shapes the program: whether clipping is on
+    (`max_grad_norm` None or 0 keeps no clipping state) and whether weight decay is 0."""
+    return {"adam_b1": np.float32(adam_b1), "adam_one_minus_b1": np.float32(1 - adam_b1),
+            "adam_b2": np.float32(adam_b2), "adam_one_minus_b2": np.float32(1 - adam_b2),
+            "adam_eps": np.float32(adam_eps), "weight_decay": np.float32(weight_decay),
+            "max_grad_norm": np.float32(max_grad_norm or 0.0)}
+
+
 def reference_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float, weight_decay: float,
                     max_grad_norm: float | None, mask) -> optax.GradientTransformation:
     """optax's chain: `clip_by_global_norm(max_grad_norm)` (when set), then `adamw`."""
@@ -188,7 +207,9 @@ def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
     and reads them back: on MiniLM's 22.7M parameters that update took 55-69 ms, this one 33-36
     (one process, alternating). `mask` is a tree of bools or a function of the parameters
     giving one (which parameters decay), as optax's. `update(..., schedule_values=v)` takes the
-    learning rate from `schedule(count, v)` (a `Schedule`'s numbers given at run time)."""
+    learning rate from `schedule(count, v)` (a `Schedule`'s numbers given at run time) and, where
+    `v` holds them (`optimizer_values`), the betas, epsilon, weight decay and clipping norm too;
+    `b1`, ... given here then only say whether clipping is on and whether weight decay is 0."""
     reference = reference_adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                                 max_grad_norm=max_grad_norm, mask=mask)
 
@@ -198,8 +219,10 @@ def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
         # the chain's state: (clipping's, adamw's) or, unclipped, (adamw's,)
         clip_state, (adam, decay_state, schedule_state) = state if max_grad_norm else (None, state[0])
         g_norm = optax.tree.norm(grads) if max_grad_norm else None
+        given = _given(schedule_values)
+        numbers = constants if given is None else given
         count = optax.safe_increment(adam.count)
-        correction1, correction2 = 1 - b1**count, 1 - b2**count
+        correction1, correction2 = 1 - numbers["adam_b1"]**count, 1 - numbers["adam_b2"]**count
         run_time = () if schedule_values is None else (schedule_values,)
         step_size = -1 * schedule(schedule_state.count, *run_time)
         decays = mask(params) if callable(mask) else mask
@@ -209,17 +232,18 @@ def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
         # 10 kinds) instead of once per parameter; XLA inlines it, so the compiled update is the
         # same (bit-identical states, tests/test_optimizer.py).
         @functools.partial(jax.jit, static_argnames="decay")
-        def one(g, mu, nu, p, g_norm, correction1, correction2, step_size, *, decay):
+        def one(g, mu, nu, p, g_norm, correction1, correction2, step_size, given, *, decay):
+            n = constants if given is None else given  # Python numbers: constants, as optax has them
             if max_grad_norm:
-                g = jax.lax.select(g_norm < max_grad_norm, g, (g / g_norm.astype(g.dtype)) * max_grad_norm)
-            mu = (1 - b1) * g + b1 * mu
-            nu = (1 - b2) * (g**2) + b2 * nu
-            u = (mu / correction1.astype(mu.dtype)) / (jnp.sqrt(nu / correction2.astype(nu.dtype)) + eps)
+                g = jax.lax.select(g_norm < n["max_grad_norm"], g, (g / g_norm.astype(g.dtype)) * n["max_grad_norm"])
+            mu = n["adam_one_minus_b1"] * g + n["adam_b1"] * mu
+            nu = n["adam_one_minus_b2"] * (g**2) + n["adam_b2"] * nu
+            u = (mu / correction1.astype(mu.dtype)) / (jnp.sqrt(nu / correction2.astype(nu.dtype)) + n["adam_eps"])
             if decay and weight_decay != 0.0:
-                u = u + weight_decay * p
+                u = u + n["weight_decay"] * p
             return step_size.astype(u.dtype) * u, mu, nu
 
-        scalars = (g_norm, correction1, correction2, jnp.asarray(step_size))
+        scalars = (g_norm, correction1, correction2, jnp.asarray(step_size), given)
         out = [one(g, mu, nu, p, *scalars, decay=bool(decay))
                for g, mu, nu, p, decay in zip(leaves, *(treedef.flatten_up_to(t) for t in (adam.mu, adam.nu, params)),
                                               treedef.flatten_up_to(decays))]
@@ -227,5 +251,14 @@ def clipped_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
         adam = adam._replace(count=count, mu=mu, nu=nu)
         inner = (adam, decay_state, schedule_state._replace(count=optax.safe_increment(schedule_state.count)))
         return updates, ((clip_state, inner) if max_grad_norm else (inner,))
+
+    constants = {"adam_b1": b1, "adam_one_minus_b1": 1 - b1, "adam_b2": b2, "adam_one_minus_b2": 1 - b2,
+                 "adam_eps": eps, "weight_decay": weight_decay, "max_grad_norm": max_grad_norm}
+
+    def _given(schedule_values: dict | None) -> dict | None:
+        """The numbers given at run time (`optimizer_values`), or None: this optimizer's own."""
+        if schedule_values is None or "adam_b1" not in schedule_values:
+            return None
+        return {name: schedule_values[name] for name in constants}
 
     return optax.GradientTransformationExtraArgs(reference.init, update)

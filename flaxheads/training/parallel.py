@@ -29,10 +29,24 @@ def _init_fn(tx: optax.GradientTransformation) -> Callable[[nnx.State], TrainSta
     return lambda params: TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
 
-def _schedule_values(schedule) -> dict | None:
-    """The step's `schedule_values` argument: a `Schedule`'s numbers, which every run with the same
-    kind of schedule then shares one compiled step for (None for another schedule: constants)."""
-    return schedule.values() if isinstance(schedule, Schedule) else None
+def _schedule_values(schedule, optimizer_values: dict | None = None) -> dict | None:
+    """The step's `schedule_values` argument: a `Schedule`'s numbers and the optimizer's
+    (`optim.optimizer_values`, when given), which every run with the same kind of schedule then
+    shares one compiled step for (None for another schedule: constants)."""
+    if not isinstance(schedule, Schedule):
+        return None
+    return {**schedule.values(), **(optimizer_values or {})}
+
+
+def _program(programs: dict | None, key, build: Callable[[], Any]):
+    """The compiled step `programs` holds under `key`, else `build()` (kept there under `key`): the
+    runs of a hyperparameter search hand each other their step this way, so a search whose
+    values are all run-time arguments traces and compiles its train step once."""
+    if programs is None:
+        return build()
+    if key not in programs:
+        programs[key] = build()
+    return programs[key]
 
 
 def _abstract(tree: Any) -> Any:
@@ -46,7 +60,8 @@ class JitParallel:
     name = "jit"
 
     def __init__(self, layout: Layout, graphdef, tx, schedule, objective, params: nnx.State,
-                 frozen: nnx.State | None = None, *, loss_options: dict | None = None):
+                 frozen: nnx.State | None = None, *, loss_options: dict | None = None,
+                 optimizer_values: dict | None = None, programs: dict | None = None, program_key=None):
         self.layout = layout
         frozen = nnx.State({}) if frozen is None else frozen
         frozen_shardings = layout.tree_shardings(frozen)
@@ -55,16 +70,17 @@ class JitParallel:
         # Sharded from the start: shapes first, then shardings, then an init that writes each
         # device's shard only.
         self.state_shardings = layout.tree_shardings(jax.eval_shape(init, params))
-        self._init = jax.jit(init, out_shardings=self.state_shardings)
-        self.schedule_values = jax.device_put(_schedule_values(schedule), layout.replicated)
-        self._step = compile_cache.train_jit(
+        self._init = _program(programs, ("jit init", program_key),
+                              lambda: jax.jit(init, out_shardings=self.state_shardings))
+        self.schedule_values = jax.device_put(_schedule_values(schedule, optimizer_values), layout.replicated)
+        self._step = _program(programs, ("jit", program_key), lambda: compile_cache.train_jit(
             make_train_step(graphdef, tx, schedule, objective, **(loss_options or {})),
             graphdef=graphdef,
             in_shardings=(self.state_shardings, layout.batch(1), layout.replicated, frozen_shardings,
                           layout.replicated),
             out_shardings=(self.state_shardings, layout.replicated),
             donate_argnums=0,
-        )
+        ))
 
     def init(self, params: nnx.State) -> TrainState:
         return self._init(params)
@@ -97,20 +113,21 @@ class PmapParallel:
     name = "pmap"
 
     def __init__(self, layout: Layout, graphdef, tx, schedule, objective, params: nnx.State,
-                 frozen: nnx.State | None = None, *, loss_options: dict | None = None):
+                 frozen: nnx.State | None = None, *, loss_options: dict | None = None,
+                 optimizer_values: dict | None = None, programs: dict | None = None, program_key=None):
         self.layout = layout
         self.devices = jax.local_devices()
         self.frozen = nnx.State({}) if frozen is None else frozen
         self._frozen_replicas = self._replicate(self.frozen)
-        self._init = jax.jit(_init_fn(tx))
-        self.schedule_values = _schedule_values(schedule)
-        self._step = jax.pmap(
+        self._init = _program(programs, ("pmap init", program_key), lambda: jax.jit(_init_fn(tx)))
+        self.schedule_values = _schedule_values(schedule, optimizer_values)
+        self._step = _program(programs, ("pmap", program_key), lambda: jax.pmap(
             compile_cache.precise(make_train_step(graphdef, tx, schedule, objective, axis_name=PMAP_AXIS,
                                                   **(loss_options or {}))),
             axis_name=PMAP_AXIS,
             in_axes=(0, 0, None, 0, None),
             donate_argnums=0,
-        )
+        ))
 
     def init(self, params: nnx.State) -> TrainState:
         return self._replicate(self._init(params))

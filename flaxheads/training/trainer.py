@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import math
 import sys
 import time
@@ -41,7 +42,7 @@ from flaxheads.training import calibration, run_dir, run_files, run_report
 from flaxheads.training.checkpoints import RunCheckpoints
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.loop import NonFiniteLoss, TrainLoop, print0, sync
-from flaxheads.training.optim import learning_rate_schedule, make_optimizer
+from flaxheads.training.optim import learning_rate_schedule, make_optimizer, optimizer_values
 from flaxheads.training.parallel import PARALLEL, host_copy
 from flaxheads.training.run_lock import RunLock
 from flaxheads.training.scoring import EvalPrediction, MetricsFunction, PredictionOutput, SplitScorer
@@ -95,12 +96,18 @@ class Trainer:
     predicts; `do_eval` / `eval_strategy` say when the validation split is scored, `do_predict`
     whether the test split is predicted. See the module docstring for what is written.
     `compute_metrics(EvalPrediction(predictions=logits, label_ids)) -> dict` adds entries to every
-    evaluation's metrics.
+    evaluation's metrics. `model_init`: a function returning the model (taking no argument, or a
+    search's trial), called instead of passing `model`, and again for each trial of
+    `hyperparameter_search`.
     """
 
-    def __init__(self, model: PretrainedModel, args: TrainConfig | None = None, *, train_dataset=None,
+    def __init__(self, model: PretrainedModel | None, args: TrainConfig | None = None, *, train_dataset=None,
                  eval_dataset=None, test_dataset=None, tokenizer, compute_metrics: MetricsFunction | None = None,
-                 task: data.TaskData | None = None, kind: TaskKind):
+                 task: data.TaskData | None = None, kind: TaskKind, model_init=None):
+        if model is None:
+            if model_init is None:
+                raise ValueError("the Trainer needs a model: pass one, or model_init= (a function returning one)")
+            model = call_model_init(model_init, None)
         self.args = args = args if args is not None else TrainConfig(output_dir=None, dataset=None)
         self.kind = kind
         """The model's task (`flaxheads.tasks.Task`): its config fitting, loss, scorer, predictions."""
@@ -173,6 +180,12 @@ class Trainer:
         before it trains (process 0)."""
         self._training_started = False
         self._scorer: SplitScorer | None = None
+        self.programs: dict | None = None
+        """Compiled steps to reuse, by what shapes them (`parallel._program`): a search's trials share one."""
+        self.on_evaluate = None
+        """Called as `on_evaluate(step, metrics)` after each evaluation of the validation split during
+        training (a search's pruning); what it raises ends the run."""
+        self.model_init = model_init
 
     # -- data -----------------------------------------------------------------------------------
 
@@ -459,12 +472,18 @@ class Trainer:
         args, total = self.args, self.total_steps
         schedule = learning_rate_schedule(args.learning_rate, total, args.num_warmup_steps(total),
                                           args.lr_scheduler_type)
-        tx = make_optimizer(schedule, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
-                            adam_b1=args.adam_beta1, adam_b2=args.adam_beta2, adam_eps=args.adam_epsilon)
+        numbers = dict(weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, adam_b1=args.adam_beta1,
+                       adam_b2=args.adam_beta2, adam_eps=args.adam_epsilon)
+        tx = make_optimizer(schedule, **numbers)
         trainable, frozen = split_trainable(self.params, freeze_backbone=args.freeze_backbone)
         print0(lora.trainable_summary(trainable, frozen))
-        runner = PARALLEL[args.parallel](self.layout, self.graphdef, tx, schedule,
-                                         self.kind.objective(self.task, self.loss_options), trainable, frozen)
+        objective = self.kind.objective(self.task, self.loss_options)
+        # What shapes the step's program; its numbers (rate, lengths, betas, ...) are arguments.
+        program_key = (self.graphdef, repr(objective), schedule.kind, bool(args.max_grad_norm), args.weight_decay != 0,
+                       repr(args.mesh), jax.tree.structure(trainable), jax.tree.structure(frozen))
+        runner = PARALLEL[args.parallel](self.layout, self.graphdef, tx, schedule, objective, trainable, frozen,
+                                         optimizer_values=optimizer_values(**numbers), programs=self.programs,
+                                         program_key=program_key)
         state = runner.init(trainable)
         self.params = None  # the weights live in the train state now: one copy in memory, not two
         checkpoints = None
@@ -476,7 +495,7 @@ class Trainer:
         return TrainLoop(args, runner, state, splits["train"], self.train_format, scorer, total_steps=total,
                          global_batch=self.global_batch, eval_splits=eval_splits, checkpoints=checkpoints,
                          output_dir=self.output_dir, loading_info=self.loading_info,
-                         best_metric=self.best_metric)
+                         best_metric=self.best_metric, on_evaluate=self.on_evaluate)
 
     def _scores_without_training(self, splits: dict[str, data.OwnSplit]) -> dict[str, Any]:
         start = time.perf_counter()
@@ -571,6 +590,55 @@ class Trainer:
                 "another output_dir"))
         return TrainOutput(None, finished, None)
 
+    # -- hyperparameter search ------------------------------------------------------------------
+
+    def hyperparameter_search(self, hp_space=None, compute_objective=None, n_trials: int = 20,
+                              direction: str | list[str] = "minimize", backend: str | None = None, hp_name=None,
+                              **kwargs):
+        """Searches hyperparameters on Optuna, as transformers' `Trainer.hyperparameter_search`;
+        returns the best trial's `BestRun(run_id, objective, hyperparameters, run_summary)` (a list
+        of them with several `direction`s). See `flaxheads.training.search` for what it writes.
+
+        `hp_space(trial) -> {TrainConfig field: value}` (default: transformers' learning rate,
+        epochs, seed and batch size); each trial trains a Trainer made like this one with those
+        values, from `model_init(trial)` (or `model_init()`) when the Trainer was given one, else
+        from this Trainer's current weights. `compute_objective(metrics) -> float` reads the
+        validation split's metrics as transformers names them (`eval_loss`, `eval_accuracy`, ...;
+        default: the loss when there is nothing else, else the sum of the metrics), at every
+        evaluation (reported to the trial, which the pruner may stop there) and at the end of the
+        run (the trial's value). `n_trials`: the trials the study should have finished (complete
+        or pruned): a search resumed from its storage runs only those still missing. `hp_name(trial)`
+        names a trial's run folder (default `run-<number>`). `kwargs` go to `optuna.create_study`
+        (`storage`, `study_name`, `sampler`: default TPE seeded with args.seed, `pruner`: default the
+        median pruner, ...) except `timeout` and `catch`, which go to `study.optimize`."""
+        from flaxheads.training import search
+
+        if backend not in (None, "optuna"):
+            raise ValueError(f"backend={backend!r}: flaxheads searches with Optuna only; pass backend='optuna'")
+        if self.args.lora is not None and self.model_init is None:
+            raise ValueError("hyperparameter_search with lora= starts each trial from the model before its adapters: "
+                             "give the Trainer model_init= (a function returning that model)")
+        if self._training_started:
+            print0("note: hyperparameter_search: each trial starts from this Trainer's trained weights; give the "
+                   "Trainer model_init= to start each from the model it loads", file=sys.stderr)
+        return search.run_search(self, hp_space, compute_objective, n_trials, direction, hp_name, **kwargs)
+
+    def for_trial(self, args: TrainConfig, trial, initial_params) -> Trainer:
+        """A Trainer like this one (data, tokenizer, task, compute_metrics) that trains with `args`:
+        a search's trial. Its model comes from `model_init` (given `trial` when it takes an
+        argument), else it is this Trainer's model with `initial_params`."""
+        if self.model_init is not None:
+            model = call_model_init(self.model_init, trial)
+        else:
+            model = nnx.merge(self.graphdef, initial_params)
+        run = type(self).__new__(type(self))
+        Trainer.__init__(run, model, args, task=self.task, tokenizer=self.tokenizer,
+                         compute_metrics=self.compute_metrics, kind=self.kind, model_init=self.model_init)
+        run.model_name, run.data_identity = self.model_name, self.data_identity
+        if self.model_init is None:
+            run.model_identity = self.model_identity
+        return run
+
     # -- evaluate and predict -------------------------------------------------------------------
 
     @property
@@ -624,6 +692,20 @@ class Trainer:
         tokenized = data.tokenize_own_shards(extra.task, self.tokenizer, self.max_seq_length,
                                              data_shards=self.args.data_shards, splits=(split,))
         return self._scorer_for(tokenized, extra.unlabelled, source=extra.task.source)
+
+
+def call_model_init(model_init, trial) -> PretrainedModel:
+    """`model_init(trial)`, or `model_init()` for a function of no argument (transformers' rule)."""
+    arguments = len(inspect.signature(model_init).parameters)
+    if arguments == 0:
+        model = model_init()
+    elif arguments == 1:
+        model = model_init(trial)
+    else:
+        raise ValueError("model_init should take no argument or one (the search's trial)")
+    if model is None:
+        raise ValueError("model_init returned None: it should return the model to train")
+    return model
 
 
 def check_best_model_settings(args: TrainConfig, metric_names, task: data.TaskData, given,

@@ -19,7 +19,7 @@ from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClass
 from flaxheads.tasks.classification.pipeline import text_classification_pipeline
 from flaxheads.tasks.base import Task
 from flaxheads.tokenizer import check_room_for_text
-from flaxheads.training import calibration
+from flaxheads.training import calibration, metrics
 from flaxheads.training.config import TrainConfig
 from flaxheads.training.loop import print0
 from flaxheads.training.objective import ProblemObjective
@@ -176,6 +176,12 @@ class TextClassification(Task):
 
     def default_metric(self, data_task: data.TaskData) -> str:
         return "mse" if data_task.problem_type == problem.REGRESSION else "accuracy"
+
+    def metric_names(self, data_task: data.TaskData) -> tuple[str, ...]:
+        """The problem type's metrics; two classes add the positive class's f1, precision and recall."""
+        if data_task.problem_type == problem.SINGLE_LABEL:
+            return metrics.single_label_names(data_task.num_labels)
+        return super().metric_names(data_task)
 
     def scorer(self, graphdef, splits, batch_format, layout, *, data_task: data.TaskData, config, args: TrainConfig,
                source: Any = None, **options) -> SplitScorer:
