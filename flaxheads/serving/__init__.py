@@ -13,6 +13,7 @@ what each task answers: `models.py`. docs/serving.md is the user's guide.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -83,15 +84,22 @@ def serve(model_dirs: Sequence[str | os.PathLike], *, host: str = "127.0.0.1", p
     server = Server(models, max_batch_tokens=max_batch_tokens, max_concurrent_requests=max_concurrent_requests,
                     max_client_batch_size=max_client_batch_size, payload_limit=payload_limit)
 
-    class _Announcing(uvicorn.Server):
+    class _Server(uvicorn.Server):
         async def startup(self, sockets=None):
             await super().startup(sockets=sockets)
             if not self.should_exit:
                 log(f"ready on http://{host}:{port} ({', '.join(server.models)})")
 
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM and sig in self._captured_signals:
+                # uvicorn raises a captured signal again once it has shut down, and the process
+                # would end killed by it; SIGTERM's drain is the normal end here: exit status 0.
+                self._captured_signals.remove(sig)
+
     config = uvicorn.Config(build_app(server), host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=graceful_timeout, lifespan="on")
-    _Announcing(config).run()
+    _Server(config).run()
     log("stopped")
 
 
