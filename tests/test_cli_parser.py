@@ -16,8 +16,8 @@ from flaxheads import names, notes
 from flaxheads.cli import _in_flag_terms, build_parser, main
 
 HEAVY = ("jax", "flax", "datasets", "transformers", "torch")
-COMMANDS = [[], ["convert"], ["inspect"], ["train"], ["evaluate"], ["predict"], ["report"], ["bench"], ["study"],
-            ["study", "run"], ["study", "report"]]
+COMMANDS = [[], ["convert"], ["inspect"], ["train"], ["evaluate"], ["predict"], ["serve"], ["report"], ["bench"],
+            ["study"], ["study", "run"], ["study", "report"]]
 """Every command and subcommand of `flaxheads` (a test below checks that the list is whole)."""
 
 

@@ -82,7 +82,8 @@ def pipes(folders):
     """This process's pipelines over the served folders (forward passes of the server's shapes,
     so the compilation cache serves them; the answers are the same with any shapes)."""
     options = {"text-classification": dict(batch_size=2, pad_to_multiple_of=0),
-               "token-classification": dict(batch_size=2, pad_to_multiple_of=0), "question-answering": dict(batch_size=2)}
+               "token-classification": dict(batch_size=2, pad_to_multiple_of=0),
+               "question-answering": dict(batch_size=2)}
     tasks = {"sentiment": "text-classification", "topics": "text-classification", "ranker": "text-classification",
              "reward": "text-classification", "tagger": "token-classification", "reader": "question-answering"}
     return {name: flaxheads.pipeline(task, model=str(folders[name]), **options[task]) for name, task in tasks.items()}
@@ -225,7 +226,8 @@ BAD = {
     "empty_batch": ("/predict", {"inputs": [], "model": "sentiment"}, 422, "`inputs` is an empty list"),
     "flag_not_a_boolean": ("/predict", {"inputs": "good", "model": "sentiment", "raw_scores": "yes"}, 422,
                            "`raw_scores` must be true or false"),
-    "unknown_field": ("/predict", {"inputs": "good", "model": "sentiment", "top_k": 2}, 422, "unknown field(s) 'top_k'"),
+    "unknown_field": ("/predict", {"inputs": "good", "model": "sentiment", "top_k": 2}, 422,
+                      "unknown field(s) 'top_k'"),
     "too_long_without_truncate": ("/predict", {"inputs": LONG, "model": "sentiment"}, 413, '"truncate": true'),
     "too_many_inputs": ("/predict", {"inputs": [["good"]] * 33, "model": "sentiment"}, 413,
                         "--max_client_batch_size"),
@@ -238,7 +240,8 @@ BAD = {
     "thresholds_of_a_single_label_model": ("/predict", {"inputs": "good", "model": "sentiment",
                                                         "apply_thresholds": True}, 422, "`apply_thresholds`"),
     "lone_text_to_a_pair_model": ("/predict", {"inputs": "good", "model": "ranker"}, 422, "[text, text_pair]"),
-    "rerank_texts_not_a_list": ("/rerank", {"query": "a", "texts": "b", "model": "ranker"}, 422, "`texts` must be a list"),
+    "rerank_texts_not_a_list": ("/rerank", {"query": "a", "texts": "b", "model": "ranker"}, 422,
+                                "`texts` must be a list"),
     "token_text_too_long_without_stride": ("/token_classification", {"inputs": [LONG]}, 413, '"stride"'),
     "unknown_aggregation": ("/token_classification", {"inputs": "good", "aggregation_strategy": "best"}, 422,
                             "`aggregation_strategy` must be one of"),

@@ -62,7 +62,8 @@ def _name_and_folder(given: str) -> tuple[str, str]:
 def serve(model_dirs: Sequence[str | os.PathLike], *, host: str = "127.0.0.1", port: int = 8080,
           max_batch_tokens: int = DEFAULTS["max_batch_tokens"],
           max_concurrent_requests: int = DEFAULTS["max_concurrent_requests"],
-          max_client_batch_size: int = DEFAULTS["max_client_batch_size"], payload_limit: int = DEFAULTS["payload_limit"],
+          max_client_batch_size: int = DEFAULTS["max_client_batch_size"],
+          payload_limit: int = DEFAULTS["payload_limit"],
           graceful_timeout: float = 30.0, log_level: str = "warning") -> None:
     """Serves `model_dirs` on http://`host`:`port` until SIGTERM or ctrl-C, which stop new
     connections and let the requests in flight finish (up to `graceful_timeout` s) before it

@@ -327,7 +327,7 @@ class QuestionAnsweringModel(ServedModel):
         req.check_fields(body, ("inputs", *options, "model"))
         given = body.get("inputs")
         single = isinstance(given, dict)
-        raw = req._items([given] if single else given, "inputs",
+        raw = req.items_of([given] if single else given, "inputs",
                          'an object {"question": ..., "context": ...} or a list of them', max_items)
         items = []
         for i, item in enumerate(raw):
@@ -335,7 +335,8 @@ class QuestionAnsweringModel(ServedModel):
             if not isinstance(item, dict) or set(item) != {"question", "context"}:
                 raise ClientError(422, f"`{where}` must be an object with exactly the fields \"question\" and "
                                        f"\"context\", not {item!r}"[:300])
-            items.append((req.text(item["question"], f"{where}.question"), req.text(item["context"], f"{where}.context")))
+            items.append((req.text(item["question"], f"{where}.question"),
+                          req.text(item["context"], f"{where}.context")))
         top_k = req.optional_int(body, "top_k", minimum=1, default=1)
         max_answer_len = req.optional_int(body, "max_answer_len", minimum=1, default=DEFAULT_MAX_ANSWER_LEN)
         doc_stride = req.optional_int(body, "doc_stride", minimum=0)

@@ -88,7 +88,7 @@ def texts(value: Any, where: str, max_items: int) -> tuple[list[str], bool]:
     """(texts, whether one str was sent) from a str or a non-empty list of str."""
     if isinstance(value, str):
         return [text(value, where)], True
-    items = _items(value, where, "a string or a list of strings", max_items)
+    items = items_of(value, where, "a string or a list of strings", max_items)
     return [text(item, f"{where}[{i}]") for i, item in enumerate(items)], False
 
 
@@ -103,7 +103,7 @@ def sequences(value: Any, max_items: int, where: str = "inputs") -> tuple[list[t
             raise ClientError(422, f"`{where}` is a list of {len(value)} strings; it must be {PREDICT_INPUTS}: "
                                    f"a batch of single texts is [[\"a\"], [\"b\"], ...]")
         return [_sequence(value, where)], True
-    items = _items(value, where, PREDICT_INPUTS, max_items)
+    items = items_of(value, where, PREDICT_INPUTS, max_items)
     out = []
     for i, item in enumerate(items):
         if not isinstance(item, list) or not 1 <= len(item) <= 2:
@@ -118,7 +118,7 @@ def _sequence(item: list, where: str) -> tuple[str, str | None]:
     return (first, text(item[1], f"{where}[1]")) if len(item) == 2 else (first, None)
 
 
-def _items(value: Any, where: str, expected: str, max_items: int) -> list:
+def items_of(value: Any, where: str, expected: str, max_items: int) -> list:
     if value is None:
         raise ClientError(422, f"`{where}` is missing: send {expected}")
     if not isinstance(value, list):

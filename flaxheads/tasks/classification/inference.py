@@ -123,8 +123,8 @@ class TextScorer:
     (default `default_max_segments`): one shape; the logits still come in the texts' order.
     `max_seq_length=None`: texts are not cut at all (for a model whose positions set no limit);
     the buckets then grow with the longest text. `pad_to_multiple_of` rounds the buckets (0:
-    powers of two, the fewest shapes: what `flaxheads serve` compiles ahead). The model runs in eval mode (dropout off) from
-    a copy: the caller's model keeps its mode.
+    powers of two, the fewest shapes: what `flaxheads serve` compiles ahead). The model runs in
+    eval mode (dropout off) from a copy: the caller's model keeps its mode.
 
     A model trained on text pairs (`ClassifierConfig.text_pair`) needs a second text for every
     text: a lone text is refused, not answered.

@@ -111,7 +111,8 @@ class TokenScorer:
     Sequences are batched as `TextScorer` batches texts (`eval_batches`): padded on the model
     family's side with the pad id `pad_token_ids` decides, to a length bucket, `batch_size` rows
     at most (fewer for fewer sequences, a power of two), so the forward pass compiles once per
-    (bucket, batch size; `pad_to_multiple_of` rounds the buckets, 0: powers of two); `max_seq_length=None` (a model whose positions set no limit): the
+    (bucket, batch size; `pad_to_multiple_of` rounds the buckets, 0: powers of two);
+    `max_seq_length=None` (a model whose positions set no limit): the
     buckets grow with the longest sequence. The model runs in eval mode from a copy.
     """
 
@@ -149,7 +150,8 @@ class TokenScorer:
         names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in sequences]
         table = datasets.Dataset.from_dict({**{name: [list(s) for s in sequences[name]] for name in names},
                                            LENGTH: lengths})
-        batch_format = data.BatchFormat(max_seq_length=limit, pad_to_multiple_of=self.pad_to_multiple_of, **self._format)
+        batch_format = data.BatchFormat(max_seq_length=limit, pad_to_multiple_of=self.pad_to_multiple_of,
+                                        **self._format)
         out = []
         for batch in data.eval_batches(table, batch_format,
                                        global_batch_size=rows_per_batch(len(lengths), self.batch_size)):
