@@ -46,8 +46,12 @@ class ServedModel:
     (`batch_size`, a power of two: `max_batch_tokens` // `max_input_length`)."""
 
     routes: tuple[str, ...] = ("tokenize",)
-    pipeline_options: dict[str, Any] = {"pad_to_multiple_of": 0}
-    """What the task's pipeline is built with: padded to powers of two, the fewest shapes."""
+
+    @staticmethod
+    def pipeline_options(max_input_length: int | None) -> dict[str, Any]:
+        """What the task's pipeline is built with: padded to powers of two (the fewest shapes),
+        inputs cut at `max_input_length` tokens (None: the model's limit)."""
+        return {"pad_to_multiple_of": 0, "max_seq_length": max_input_length}
 
     def __init__(self, name: str, folder, pipe, *, max_input_length: int, max_batch_tokens: int):
         self.name, self.folder, self.pipe = name, folder, pipe
@@ -266,6 +270,10 @@ class TokenModel(ServedModel):
     routes = ("token_classification", "tokenize")
 
     @staticmethod
+    def pipeline_options(max_input_length: int | None) -> dict[str, Any]:
+        return {"pad_to_multiple_of": 0}  # the pipeline reads up to the model's limit (longer: `stride`)
+
+    @staticmethod
     def longest_input(pipe) -> int | None:
         return pipe.max_length
 
@@ -316,7 +324,10 @@ class QuestionAnsweringModel(ServedModel):
 
     task = "question-answering"
     routes = ("question_answering", "tokenize")
-    pipeline_options: dict[str, Any] = {}  # its windows are padded to powers of two already
+
+    @staticmethod
+    def pipeline_options(max_input_length: int | None) -> dict[str, Any]:
+        return {"max_seq_len": max_input_length}  # its windows are padded to powers of two already
 
     @staticmethod
     def longest_input(pipe) -> int | None:
@@ -370,18 +381,21 @@ SERVED = {served.task: served for served in (ClassifierModel, TokenModel, Questi
 """The class that serves each task's models, by the task's name (a task without one is not served)."""
 
 
-def open_served(path: str | os.PathLike, *, name: str | None = None, max_batch_tokens: int = 16384) -> ServedModel:
+def open_served(path: str | os.PathLike, *, name: str | None = None, max_batch_tokens: int = 16384,
+                max_input_length: int | None = None) -> ServedModel:
     """The model folder `path` opened to serve, its pipeline built (its weights loaded), not yet
     warmed. Refused as `flaxheads predict` refuses it: ValueError for a training run that has not
     exported (or one of its checkpoints), a folder without the model's tokenizer; UntrainedModel
-    for a head never trained; ValueError for a model of a task the server does not serve."""
+    for a head never trained; ValueError for a model of a task the server does not serve.
+    `max_input_length`: the most tokens an input may have (fewer shapes to compile; None: the
+    model's limit; a token classifier reads up to its model's limit regardless)."""
     folder = open_model_folder(path)  # read once, passed along
     kind = tasks.of_checkpoint(folder) or tasks.TASKS[tasks.DEFAULT]  # as predict: refused below as a classifier
     if kind.name not in SERVED:
         raise ValueError(f"{path} holds a {kind.name} model, which flaxheads serve does not answer yet; it serves "
                          f"{', '.join(SERVED)} models (flaxheads predict --model_name_or_path {path} answers it)")
     served_class = SERVED[kind.name]
-    pipe = tasks.pipeline(kind.name, model=folder, **served_class.pipeline_options)
+    pipe = tasks.pipeline(kind.name, model=folder, **served_class.pipeline_options(max_input_length))
     longest = served_class.longest_input(pipe)
     if longest is None:
         raise ValueError(f"{path} holds a model whose positions set no longest input, and flaxheads serve compiles "
