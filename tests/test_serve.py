@@ -213,6 +213,15 @@ def test_concurrent_requests_of_mixed_lengths_and_tasks_each_get_their_own_answe
         assert_same(response.json(), json.loads(json.dumps(CASES[name][2](pipes))), f"request {i} ({name})")
 
 
+def test_no_request_waits_for_a_compilation(server):
+    """Every shape the routes above reached was compiled before the server listened (the tests
+    before this one sent every route, task, length and batch size)."""
+    metrics = httpx.get(f"{server.url}/metrics").text
+
+    assert "\nflaxheads_compilations_total 0.0\n" in metrics, [line for line in metrics.splitlines()
+                                                                 if line.startswith("flaxheads_compilations")]
+
+
 BAD = {
     # name: (path, body: bytes or JSON, status, words the error must hold)
     "malformed_json": ("/predict", b'{"inputs": "a good', 400, "not valid JSON"),

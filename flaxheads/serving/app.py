@@ -15,6 +15,7 @@ import contextlib
 import time
 from typing import Any
 
+import jax
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -26,6 +27,8 @@ from flaxheads.serving.models import ServedModel
 from flaxheads.serving.requests import ClientError, parse_body
 from flaxheads.version import __version__
 
+LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+"""What jax reports once per program it compiles (or reads from its persistent cache): a new shape."""
 INFERENCE_ROUTES = ("predict", "rerank", "reward", "token_classification", "question_answering", "tokenize")
 
 
@@ -47,6 +50,9 @@ class Metrics:
                                registry=self.registry)
         self.batch_inputs = Histogram("flaxheads_batch_inputs", "Inputs per batch, by model", ["model"],
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=self.registry)
+        self.compilations = Counter(
+            "flaxheads_compilations", "XLA programs lowered while the server listens (each one a request waited for; "
+            "0 when every shape was compiled before it listened)", registry=self.registry)
         self.batch_tokens = Histogram("flaxheads_batch_tokens", "Padded tokens per batch, by model", ["model"],
                                       buckets=tuple(2 ** i for i in range(4, 18)), registry=self.registry)
 
@@ -72,6 +78,7 @@ class Server:
         self.draining = False
 
     def start(self) -> None:
+        jax.monitoring.register_event_duration_secs_listener(self._count_compilation)
         for name, model in self.models.items():
             self.batchers[name] = Batcher(model, self.max_batch_tokens, self.metrics.observer(name))
 
@@ -79,6 +86,11 @@ class Server:
         self.draining = True
         for batcher in self.batchers.values():
             batcher.stop()
+        jax.monitoring.unregister_event_duration_listener(self._count_compilation)
+
+    def _count_compilation(self, event: str, duration: float, **metadata) -> None:
+        if event == LOWERING_EVENT:
+            self.metrics.compilations.inc()
 
     def info(self) -> dict[str, Any]:
         models = [model.info() for model in self.models.values()]
