@@ -12,6 +12,7 @@ import json
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -295,6 +296,21 @@ def test_requests_beyond_the_cap_get_429_and_the_others_their_answers(server, pi
     for response in responses:
         if response.status_code == 200:
             assert_same(response.json(), expected)
+
+
+def test_a_client_that_disconnects_mid_request_is_counted_and_costs_the_others_nothing(server):
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as raw:  # half a body, then gone
+        raw.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 100\r\n\r\n" + b'{"inputs": "a good')
+    deadline, gone = time.monotonic() + 60, ""
+    while time.monotonic() < deadline and not gone:
+        gone = [line for line in httpx.get(f"{server.url}/metrics").text.splitlines()
+                if line.startswith('flaxheads_errors_total{kind="client_gone"}')]
+        time.sleep(0.2)
+
+    assert gone == ['flaxheads_errors_total{kind="client_gone"} 1.0']
+    assert httpx.post(f"{server.url}/predict", json={"inputs": "good", "model": "sentiment"}).status_code == 200
 
 
 def test_an_untrained_or_incomplete_folder_is_refused_before_serving(folders, tmp_path):

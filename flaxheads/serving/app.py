@@ -6,7 +6,8 @@ chooses one of several served models.
 Errors are JSON {"error", "error_type"} (text-embeddings-inference's shape): 400 for a body that is
 no JSON, 413 for a body, a batch or an input that is too large, 422 for a field of the wrong type
 or value, 404 for an unknown model, 424 for a model that does not answer the route, 429 beyond
---max_concurrent_requests. A client's mistake is never a 500.
+--max_concurrent_requests (499, counted but read by no one, for a client that went away). A
+client's mistake is never a 500.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from typing import Any
 import jax
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from flaxheads.serving.batching import Batcher
+from flaxheads.serving.batching import Batcher, ClientGone
 from flaxheads.serving.models import ServedModel
 from flaxheads.serving.requests import ClientError, parse_body
 from flaxheads.version import __version__
@@ -139,7 +140,7 @@ class Server:
                 answer = model.tokenize(body, self.max_client_batch_size)
             else:
                 work = model.work(route, body, self.max_client_batch_size)
-                answer = await self.batchers[model.name].submit(work)
+                answer = await self.batchers[model.name].submit(work, _disconnected(request))
         except ClientError as err:
             return self._error(err, model_name, route)
         finally:
@@ -155,10 +156,13 @@ class Server:
         if declared is not None and declared.isdigit() and int(declared) > self.payload_limit:
             raise self._too_large(int(declared))
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.payload_limit:
-                raise self._too_large(len(body))
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > self.payload_limit:
+                    raise self._too_large(len(body))
+        except ClientDisconnect:
+            raise ClientGone() from None
         return bytes(body)
 
     def _too_large(self, size: int) -> ClientError:
@@ -169,6 +173,12 @@ class Server:
         self.metrics.errors.labels(err.error_type).inc()
         self.metrics.requests.labels(model or "", route, str(err.status)).inc()
         return JSONResponse(err.body(), status_code=err.status)
+
+
+async def _disconnected(request: Request) -> None:
+    """Ends when the client of `request` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def build_app(server: Server) -> Starlette:

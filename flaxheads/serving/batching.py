@@ -13,7 +13,7 @@ import asyncio
 import collections
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from flaxheads.serving.models import ServedModel, Work
 from flaxheads.serving.requests import ClientError
@@ -42,16 +42,27 @@ class Batcher:
     def __len__(self) -> int:
         return len(self._queue)
 
-    async def submit(self, work: Work) -> Any:
+    async def submit(self, work: Work, disconnected: Awaitable | None = None) -> Any:
         """The JSON answer of `work`, once its batch has run; raises ClientError for an input the
-        pipeline refuses (the request's own error: its batch mates are answered)."""
+        pipeline refuses (the request's own error: its batch mates are answered), and ClientGone
+        when `disconnected` (an awaitable that ends when the client goes away) ends first: the
+        request then leaves the queue, or its answer is dropped."""
         loop = asyncio.get_running_loop()
         job = _Job(work, loop.create_future(), loop)
         with self._ready:
             self._queue.append(job)
             self._ready.notify()
-        answers = await job.future
-        return work.finish(answers)
+        if disconnected is None:
+            return work.finish(await job.future)
+        watcher = asyncio.ensure_future(disconnected)
+        try:
+            await asyncio.wait({job.future, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not job.future.done():
+            job.future.cancel()  # the worker skips it, or drops the answer of its running batch
+            raise ClientGone()
+        return work.finish(job.future.result())
 
     def stop(self) -> None:
         """Ends the worker once the queue is empty (the server drains first)."""
@@ -100,6 +111,13 @@ class Batcher:
             count = len(job.work.items)
             _resolve(job, answers=answers[start:start + count])
             start += count
+
+
+class ClientGone(ClientError):
+    """The client disconnected before its answer was ready (nginx's 499: no one reads it)."""
+
+    def __init__(self):
+        super().__init__(499, "the client disconnected before its answer was ready", "client_gone")
 
 
 def _as_client_error(err: Exception) -> Exception:

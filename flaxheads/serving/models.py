@@ -145,6 +145,13 @@ class ServedModel:
         return [(length, r) for length in bucket_lengths(self.max_input_length, 0, SMALLEST_LENGTH) for r in rows]
 
 
+def by_length(indices, length) -> list[int]:
+    """`indices` shortest first by `length(index)` (characters: a proxy for tokens), so that the
+    pipeline's forward passes, which take the inputs in order, pad rows of like length together;
+    the answers do not depend on it."""
+    return sorted(indices, key=length)
+
+
 def batch_size_for(max_batch_tokens: int, max_input_length: int) -> int:
     """Rows of a forward pass: as many inputs of `max_input_length` tokens as `max_batch_tokens`
     holds, rounded down to a power of two (at least 1)."""
@@ -239,7 +246,8 @@ class ClassifierModel(ServedModel):
         (scores,) = key
         answers: list = [None] * len(items)
         for paired in (False, True):  # the pipeline reads a list of texts, or a list of pairs
-            chosen = [i for i, (_, pair) in enumerate(items) if (pair is not None) == paired]
+            chosen = by_length([i for i, (_, pair) in enumerate(items) if (pair is not None) == paired],
+                               lambda i: len(items[i][0]) + len(items[i][1] or ""))
             if not chosen:
                 continue
             inputs = [{"text": items[i][0], "text_pair": items[i][1]} if paired else items[i][0] for i in chosen]
@@ -309,7 +317,13 @@ class TokenModel(ServedModel):
 
     def run(self, key: tuple, items: list) -> list:
         strategy, ignore, stride = key
-        return self.pipe(list(items), aggregation_strategy=strategy, ignore_labels=list(ignore), stride=stride)
+        order = by_length(range(len(items)), lambda i: len(items[i]))
+        found = self.pipe([items[i] for i in order], aggregation_strategy=strategy, ignore_labels=list(ignore),
+                          stride=stride)
+        answers: list = [None] * len(items)
+        for i, answer in zip(order, found):
+            answers[i] = answer
+        return answers
 
     def warm_work(self) -> list[tuple[tuple, list]]:
         special = self.counting_tokenizer.num_special_tokens_to_add(pair=False)
