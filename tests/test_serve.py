@@ -349,7 +349,10 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits(server, pipes):
 
     client = threading.Thread(target=post)
     client.start()
-    time.sleep(1.0)  # the request's headers and first bytes reach the server
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "\nflaxheads_requests_in_flight 1.0" not in httpx.get(
+            f"{server.url}/metrics").text:  # until the server reads the request's body
+        time.sleep(0.1)
     server.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     release.set()
