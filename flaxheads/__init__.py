@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors; at run t
     from flaxheads.tasks.classification.pipeline import TextClassificationPipeline, text_classification_pipeline
     from flaxheads.tasks.token.model import TokenClassifier, TokenClassifierConfig
     from flaxheads.tasks.token.pipeline import TokenClassificationPipeline, token_classification_pipeline
+    from flaxheads.serving import serve
     from flaxheads.training.config import TrainConfig
     from flaxheads.training.optim import decay_mask
     from flaxheads.tasks.runs import Trainer
@@ -87,6 +88,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "flaxheads.tasks.classification.pipeline": ("TextClassificationPipeline", "text_classification_pipeline"),
     "flaxheads.tasks.token.model": ("TokenClassifier", "TokenClassifierConfig"),
     "flaxheads.tasks.token.pipeline": ("TokenClassificationPipeline", "token_classification_pipeline"),
+    "flaxheads.serving": ("serve",),
     "flaxheads.training.config": ("TrainConfig",),
     "flaxheads.training.optim": ("decay_mask",),
     "flaxheads.tasks.runs": ("Trainer",),

@@ -284,6 +284,16 @@ def _predict(args) -> int:
     return _print_rows(kind.predict_command(model_folder, vars(args)))
 
 
+def _serve(args) -> int:
+    from flaxheads.serving import serve
+
+    serve(args.model_dirs, host=args.host, port=args.port, max_batch_tokens=args.max_batch_tokens,
+          max_concurrent_requests=args.max_concurrent_requests, max_client_batch_size=args.max_client_batch_size,
+          payload_limit=args.payload_limit, max_input_length=args.max_input_length,
+          graceful_timeout=args.graceful_timeout, log_level=args.log_level)
+    return 0
+
+
 def _report(args) -> int:
     from flaxheads.training.run_report import regenerate
 
@@ -386,6 +396,27 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument(f"--{name}", type=float if name == "null_score_diff_threshold" else int, help=doc)
     p.set_defaults(run=_predict)
+
+    p = add_parser("serve", help="an HTTP server for trained models (text-embeddings-inference's routes, batched; "
+                                 "docs/serving.md)")
+    p.add_argument("model_dirs", nargs="+", metavar="MODEL_DIR",
+                   help="folders of trained models (train's output_dir), each served under its folder's name, or "
+                        "NAME=MODEL_DIR")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
+    p.add_argument("--max_batch_tokens", type=int, default=16384,
+                   help="padded tokens of one batch at most (requests queued together are batched up to it)")
+    p.add_argument("--max_concurrent_requests", type=int, default=512,
+                   help="requests in flight at most; beyond, the server answers 429")
+    p.add_argument("--max_client_batch_size", type=int, default=32, help="inputs of one request at most")
+    p.add_argument("--max_input_length", type=int,
+                   help="tokens of one input at most (fewer shapes to compile); default: each model's limit")
+    p.add_argument("--payload_limit", type=int, default=2_000_000, help="bytes of one request's body at most")
+    p.add_argument("--graceful_timeout", type=float, default=30.0,
+                   help="seconds SIGTERM waits for the requests in flight before the server exits")
+    p.add_argument("--log_level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level")
+    p.set_defaults(run=_serve)
 
     p = add_parser("report", help="draw a finished run's report again (PNGs in RUN_DIR/report/)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the output_dir of a finished flaxheads train run")

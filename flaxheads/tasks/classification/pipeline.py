@@ -20,6 +20,7 @@ from flaxheads import problem
 from flaxheads import thresholds as thresholds_lib
 from flaxheads.tasks.classification.inference import TextScorer
 from flaxheads.inference import pipeline_model
+from flaxheads.names import PAD_TO_MULTIPLE_OF
 from flaxheads.tasks.classification.model import SequenceClassifier
 from flaxheads.tokenizer import longest_input
 
@@ -38,8 +39,8 @@ BEST_LABEL = _BestLabel()
 
 
 def text_classification_pipeline(model: SequenceClassifier | str | os.PathLike | None = None, tokenizer: Any = None, *,
-                                 max_seq_length: int | None = None, batch_size: int = 64
-                                 ) -> TextClassificationPipeline:
+                                 max_seq_length: int | None = None, batch_size: int = 64,
+                                 pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF) -> TextClassificationPipeline:
     """A text classifier answering as `transformers.pipeline("text-classification", model=...,
     tokenizer=...)`: what `flaxheads.pipeline("text-classification", ...)` builds.
 
@@ -48,7 +49,8 @@ def text_classification_pipeline(model: SequenceClassifier | str | os.PathLike |
     folder; optional with a model folder that holds the model's tokenizer, required with an
     in-memory model. Texts are truncated to `max_seq_length` tokens (at most the model's position
     limit; None: that limit, else the tokenizer's `model_max_length`, else not at all, as
-    transformers' pipeline) and classified `batch_size` at a time.
+    transformers' pipeline) and classified `batch_size` at a time, padded to lengths that are
+    multiples of `pad_to_multiple_of` (0: powers of two; the answers are the same either way).
 
     Raises ValueError for a missing or foreign tokenizer, a folder without a tokenizer or a
     trained classifier (UntrainedModel), and a model of another task (naming the pipeline task
@@ -56,7 +58,7 @@ def text_classification_pipeline(model: SequenceClassifier | str | os.PathLike |
     """
     model, tokenizer, source = pipeline_model(model, tokenizer, SequenceClassifier)
     return TextClassificationPipeline(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
-                                      source=source)
+                                      source=source, pad_to_multiple_of=pad_to_multiple_of)
 
 
 class TextClassificationPipeline:
@@ -64,12 +66,12 @@ class TextClassificationPipeline:
 and `__call__`."""
 
     def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int | None = None,
-                 batch_size: int = 64, source: str = "the model"):
+                 batch_size: int = 64, source: str = "the model", pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF):
         self.model, self.tokenizer = model, tokenizer
         if max_seq_length is None:
             max_seq_length = longest_input(model.config.backbone, tokenizer)
         self.scorer = TextScorer(model, tokenizer, max_seq_length=max_seq_length, batch_size=batch_size,
-                                 source=source)
+                                 source=source, pad_to_multiple_of=pad_to_multiple_of)
 
     def __call__(self, inputs, *, top_k: int | None | _BestLabel = BEST_LABEL, function_to_apply: str | None = None,
                  apply_thresholds: bool = False):

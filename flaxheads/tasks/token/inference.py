@@ -17,6 +17,7 @@ from flaxheads.data.tokenization import LENGTH
 from flaxheads.inference import (
     UNBOUNDED_START, check_batch_size, eval_copy, open_trained, padding, refuse_non_finite, rows_per_batch,
 )
+from flaxheads.names import PAD_TO_MULTIPLE_OF
 from flaxheads.tasks.token import entity_metrics
 from flaxheads.tasks.token import scoring as token_scoring
 from flaxheads.tasks.token.model import TokenClassifier, saved_tags
@@ -110,13 +111,15 @@ class TokenScorer:
     Sequences are batched as `TextScorer` batches texts (`eval_batches`): padded on the model
     family's side with the pad id `pad_token_ids` decides, to a length bucket, `batch_size` rows
     at most (fewer for fewer sequences, a power of two), so the forward pass compiles once per
-    (bucket, batch size); `max_seq_length=None` (a model whose positions set no limit): the
+    (bucket, batch size; `pad_to_multiple_of` rounds the buckets, 0: powers of two);
+    `max_seq_length=None` (a model whose positions set no limit): the
     buckets grow with the longest sequence. The model runs in eval mode from a copy.
     """
 
     def __init__(self, model: TokenClassifier, tokenizer, *, max_seq_length: int | None, batch_size: int = 64,
-                 source: str = "the model"):
+                 source: str = "the model", pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF):
         check_batch_size(batch_size)
+        self.pad_to_multiple_of = pad_to_multiple_of
         backbone = model.config.backbone
         check_tokenizer_fits(tokenizer, backbone, source)
         self.tokenizer, self.batch_size, self.source = for_model(tokenizer, backbone), batch_size, source
@@ -147,7 +150,8 @@ class TokenScorer:
         names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in sequences]
         table = datasets.Dataset.from_dict({**{name: [list(s) for s in sequences[name]] for name in names},
                                            LENGTH: lengths})
-        batch_format = data.BatchFormat(max_seq_length=limit, **self._format)
+        batch_format = data.BatchFormat(max_seq_length=limit, pad_to_multiple_of=self.pad_to_multiple_of,
+                                        **self._format)
         out = []
         for batch in data.eval_batches(table, batch_format,
                                        global_batch_size=rows_per_batch(len(lengths), self.batch_size)):

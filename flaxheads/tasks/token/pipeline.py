@@ -42,6 +42,7 @@ import numpy as np
 
 from flaxheads.tasks.token.inference import TokenScorer
 from flaxheads.inference import pipeline_model
+from flaxheads.names import PAD_TO_MULTIPLE_OF
 from flaxheads.tasks.token.model import TokenClassifier
 from flaxheads.tokenizer import longest_input
 
@@ -54,7 +55,8 @@ DEFAULT_IGNORE_LABELS = ("O",)
 
 def token_classification_pipeline(model: TokenClassifier | str | os.PathLike | None = None, tokenizer: Any = None,
                                   *, aggregation_strategy: str = "none", ignore_labels: Sequence[str] | None = None,
-                                  stride: int | None = None, batch_size: int = 64) -> TokenClassificationPipeline:
+                                  stride: int | None = None, batch_size: int = 64,
+                                  pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF) -> TokenClassificationPipeline:
     """A token classifier answering as `transformers.pipeline("token-classification", model=...,
     tokenizer=..., aggregation_strategy=..., ignore_labels=..., stride=...)`: what
     `flaxheads.pipeline("token-classification", ...)` builds.
@@ -66,7 +68,8 @@ def token_classification_pipeline(model: TokenClassifier | str | os.PathLike | N
     `AGGREGATION_STRATEGIES` (the word strategies need a fast tokenizer); `ignore_labels`: labels
     left out of the answers (None: "O"); `stride`: read texts longer than the model's input in
     windows overlapping by this many tokens (not with "none"). Windows are
-    `batch_size` to a forward pass. Each may be changed per call (`__call__`).
+    `batch_size` to a forward pass, padded to multiples of `pad_to_multiple_of` tokens (0: powers
+    of two). Each may be changed per call (`__call__`).
 
     Raises ValueError for a missing or foreign tokenizer, a folder without a tokenizer or a
     trained token head (UntrainedModel), a model of another task (naming the pipeline task that
@@ -75,7 +78,7 @@ def token_classification_pipeline(model: TokenClassifier | str | os.PathLike | N
     model, tokenizer, source = pipeline_model(model, tokenizer, TokenClassifier)
     return TokenClassificationPipeline(model, tokenizer, aggregation_strategy=aggregation_strategy,
                                        ignore_labels=ignore_labels, stride=stride, batch_size=batch_size,
-                                       source=source)
+                                       source=source, pad_to_multiple_of=pad_to_multiple_of)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +96,10 @@ class TokenClassificationPipeline:
 
     def __init__(self, model: TokenClassifier, tokenizer, *, aggregation_strategy: str = "none",
                  ignore_labels: Sequence[str] | None = None, stride: int | None = None, batch_size: int = 64,
-                 source: str = "the model"):
+                 source: str = "the model", pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF):
         self.model, self.source = model, source
         self.scorer = TokenScorer(model, tokenizer, max_seq_length=longest_input(model.config.backbone, tokenizer),
-                                  batch_size=batch_size, source=source)
+                                  batch_size=batch_size, source=source, pad_to_multiple_of=pad_to_multiple_of)
         self.tokenizer = self.scorer.tokenizer
         self.max_length = self.scorer.max_seq_length
         """The most tokens (special ones included) the model reads at once; None: no limit."""
