@@ -54,14 +54,15 @@ compile_cache.enable(os.environ["FLAXHEADS_COMPILATION_CACHE"])
 
 
 LONGEST_FILES = (
-    "test_doc_examples.py", "test_embedding_gradient.py", "test_family_conversion.py", "test_packing_model.py",
-    "test_family_heads.py", "test_feature_pairs.py", "test_run_safety.py", "test_scale_out.py", "test_training.py",
-    "test_family_parity.py", "test_unread_positions.py", "test_family_tokens.py", "test_family_cli.py",
-    "test_best_model.py", "test_bench_e2e.py", "test_lora.py", "test_scan_layers.py", "test_study.py",
+    "test_doc_examples.py", "test_feature_pairs.py", "test_scale_out.py", "test_training.py", "test_run_safety.py",
+    "test_unread_positions.py", "test_search.py", "test_lora.py", "test_best_model.py", "test_packing_model.py",
+    "test_bench_e2e.py", "test_family_conversion.py", "test_gpu_bench.py", "test_embedding_gradient.py",
+    "test_family_heads.py", "test_study.py", "test_family_tokens.py", "test_family_cli.py", "test_family_parity.py",
+    "test_serve.py", "test_scan_layers.py",
 )
-"""The test files that take longest, longest first (wall seconds of the whole suite on 2 workers,
-2026-11-28: 564 s for the doc examples down to 115 s). They run first: scripts/test.sh gives each
-worker whole files (`--dist loadfile`), so a long file started last keeps one worker busy after
+"""The test files that take longest, longest first (CPU seconds in the whole suite on 2 workers,
+2026-11-28, with a run's half of the cross products: ~550 s for the doc examples down to ~60 s).
+They run first: scripts/test.sh gives each worker whole files (`--dist loadfile`), so a long file started last keeps one worker busy after
 the other has finished; first, the short files fill in beside it."""
 
 
