@@ -249,6 +249,13 @@ def _flat_ids_and_gradient(ids, rows: int, gradient):
     return jnp.where(ids_N < 0, ids_N + rows, ids_N), gradient.reshape(-1, gradient.shape[-1])
 
 
+def _in_table_ids_and_gradient(ids, rows: int, gradient):
+    """`_flat_ids_and_gradient`, with an id outside the table as `rows` (no row: dropped where
+    the table's gradient is written)."""
+    ids_N, gradient_ND = _flat_ids_and_gradient(ids, rows, gradient)
+    return jnp.where((ids_N >= 0) & (ids_N < rows), ids_N, rows), gradient_ND
+
+
 def _one_hot_backward(residuals, gradient):
     ids, like = residuals
     rows = like.shape[0]
@@ -271,8 +278,7 @@ def _lookup_gathered_gradient(table_VD: jax.Array, ids: jax.Array) -> jax.Array:
 def _gathered_backward(residuals, gradient):
     ids, like = residuals
     rows = like.shape[0]
-    ids_N, gradient_ND = _flat_ids_and_gradient(ids, rows, gradient)
-    ids_N = jnp.where((ids_N >= 0) & (ids_N < rows), ids_N, rows)  # out of range: no row (dropped below)
+    ids_N, gradient_ND = _in_table_ids_and_gradient(ids, rows, gradient)
     n = ids_N.shape[0]
     # Each token's slot: the rank of its id among the distinct ids (unused slots hold `rows`).
     distinct_N, slot_N = jnp.unique(ids_N, return_inverse=True, size=n, fill_value=rows)
@@ -301,8 +307,7 @@ def _add_within_runs(left, right):
 def _sorted_backward(residuals, gradient):
     ids, like = residuals
     rows = like.shape[0]
-    ids_N, gradient_ND = _flat_ids_and_gradient(ids, rows, gradient)
-    ids_N = jnp.where((ids_N >= 0) & (ids_N < rows), ids_N, rows)  # out of range: no row (dropped below)
+    ids_N, gradient_ND = _in_table_ids_and_gradient(ids, rows, gradient)
     n = ids_N.shape[0]
     order_N = jnp.argsort(ids_N, stable=True)
     sorted_ids_N = ids_N[order_N]
