@@ -35,6 +35,8 @@ cores=$(nproc 2>/dev/null || echo 2)
 workers=${FLAXHEADS_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
 parallel=()
 if (( workers > 0 )); then
-    parallel=(-n "$workers" --dist loadfile)
+    # --no-loadscope-reorder: xdist would otherwise start the files with the most tests first, not
+    # tests/conftest.py's LONGEST_FILES (the doc examples: 11 tests, the longest file, started last).
+    parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
 exec "$python" -m pytest -q --durations=25 "${parallel[@]}" "${lane[@]}" "${args[@]}"

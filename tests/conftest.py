@@ -62,9 +62,10 @@ LONGEST_FILES = (
 )
 """The test files that take longest, longest first (CPU seconds in the whole suite on 2 workers,
 2026-11-28, with a run's half of the cross products: ~550 s for the doc examples down to ~60 s).
-They run first: scripts/test.sh gives each worker whole files (`--dist loadfile`), so a long file
-started last keeps one worker busy after the other has finished; first, the short files fill in
-beside it."""
+They run first (scripts/test.sh passes xdist `--no-loadscope-reorder`, which keeps this order
+instead of xdist's own, most tests first): each worker takes whole files (`--dist loadfile`), so
+a long file started last keeps one worker busy after the other has finished; first, the short
+files fill in beside it."""
 
 
 MATRIX_ENV = "FLAXHEADS_TEST_MATRIX"
