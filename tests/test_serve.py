@@ -105,6 +105,10 @@ CASES = {
                                  lambda p: p["sentiment"](TEXTS, top_k=None, function_to_apply="none")),
     "predict_truncated": ("predict", {"inputs": LONG, "model": "sentiment", "truncate": True},
                           lambda p: p["sentiment"](LONG, top_k=None)),
+    # Longest first: the server cuts the batch into forward passes of like length, shortest first,
+    # and each answer must still go back to its own input.
+    "predict_batch_longest_first": ("predict", {"inputs": [[t] for t in TEXTS[::-1]], "model": "sentiment"},
+                                    lambda p: p["sentiment"](TEXTS[::-1], top_k=None)),
     "predict_multi_label": ("predict", {"inputs": [[t] for t in TEXTS], "model": "topics"},
                             lambda p: p["topics"](TEXTS, top_k=None)),
     "predict_multi_label_thresholds": ("predict", {"inputs": [[t] for t in TEXTS], "model": "topics",

@@ -56,3 +56,18 @@ def test_a_flag_must_be_a_json_boolean_and_an_unknown_field_is_named():
         req.flag({"truncate": "yes"}, "truncate")
     with pytest.raises(ClientError, match=r"unknown field\(s\) 'raw_score': this route reads 'inputs', 'raw_scores'"):
         req.check_fields({"inputs": "a", "raw_score": True}, ("inputs", "raw_scores"))
+
+
+def _padded(length: int) -> int:
+    """Powers of two from 16, as the server pads."""
+    return max(16, 1 << (length - 1).bit_length())
+
+
+def test_a_batch_is_cut_so_short_inputs_are_not_padded_to_a_long_ones_length():
+    from flaxheads.serving.models import forward_groups
+
+    # One pass: 8 rows of 128 tokens; cut: 8 rows of 16, then 1 row of 128.
+    assert forward_groups([5] * 7 + [120], _padded, max_rows=128) == [7, 1]
+    assert forward_groups([10] * 8, _padded, max_rows=128) == [8]  # like lengths stay one pass
+    sizes = forward_groups([10] * 5, _padded, max_rows=2)
+    assert sum(sizes) == 5 and max(sizes) == 2  # at most max_rows a pass

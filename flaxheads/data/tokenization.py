@@ -14,7 +14,9 @@ import sys
 from collections.abc import Sequence
 
 import datasets
-from datasets.fingerprint import Hasher
+import pyarrow as pa
+from datasets.fingerprint import Hasher, generate_random_fingerprint
+from datasets.table import InMemoryTable
 
 from flaxheads.data.task import CHOSEN, LABEL, REJECTED, TEXT, TEXT_PAIR, TaskData
 
@@ -127,7 +129,12 @@ def tokenize_texts(
     """
     _check_max_length(tokenizer, max_seq_length)
     columns = encode(list(texts), None if text_pairs is None else list(text_pairs), tokenizer, max_seq_length)
-    return datasets.Dataset.from_dict(columns, features=tokenized_features(tokenizer))
+    features = tokenized_features(tokenizer)
+    # Not `Dataset.from_dict`: it fingerprints the rows (pickling the table) for a cache this
+    # in-memory dataset never enters, and that was most of a short pipeline call's own time.
+    table = pa.Table.from_pydict({name: columns[name] for name in features}, schema=features.arrow_schema)
+    return datasets.Dataset(InMemoryTable(table), info=datasets.DatasetInfo(features=features),
+                            fingerprint=generate_random_fingerprint())
 
 
 def _check_max_length(tokenizer, max_seq_length: int) -> None:
