@@ -182,5 +182,6 @@ def test_test_script_runs_the_fast_lane_and_spreads_files_over_workers(repo_copy
     fast = bash("bash scripts/test.sh --fast -k x", repo_copy, FLAXHEADS_TEST_WORKERS="2")
     everything = bash("bash scripts/test.sh", repo_copy, FLAXHEADS_TEST_WORKERS="3")
 
-    assert fast.stdout.strip() == "-m|pytest|-q|--durations=25|-n|2|--dist|loadfile|-m|not slow|-k|x|"
-    assert everything.stdout.strip() == "-m|pytest|-q|--durations=25|-n|3|--dist|loadfile|"
+    parallel = "--dist|loadfile|--no-loadscope-reorder|"
+    assert fast.stdout.strip() == f"-m|pytest|-q|--durations=25|-n|2|{parallel}-m|not slow|-k|x|"
+    assert everything.stdout.strip() == f"-m|pytest|-q|--durations=25|-n|3|{parallel}"
