@@ -10,7 +10,6 @@ paths with the scatter-add in the same program."""
 
 from __future__ import annotations
 
-import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -37,19 +36,10 @@ CUSTOM_GRADIENT = {REFERENCE: None, "one-hot (GPU)": "_lookup_one_hot_gradient",
                    "sorted (GPU)": "_lookup_sorted_gradient", "gathered (CPU)": "_lookup_gathered_gradient"}
 
 
-@contextlib.contextmanager
 def taking(path: str, paths: dict = PATHS):
     """`lookup` traced inside takes `path` (of `paths`), as it would on that backend."""
     backend, limits = paths[path]
-    saved = {name: getattr(layers, name) for name in ("_backend", *limits)}
-    try:
-        layers._backend = lambda: backend
-        for name, value in limits.items():
-            setattr(layers, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(layers, name, value)
+    return layers.gradient_paths(backend=backend, **limits)
 
 
 @pytest.fixture
@@ -131,6 +121,17 @@ def test_which_tables_take_which_gradient(backend):
         "_lookup_sorted_gradient", "_lookup_sorted_gradient", "_lookup_one_hot_gradient")
     backend("tpu")
     assert taken(vocabulary, largest_one_hot) == (None, "_lookup_one_hot_gradient")
+
+
+def test_gradient_paths_chooses_inside_its_block_restores_after_and_names_an_unknown_limit():
+    table, ids = jnp.zeros((layers.SORTED_GRADIENT_ROWS + 1, 2)), jnp.zeros((3,), jnp.int32)
+    before = _custom_gradient(table, ids)
+    with pytest.raises(RuntimeError), layers.gradient_paths(backend="gpu", SORTED_GRADIENT_ROWS=2**62):
+        assert _custom_gradient(table, ids) is None  # the vocabulary's scatter-add on a GPU
+        raise RuntimeError  # the block fails: the settings are restored all the same
+    assert _custom_gradient(table, ids) == before and layers.SORTED_GRADIENT_ROWS == 2048
+    with pytest.raises(ValueError, match="not SORTED_ROWS"):
+        layers.gradient_paths(SORTED_ROWS=1).__enter__()
 
 
 def _table_scatter_adds(jaxpr, table_shapes: set[str]) -> int:

@@ -8,8 +8,10 @@ and scan over layers), `rope.py` (rotary positions), `segments.py` (packed rows)
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable
+import sys
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -194,6 +196,27 @@ class Embed(nnx.Embed):
 def _backend() -> str:
     """The platform the lookup runs on; tests replace it."""
     return jax.default_backend()
+
+
+@contextlib.contextmanager
+def gradient_paths(*, backend: str | None = None, **rows: int) -> Iterator[None]:
+    """Inside the block, `lookup` traces as it would on `backend` (None: the real one) with the
+    row limits `rows` (`ONE_HOT_GRADIENT_ROWS=0`, `SORTED_GRADIENT_ROWS=...`); afterwards as before.
+    For tests and benchmarks that compare the embedding gradient's paths; not thread-safe."""
+    unknown = sorted(set(rows) - {"ONE_HOT_GRADIENT_ROWS", "SORTED_GRADIENT_ROWS", "GATHERED_GRADIENT_ROWS"})
+    if unknown:
+        raise ValueError(f"gradient_paths takes the row limits ONE_HOT_GRADIENT_ROWS, SORTED_GRADIENT_ROWS and "
+                         f"GATHERED_GRADIENT_ROWS, not {', '.join(unknown)}")
+    module = sys.modules[__name__]
+    settings = {**rows, **({"_backend": lambda: backend} if backend is not None else {})}
+    saved = {name: getattr(module, name) for name in settings}
+    try:
+        for name, value in settings.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def lookup(table_VD: jax.Array, ids: jax.Array) -> jax.Array:

@@ -12,7 +12,6 @@ seconds: what tests/test_gpu_bench.py runs, so that the GPU run cannot fail on i
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -62,27 +61,13 @@ class Shapes:
                    fused=dict(batch=2, seq=32, heads=4, head_dim=8, repeats=1))
 
 
-@contextlib.contextmanager
-def _limits(**values):
-    """`layers`' row limits set for the block (the embedding gradient's paths), then restored."""
-    from flaxheads.backbones import layers
-
-    saved = {name: getattr(layers, name) for name in values}
-    try:
-        for name, value in values.items():
-            setattr(layers, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(layers, name, value)
-
-
 OFF = 2**62
 """A row limit no table reaches: `SORTED_GRADIENT_ROWS` off; `ONE_HOT_GRADIENT_ROWS=0` is its off."""
 
 
 def jobs(shapes: Shapes) -> dict[str, Callable[[], list[dict[str, Any]]]]:
     """Job name -> a function returning its rows."""
+    from flaxheads.backbones.layers import gradient_paths
     from flaxheads.benchmarks import fused_check, reward_step
     from flaxheads.benchmarks.step_shapes import StepBench
     from flaxheads.benchmarks.steps import run
@@ -97,7 +82,7 @@ def jobs(shapes: Shapes) -> dict[str, Callable[[], list[dict[str, Any]]]]:
     def variant(name: str, **limits):
         """flaxheads' train step alone with the embedding gradient's paths limited (`layers`' row limits)."""
         def job():
-            with _limits(**limits):
+            with gradient_paths(**limits):
                 return [dict(r, variant=name) for r in run(bert, torch_peer=False, steps=("train",))]
         return job
 
