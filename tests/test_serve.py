@@ -224,6 +224,19 @@ def test_multiple_choice_answers_the_numbers_flaxheads_predict_gives(server, fol
     assert_same(response.json(), [{k: row[k] for k in ("label", "choice", "probabilities")} for row in predicted])
 
 
+@pytest.mark.parametrize("example, words", [
+    ({"context": "good", "choices": ["a"]}, "example 1's choices must be a list of two texts or more"),
+    ({"context": "good", "choices": ["a", " "]}, "the text at index 1 of example 1's choices is blank"),
+    ({"context": "good", "choices": ["a", "b"], "label": 0}, 'example 1 must be a dict {"context": ..., "choices"'),
+    ({"choices": ["a", "b"]}, 'example 1 must be a dict {"context": ..., "choices"'),
+])
+def test_the_multiple_choice_pipeline_refuses_a_bad_example_naming_it(pipes, example, words):
+    with pytest.raises(ValueError) as refused:
+        pipes["chooser"]([CHOICES[0], example])
+
+    assert words in str(refused.value)
+
+
 def test_a_token_batch_is_cut_so_a_short_text_is_not_padded_to_a_long_ones_length(folders, pipes):
     (model,) = open_models([folders["tagger"]], max_batch_tokens=MAX_BATCH_TOKENS, warm=False)
     shapes, forward = [], model.pipe.scorer._forward
