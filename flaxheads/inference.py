@@ -162,8 +162,8 @@ def eval_copy(model) -> tuple[Any, Any]:
 def forward_devices() -> list:
     """The devices a pipeline's forward passes run on (`data_parallel`): every local device of a
     single-process run, else the default one."""
-    if jax.process_count() > 1:
-        return jax.devices()[:1]
+    if jax.process_count() > 1:  # the mesh would span other processes' devices, whose rows this one lacks
+        return jax.local_devices()[:1]
     return jax.local_devices()
 
 

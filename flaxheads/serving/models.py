@@ -444,11 +444,11 @@ class ChoiceModel(ServedModel):
         given = body.get("inputs")
         single = isinstance(given, dict)
         raw = req.items_of([given] if single else given, "inputs", self.INPUT, max_items)
-        items = [self._item(item, "inputs" if single else f"inputs[{i}]", max_items) for i, item in enumerate(raw)]
+        places = ["inputs"] if single else [f"inputs[{i}]" for i in range(len(raw))]
+        items = [self._item(item, where, max_items) for item, where in zip(raw, places)]
         truncate = req.flag(body, "truncate")
         tokens = 0
-        for where, (context, choices) in zip(("inputs",) if single else (f"inputs[{i}]" for i in range(len(items))),
-                                             items):
+        for where, (context, choices) in zip(places, items):
             for j, length in enumerate(self._lengths([context] * len(choices), list(choices))):
                 if length > self.max_input_length and not truncate:
                     raise ClientError(413, f"`{where}.choices[{j}]` has {length} tokens with its context, more than "
@@ -485,10 +485,11 @@ class ChoiceModel(ServedModel):
         special = self.counting_tokenizer.num_special_tokens_to_add(pair=True)
         calls = []
         for length, rows in self._warm_shapes():
-            if rows < 2:
-                continue  # an input has two choices or more: a pass of one row never comes
+            if rows == 1 and self.batch_size > 1:
+                continue  # an input has two choices or more: a pass has two rows or more (up to batch_size)
             words = length - special
-            calls.append((("default",), [(self._filler(words - words // 2), (self._filler(words // 2),) * rows)]))
+            choices = (self._filler(words // 2),) * max(rows, 2)
+            calls.append((("default",), [(self._filler(words - words // 2), choices)]))
         return calls
 
 
