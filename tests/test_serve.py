@@ -393,11 +393,18 @@ def spy(x, device=None, *args, **kwargs):
 jax.device_put = spy
 items = json.loads(sys.argv[1])
 models = open_models(sys.argv[2:], max_batch_tokens=32, max_input_length=16, warm=False)
-answers = {m.name: [m.run(("default",), batch) for batch in items[m.name]] for m in models}
-print(json.dumps({"devices": [m.info()["devices"] for m in models], "shards": shards, "answers": answers}))
+answers, placed = {}, {}
+for m in models:
+    del shards[:]
+    answers[m.name] = [m.run(tuple(items[m.name][0]), batch) for batch in items[m.name][1]]
+    placed[m.name] = list(shards)
+print(json.dumps({"devices": [m.info()["devices"] for m in models], "shards": placed, "answers": answers}))
 """
-TWO_DEVICE_ITEMS = {"sentiment": [[["a good film", None]], [["great", None], ["so dull", None], ["a film", None]]],
-                    "chooser": [[["the film was good", ["great", "bad", "so dull"]]]]}
+TWO_DEVICE_ITEMS = {  # name: (the batch's key, batches), a model of each task
+    "sentiment": (["default"], [[["a good film", None]], [["great", None], ["so dull", None], ["a film", None]]]),
+    "tagger": (["simple", ["O"], None], [["a good film", "the plot was so dull", "great"]]),
+    "reader": ([1, 15, None, False, True], [[["what was good ?", "the film was good"]]]),
+    "chooser": (["default"], [[["the film was good", ["great", "bad", "so dull"]]]])}
 
 
 def test_with_two_devices_a_forward_pass_splits_its_rows_between_them_and_answers_as_one(folders):
@@ -412,12 +419,13 @@ def test_with_two_devices_a_forward_pass_splits_its_rows_between_them_and_answer
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads(done.stdout.splitlines()[-1])
-    one = {m.name: [m.run(("default",), batch) for batch in TWO_DEVICE_ITEMS[m.name]]
+    one = {m.name: [m.run(tuple(TWO_DEVICE_ITEMS[m.name][0]), batch) for batch in TWO_DEVICE_ITEMS[m.name][1]]
            for m in open_models([folders[name] for name in names], max_batch_tokens=32, max_input_length=16,
                                 warm=False)}
 
-    assert [len(devices) for devices in two["devices"]] == [2, 2]
-    assert two["shards"] and all(rows % 2 == 0 and on_each == rows // 2 for rows, on_each in two["shards"])
+    assert [len(devices) for devices in two["devices"]] == [2] * len(names)
+    for name, shards in two["shards"].items():  # each task's forward pass
+        assert shards and all(rows % 2 == 0 and on_each == rows // 2 for rows, on_each in shards), (name, shards)
     assert_same(two["answers"], json.loads(json.dumps(one)))
 
 
