@@ -2,8 +2,9 @@
 route and task answers as `flaxheads.pipeline(...)` does in this process (1e-6), alone and in a
 random concurrent mix of lengths and tasks (so answers cannot depend on batch mates), every bad
 input is a 4xx JSON error naming its field and fix, the request cap answers 429, and SIGTERM lets
-a request in flight finish. One server (tests/serve_models.py's six tiny models) serves the module;
-SIGTERM, last, stops it."""
+a request in flight finish. One server (tests/serve_models.py's seven tiny models) serves the
+module; SIGTERM, last, stops it. With two CPU devices (a process of its own), every task's forward
+passes split their rows over both and answer as one device."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from flaxheads.serving import open_models
 from jobs import free_port
 from serve_models import MAX_POSITIONS, build
 
-pytestmark = pytest.mark.slow  # a server compiling 4 tiny programs in 26 shapes, and this process's pipelines
+pytestmark = pytest.mark.slow  # a server compiling 7 tiny models in 41 shapes, and this process's pipelines
 
 ATOL = 1e-6
 MAX_BATCH_TOKENS = 128  # 2 rows of 64 tokens a forward pass: few shapes to compile
