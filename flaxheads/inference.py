@@ -169,7 +169,7 @@ def forward_devices() -> list:
 
 def data_parallel(params, forward):
     """(params, forward) to run a compiled forward pass `forward(params, *arrays)` over every
-    device of `forward_devices()`, as `predict` splits its batches (`training.sharding.Layout`:
+    device of `forward_devices()`, as evaluation splits its batches (`training.sharding.Layout`:
     the batch's leading axis over the mesh's data axes, parameters replicated): `params` placed on
     every device, and a forward whose array arguments (None passes through) and outputs have the
     batch's rows first, whose rows are padded to a multiple of the device count (repeating the
@@ -258,5 +258,5 @@ UNBOUNDED_START = 128
 
 
 __all__ = ["Trained", "open_model_folder", "UNBOUNDED", "UNBOUNDED_START", "check_batch_size", "checkpoint_task",
-           "data_parallel", "eval_copy", "forward_devices", "load_trained", "open_trained", "other_task", "padding", "pipeline_model", "readable_texts", "refuse_non_finite", "require_model_folder",
-           "rows_per_batch"]
+           "data_parallel", "eval_copy", "forward_devices", "load_trained", "open_trained", "other_task", "padding",
+           "pipeline_model", "readable_texts", "refuse_non_finite", "require_model_folder", "rows_per_batch"]
