@@ -408,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="padded tokens of one batch at most (requests queued together are batched up to it)")
     p.add_argument("--max_concurrent_requests", type=int, default=512,
                    help="requests in flight at most; beyond, the server answers 429")
-    p.add_argument("--max_client_batch_size", type=int, default=32, help="inputs of one request at most")
+    p.add_argument("--max_client_batch_size", type=int, default=32, help="inputs of one request at most (and choices of one multiple-choice input)")
     p.add_argument("--max_input_length", type=int,
                    help="tokens of one input at most (fewer shapes to compile); default: each model's limit")
     p.add_argument("--payload_limit", type=int, default=2_000_000, help="bytes of one request's body at most")

@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -25,6 +26,7 @@ from flaxheads.conversion.model_folder import Checkpoint, open_checkpoint
 from flaxheads.model import PretrainedModel, require_trained
 from flaxheads.tokenizer import fitting_max_length, load_tokenizer, model_pad_token_id, pad_token_ids, read_tokenizer
 from flaxheads.training import run_files
+from flaxheads.training.sharding import Layout
 
 
 def require_model_folder(model_dir: str | os.PathLike) -> None:
@@ -157,6 +159,46 @@ def eval_copy(model) -> tuple[Any, Any]:
     return nnx.split(runnable)
 
 
+def forward_devices() -> list:
+    """The devices a pipeline's forward passes run on (`data_parallel`): every local device of a
+    single-process run, else the default one."""
+    if jax.process_count() > 1:  # the mesh would span other processes' devices, whose rows this one lacks
+        return jax.local_devices()[:1]
+    return jax.local_devices()
+
+
+def data_parallel(params, forward):
+    """(params, forward) to run a compiled forward pass `forward(params, *arrays)` over every
+    device of `forward_devices()`, as evaluation splits its batches (`training.sharding.Layout`:
+    the batch's leading axis over the mesh's data axes, parameters replicated): `params` placed on
+    every device, and a forward whose array arguments (None passes through) and outputs have the
+    batch's rows first, whose rows are padded to a multiple of the device count (repeating the
+    last row) and split over the devices, and whose outputs come back as numpy arrays of the rows
+    given. With one device both are returned as they are. Each row is computed alone either way,
+    so the answers are the same (float32 rounding)."""
+    devices = len(forward_devices())
+    if devices == 1:
+        return params, forward
+    layout = Layout.create()
+    rows_sharding = layout.batch()
+    params = jax.device_put(params, layout.replicated)
+
+    def over_devices(params, *arrays):
+        rows = next(array.shape[0] for array in arrays if array is not None)
+        padded = -(-rows // devices) * devices
+
+        def placed(array):
+            array = np.asarray(array)
+            filler = [(0, padded - rows)] + [(0, 0)] * (array.ndim - 1)
+            return jax.device_put(np.pad(array, filler, mode="edge"), rows_sharding)
+
+        out = forward(params, *(None if array is None else placed(array) for array in arrays))
+        # An output may hold several entries a row (packed rows' segments): cut in proportion.
+        return jax.tree.map(lambda x: np.asarray(x)[: x.shape[0] // padded * rows], out)
+
+    return params, over_devices
+
+
 def rows_per_batch(needed: int, batch_size: int) -> int:
     """As many rows as `needed`, as a power of two (fewer shapes to compile), up to `batch_size`."""
     return min(batch_size, 1 << (needed - 1).bit_length())
@@ -215,6 +257,6 @@ UNBOUNDED_START = 128
 """The smallest bucket when texts are not cut: longer texts get the next power of two."""
 
 
-__all__ = ["Trained", "open_model_folder", "UNBOUNDED", "UNBOUNDED_START", "check_batch_size", "checkpoint_task", "eval_copy", "load_trained",
-           "open_trained", "other_task", "padding", "pipeline_model", "readable_texts", "refuse_non_finite", "require_model_folder",
-           "rows_per_batch"]
+__all__ = ["Trained", "open_model_folder", "UNBOUNDED", "UNBOUNDED_START", "check_batch_size", "checkpoint_task",
+           "data_parallel", "eval_copy", "forward_devices", "load_trained", "open_trained", "other_task", "padding",
+           "pipeline_model", "readable_texts", "refuse_non_finite", "require_model_folder", "rows_per_batch"]

@@ -39,7 +39,7 @@ def _flaxheads_section(folder: Path, **section) -> None:
 def build(root: Path) -> dict[str, Path]:
     """{name: folder} of: `sentiment` (3 labels), `topics` (multi-label, tuned thresholds),
     `ranker` (a cross-encoder: one score for a text pair), `reward` (a pairwise reward model),
-    `tagger` (token classification), `reader` (question answering)."""
+    `tagger` (token classification), `reader` (question answering), `chooser` (multiple choice)."""
     import torch
     import transformers
 
@@ -55,6 +55,7 @@ def build(root: Path) -> dict[str, Path]:
                    {"problem_type": "pairwise_reward"}),
         "tagger": (transformers.BertForTokenClassification, dict(id2label=dict(enumerate(TAGS))), {}),
         "reader": (transformers.BertForQuestionAnswering, dict(), {}),
+        "chooser": (transformers.BertForMultipleChoice, dict(), {}),
     }
     folders = {}
     for seed, (name, (cls, config, section)) in enumerate(models.items()):

@@ -2,8 +2,9 @@
 route and task answers as `flaxheads.pipeline(...)` does in this process (1e-6), alone and in a
 random concurrent mix of lengths and tasks (so answers cannot depend on batch mates), every bad
 input is a 4xx JSON error naming its field and fix, the request cap answers 429, and SIGTERM lets
-a request in flight finish. One server (tests/serve_models.py's six tiny models) serves the module;
-SIGTERM, last, stops it."""
+a request in flight finish. One server (tests/serve_models.py's seven tiny models) serves the
+module; SIGTERM, last, stops it. With two CPU devices (a process of its own), every task's forward
+passes split their rows over both and answer as one device."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from flaxheads.serving import open_models
 from jobs import free_port
 from serve_models import MAX_POSITIONS, build
 
-pytestmark = pytest.mark.slow  # a server compiling 4 tiny programs in 26 shapes, and this process's pipelines
+pytestmark = pytest.mark.slow  # a server compiling 7 tiny models in 41 shapes, and this process's pipelines
 
 ATOL = 1e-6
 MAX_BATCH_TOKENS = 128  # 2 rows of 64 tokens a forward pass: few shapes to compile
@@ -42,6 +43,9 @@ TEXTS = ["a good film", "the plot was so dull and boring , the worst movie", "gr
 LONG = " ".join(["the film was good , the plot was bad ."] * 12)  # 120 tokens: more than the models read
 QUESTIONS = [{"question": "what was good ?", "context": "the film was very good and the plot was bad"},
              {"question": "what was the plot ?", "context": LONG}]
+CHOICES = [{"context": "the film was good", "choices": ["a great story", "the worst plot , so dull and boring"]},
+           {"context": TEXTS[3], "question": "the film was", "choices": ["good", "bad", "so dull", "the best movie"]},
+           {"context": LONG, "choices": ["good", "bad , very bad"]}]  # the last: cut with truncate
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +88,10 @@ def pipes(folders):
     so the compilation cache serves them; the answers are the same with any shapes)."""
     options = {"text-classification": dict(batch_size=2, pad_to_multiple_of=0),
                "token-classification": dict(batch_size=2, pad_to_multiple_of=0),
-               "question-answering": dict(batch_size=2)}
+               "question-answering": dict(batch_size=2), "multiple-choice": dict(batch_size=2, pad_to_multiple_of=0)}
     tasks = {"sentiment": "text-classification", "topics": "text-classification", "ranker": "text-classification",
-             "reward": "text-classification", "tagger": "token-classification", "reader": "question-answering"}
+             "reward": "text-classification", "tagger": "token-classification", "reader": "question-answering",
+             "chooser": "multiple-choice"}
     return {name: flaxheads.pipeline(task, model=str(folders[name]), **options[task]) for name, task in tasks.items()}
 
 
@@ -133,6 +138,9 @@ CASES = {
     "tokens_first_no_ignored": ("token_classification", {"inputs": TEXTS, "aggregation_strategy": "first",
                                                          "ignore_labels": []},
                                 lambda p: p["tagger"](TEXTS, aggregation_strategy="first", ignore_labels=[])),
+    # Longest first: the server cuts a token batch into passes of like length too.
+    "tokens_longest_first": ("token_classification", {"inputs": TEXTS[::-1], "aggregation_strategy": "simple"},
+                             lambda p: p["tagger"](TEXTS[::-1], aggregation_strategy="simple")),
     "tokens_stride": ("token_classification", {"inputs": [LONG], "aggregation_strategy": "max", "stride": 16},
                       lambda p: p["tagger"]([LONG], aggregation_strategy="max", stride=16)),
     "question": ("question_answering", {"inputs": QUESTIONS[0]}, lambda p: p["reader"](QUESTIONS[0])),
@@ -140,6 +148,12 @@ CASES = {
                                 lambda p: p["reader"](QUESTIONS, top_k=3, doc_stride=16)),
     "question_impossible": ("question_answering", {"inputs": [QUESTIONS[1]], "handle_impossible_answer": True},
                             lambda p: [p["reader"](QUESTIONS[1], handle_impossible_answer=True)]),
+    "choice_one": ("multiple_choice", {"inputs": CHOICES[0]}, lambda p: p["chooser"](CHOICES[0])),
+    # Inputs of 4 and 2 choices in one request (their choices share forward passes): each as alone.
+    "choices_of_several_counts": ("multiple_choice", {"inputs": CHOICES[1::-1]},
+                                  lambda p: [p["chooser"](c) for c in CHOICES[1::-1]]),
+    "choices_truncated": ("multiple_choice", {"inputs": CHOICES, "truncate": True},
+                          lambda p: [p["chooser"](c) for c in CHOICES]),
 }
 
 
@@ -190,9 +204,49 @@ def test_info_lists_every_model_with_its_task_and_routes(server, folders):
 
     assert [(m["model_id"], m["task"]) for m in info["models"]] == [
         ("sentiment", "text-classification"), ("topics", "text-classification"), ("ranker", "text-classification"),
-        ("reward", "text-classification"), ("tagger", "token-classification"), ("reader", "question-answering")]
+        ("reward", "text-classification"), ("tagger", "token-classification"), ("reader", "question-answering"),
+        ("chooser", "multiple-choice")]
     assert info["models"][2]["routes"] == ["/predict", "/tokenize", "/rerank", "/reward"]
+    assert info["models"][6]["routes"] == ["/multiple_choice", "/tokenize"]
     assert all(m["max_input_length"] == MAX_POSITIONS for m in info["models"])
+    assert all(len(m["devices"]) == 1 for m in info["models"])  # this process's one CPU device
+
+
+def test_multiple_choice_answers_the_numbers_flaxheads_predict_gives(server, folders, tmp_path):
+    from flaxheads.tasks.choice.inference import predict_choices
+
+    examples = [CHOICES[0], CHOICES[2]]  # a choice file holds one number of choices
+    rows = tmp_path / "choices.jsonl"
+    rows.write_text("".join(json.dumps(example) + "\n" for example in examples), encoding="utf-8")
+
+    response = httpx.post(f"{server.url}/multiple_choice", json={"inputs": examples, "truncate": True}, timeout=60)
+
+    predicted = predict_choices(folders["chooser"], rows, max_seq_length=MAX_POSITIONS)
+    assert_same(response.json(), [{k: row[k] for k in ("label", "choice", "probabilities")} for row in predicted])
+
+
+@pytest.mark.parametrize("example, words", [
+    ({"context": "good", "choices": ["a"]}, "example 1's choices must be a list of two texts or more"),
+    ({"context": "good", "choices": ["a", " "]}, "the text at index 1 of example 1's choices is blank"),
+    ({"context": "good", "choices": ["a", "b"], "label": 0}, 'example 1 must be a dict {"context": ..., "choices"'),
+    ({"choices": ["a", "b"]}, 'example 1 must be a dict {"context": ..., "choices"'),
+])
+def test_the_multiple_choice_pipeline_refuses_a_bad_example_naming_it(pipes, example, words):
+    with pytest.raises(ValueError) as refused:
+        pipes["chooser"]([CHOICES[0], example])
+
+    assert words in str(refused.value)
+
+
+def test_a_token_batch_is_cut_so_a_short_text_is_not_padded_to_a_long_ones_length(folders, pipes):
+    (model,) = open_models([folders["tagger"]], max_batch_tokens=MAX_BATCH_TOKENS, warm=False)
+    shapes, forward = [], model.pipe.scorer._forward
+    model.pipe.scorer._forward = lambda params, ids, *rest: shapes.append(ids.shape) or forward(params, ids, *rest)
+
+    answers = model.run(("simple", ("O",), None), [TEXTS[3], TEXTS[0]])  # 49 tokens and 5
+
+    assert sorted(shapes) == [(1, 16), (1, 64)]  # not (2, 64): the short text in a pass of its own
+    assert_same(answers, pipes["tagger"]([TEXTS[3], TEXTS[0]], aggregation_strategy="simple"))
 
 
 async def _send(url: str, requests: list[tuple[str, dict]], concurrency: int) -> list[httpx.Response]:
@@ -263,6 +317,16 @@ BAD = {
                                  'exactly the fields "question" and "context"'),
     "top_k_below_one": ("/question_answering", {"inputs": QUESTIONS[0], "top_k": 0}, 422,
                         "`top_k` must be an integer of at least 1"),
+    "choice_without_choices": ("/multiple_choice", {"inputs": {"context": "good"}}, 422,
+                               'the fields "context" and "choices"'),
+    "one_choice": ("/multiple_choice", {"inputs": [{"context": "good", "choices": ["a"]}]}, 422,
+                   "`inputs[0].choices` must be a list of two texts or more"),
+    "too_many_choices": ("/multiple_choice", {"inputs": {"context": "good", "choices": ["a"] * 33}}, 413,
+                         "`inputs.choices` holds 33 choices"),
+    "empty_choice": ("/multiple_choice", {"inputs": [CHOICES[0], {"context": "good", "choices": ["a", ""]}]}, 422,
+                     "`inputs[1].choices[1]` is empty or blank"),
+    "choice_too_long_without_truncate": ("/multiple_choice", {"inputs": CHOICES}, 413,
+                                         '`inputs[2].choices[0]` has 124 tokens with its context'),
     "unknown_route": ("/embed", {"inputs": "good"}, 404, "no route /embed"),
 }
 
@@ -315,6 +379,55 @@ def test_a_client_that_disconnects_mid_request_is_counted_and_costs_the_others_n
 
     assert gone == ['flaxheads_errors_total{kind="client_gone"} 1.0']
     assert httpx.post(f"{server.url}/predict", json={"inputs": "good", "model": "sentiment"}).status_code == 200
+
+
+ON_TWO_DEVICES = """
+import json, sys
+import jax, numpy as np
+from flaxheads.serving import open_models
+shards = []  # (rows, rows on each device) of every batch array placed
+real_put = jax.device_put
+def spy(x, device=None, *args, **kwargs):
+    if isinstance(x, np.ndarray) and isinstance(device, jax.sharding.NamedSharding):
+        shards.append((x.shape[0], device.shard_shape(x.shape)[0]))
+    return real_put(x, device, *args, **kwargs)
+jax.device_put = spy
+items = json.loads(sys.argv[1])
+models = open_models(sys.argv[2:], max_batch_tokens=32, max_input_length=16, warm=False)
+answers, placed = {}, {}
+for m in models:
+    del shards[:]
+    answers[m.name] = [m.run(tuple(items[m.name][0]), batch) for batch in items[m.name][1]]
+    placed[m.name] = list(shards)
+print(json.dumps({"devices": [m.info()["devices"] for m in models], "shards": placed, "answers": answers}))
+"""
+TWO_DEVICE_ITEMS = {  # name: (the batch's key, batches), a model of each task
+    "sentiment": (["default"], [[["a good film", None]], [["great", None], ["so dull", None], ["a film", None]]]),
+    "tagger": (["simple", ["O"], None], [["a good film", "the plot was so dull", "great"]]),
+    "reader": ([1, 15, None, False, True], [[["what was good ?", "the film was good"]]]),
+    "chooser": (["default"], [[["the film was good", ["great", "bad", "so dull"]]]])}
+
+
+def test_with_two_devices_a_forward_pass_splits_its_rows_between_them_and_answers_as_one(folders):
+    """A server process with two (CPU) devices: every batch array of the forward passes is split
+    row-wise over both (an odd number of rows padded to an even one), and the answers are those
+    of one device."""
+    from runs import cpu_devices_env
+
+    names = list(TWO_DEVICE_ITEMS)
+    done = subprocess.run([sys.executable, "-c", ON_TWO_DEVICES, json.dumps(TWO_DEVICE_ITEMS),
+                           *(str(folders[name]) for name in names)], env=cpu_devices_env(2), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads(done.stdout.splitlines()[-1])
+    one = {m.name: [m.run(tuple(TWO_DEVICE_ITEMS[m.name][0]), batch) for batch in TWO_DEVICE_ITEMS[m.name][1]]
+           for m in open_models([folders[name] for name in names], max_batch_tokens=32, max_input_length=16,
+                                warm=False)}
+
+    assert [len(devices) for devices in two["devices"]] == [2] * len(names)
+    for name, shards in two["shards"].items():  # each task's forward pass
+        assert shards and all(rows % 2 == 0 and on_each == rows // 2 for rows, on_each in shards), (name, shards)
+    assert_same(two["answers"], json.loads(json.dumps(one)))
 
 
 def test_an_untrained_or_incomplete_folder_is_refused_before_serving(folders, tmp_path):

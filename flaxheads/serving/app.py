@@ -1,7 +1,7 @@
 """The HTTP routes: text-embeddings-inference's where it has them (/predict, /rerank, /tokenize,
-/health, /info, /metrics), and in the same style /token_classification, /question_answering and
-/reward. Each inference route is also /models/<name>/<route>, and reads a `model` field: either
-chooses one of several served models.
+/health, /info, /metrics), and in the same style /token_classification, /question_answering,
+/multiple_choice and /reward. Each inference route is also /models/<name>/<route>, and reads a
+`model` field: either chooses one of several served models.
 
 Errors are JSON {"error", "error_type"} (text-embeddings-inference's shape): 400 for a body that is
 no JSON, 413 for a body, a batch or an input that is too large, 422 for a field of the wrong type
@@ -30,7 +30,8 @@ from flaxheads.version import __version__
 
 LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 """What jax reports once per program it compiles (or reads from its persistent cache): a new shape."""
-INFERENCE_ROUTES = ("predict", "rerank", "reward", "token_classification", "question_answering", "tokenize")
+INFERENCE_ROUTES = ("predict", "rerank", "reward", "token_classification", "question_answering", "multiple_choice",
+                    "tokenize")
 
 
 class Metrics:

@@ -11,13 +11,14 @@ answer a client gets equals `flaxheads.pipeline(...)(its inputs)`.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from flaxheads import problem, tasks
 from flaxheads.data.batching import bucket_lengths
-from flaxheads.inference import open_model_folder
+from flaxheads.inference import forward_devices, open_model_folder
 from flaxheads.serving import requests as req
 from flaxheads.tasks.qa.pipeline import DEFAULT_MAX_ANSWER_LEN
 from flaxheads.serving.requests import ClientError
@@ -74,6 +75,7 @@ class ServedModel:
     def info(self) -> dict[str, Any]:
         return {"model_id": self.name, "model_path": str(self.folder), "task": self.task,
                 "max_input_length": self.max_input_length, "batch_size": self.batch_size,
+                "devices": [str(device) for device in forward_devices()],
                 "routes": ["/" + route for route in self.routes]}
 
     def work(self, route: str, body: dict[str, Any], max_items: int) -> Work:
@@ -144,13 +146,6 @@ class ServedModel:
         """(padded length, rows) of every batch a text pipeline here can run."""
         rows = [1 << i for i in range(self.batch_size.bit_length())]
         return [(length, r) for length in bucket_lengths(self.max_input_length, 0, SMALLEST_LENGTH) for r in rows]
-
-
-def by_length(indices, length) -> list[int]:
-    """`indices` shortest first by `length(index)` (characters: a proxy for tokens), so that the
-    pipeline's forward passes, which take the inputs in order, pad rows of like length together;
-    the answers do not depend on it."""
-    return sorted(indices, key=length)
 
 
 FORWARD_COST_TOKENS = 32
@@ -354,12 +349,19 @@ class TokenModel(ServedModel):
 
     def run(self, key: tuple, items: list) -> list:
         strategy, ignore, stride = key
-        order = by_length(range(len(items)), lambda i: len(items[i]))
-        found = self.pipe([items[i] for i in order], aggregation_strategy=strategy, ignore_labels=list(ignore),
-                          stride=stride)
+        # Cut into passes of like length, as the classifier's batches (a text of several
+        # windows counts as one of the model's longest input: the cut is a cost estimate).
+        lengths = self._lengths(items, tokenizer=self.pipe.tokenizer)  # the worker's own tokenizer
+        order = sorted(range(len(items)), key=lambda i: lengths[i])
         answers: list = [None] * len(items)
-        for i, answer in zip(order, found):
-            answers[i] = answer
+        start = 0
+        for size in forward_groups([lengths[i] for i in order], self._padded, self.batch_size):
+            group = order[start:start + size]
+            start += size
+            found = self.pipe([items[i] for i in group], aggregation_strategy=strategy, ignore_labels=list(ignore),
+                              stride=stride)
+            for i, answer in zip(group, found):
+                answers[i] = answer
         return answers
 
     def warm_work(self) -> list[tuple[tuple, list]]:
@@ -428,7 +430,70 @@ class QuestionAnsweringModel(ServedModel):
                 for width in widths for r in rows]
 
 
-SERVED = {served.task: served for served in (ClassifierModel, TokenModel, QuestionAnsweringModel)}
+class ChoiceModel(ServedModel):
+    """A multiple-choice model: /multiple_choice, per input the choice it picks and the
+    probability of each, as `flaxheads.pipeline("multiple-choice")` (and `flaxheads predict`)
+    answers them. Inputs may have different numbers of choices: each choice is a row of its own."""
+
+    task = "multiple-choice"
+    routes = ("multiple_choice", "tokenize")
+    INPUT = 'an object {"context": ..., "choices": [...]} (and optionally "question") or a list of them'
+
+    def work(self, route: str, body: dict[str, Any], max_items: int) -> Work:
+        req.check_fields(body, ("inputs", "truncate", "model"))
+        given = body.get("inputs")
+        single = isinstance(given, dict)
+        raw = req.items_of([given] if single else given, "inputs", self.INPUT, max_items)
+        places = ["inputs"] if single else [f"inputs[{i}]" for i in range(len(raw))]
+        items = [self._item(item, where, max_items) for item, where in zip(raw, places)]
+        truncate = req.flag(body, "truncate")
+        tokens = 0
+        for where, (context, choices) in zip(places, items):
+            for j, length in enumerate(self._lengths([context] * len(choices), list(choices))):
+                if length > self.max_input_length and not truncate:
+                    raise ClientError(413, f"`{where}.choices[{j}]` has {length} tokens with its context, more than "
+                                           f"the {self.max_input_length} {self.name} reads: send \"truncate\": true "
+                                           "to cut the longer of the two (as training cut them), or shorten it")
+                tokens += self._padded(length)
+        return Work(("default",), items, tokens, lambda answers: answers[0] if single else answers)
+
+    def _item(self, item, where: str, max_items: int) -> tuple[str, tuple[str, ...]]:
+        """(context, the second text of each choice) of one input, as the pipeline reads it."""
+        if not isinstance(item, dict) or not {"context", "choices"} <= set(item) \
+                or not set(item) <= {"context", "question", "choices"}:
+            raise ClientError(422, f"`{where}` must be an object with the fields \"context\" and \"choices\" (and "
+                                   f"optionally \"question\", the start every choice continues), not {item!r}"[:300])
+        context = req.text(item["context"], f"{where}.context")
+        choices = item["choices"]
+        if not isinstance(choices, list) or len(choices) < 2:
+            raise ClientError(422, f"`{where}.choices` must be a list of two texts or more (the choices to pick "
+                                   f"from), not {json.dumps(choices)[:60]}")
+        if len(choices) > max_items:
+            raise ClientError(413, f"`{where}.choices` holds {len(choices)} choices, more than the {max_items} one "
+                                   "input may hold (--max_client_batch_size): send fewer choices")
+        choices = [req.text(choice, f"{where}.choices[{j}]") for j, choice in enumerate(choices)]
+        if "question" in item:
+            question = req.text(item["question"], f"{where}.question")
+            choices = [f"{question} {choice}" for choice in choices]  # the pipeline's (run_swag.py's) second text
+        return context, tuple(choices)
+
+    def run(self, key: tuple, items: list) -> list:
+        # The pipeline sorts every input's choices by length into passes of like length itself.
+        return self.pipe([{"context": context, "choices": list(choices)} for context, choices in items])
+
+    def warm_work(self) -> list[tuple[tuple, list]]:
+        special = self.counting_tokenizer.num_special_tokens_to_add(pair=True)
+        calls = []
+        for length, rows in self._warm_shapes():
+            if rows == 1 and self.batch_size > 1:
+                continue  # an input has two choices or more: a pass has two rows or more (up to batch_size)
+            words = length - special
+            choices = (self._filler(words // 2),) * max(rows, 2)
+            calls.append((("default",), [(self._filler(words - words // 2), choices)]))
+        return calls
+
+
+SERVED = {served.task: served for served in (ClassifierModel, TokenModel, QuestionAnsweringModel, ChoiceModel)}
 """The class that serves each task's models, by the task's name (a task without one is not served)."""
 
 

@@ -104,6 +104,8 @@ def pipeline(task: str = DEFAULT, model=None, tokenizer=None, **options):
       `max_seq_length`, `batch_size`.
     - "token-classification" ("ner"): `token_classification_pipeline`; options
       `aggregation_strategy`, `ignore_labels`, `stride`, `batch_size`.
+    - "multiple-choice": `multiple_choice_pipeline` (per example the choice picked, as `flaxheads
+      predict` answers); options `max_seq_length`, `batch_size`.
 
     ValueError naming the tasks for an unknown one; a model of another task is refused naming the
     task that reads it.

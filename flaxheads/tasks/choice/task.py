@@ -91,5 +91,10 @@ class MultipleChoiceTask(Task):
     def predict_command(self, folder, inputs: Mapping[str, Any]) -> list[dict]:
         return predict_rows(folder, inputs)
 
+    def pipeline(self, model, tokenizer, **options):
+        from flaxheads.tasks.choice.pipeline import multiple_choice_pipeline
+
+        return multiple_choice_pipeline(model, tokenizer, **options)
+
 
 TASK = MultipleChoiceTask()

@@ -17,7 +17,7 @@ from flaxheads.conversion import architecture_table
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import tokenize_texts
 from flaxheads.inference import (
-    UNBOUNDED, UNBOUNDED_START, check_batch_size, eval_copy, open_trained, padding, refuse_non_finite,
+    UNBOUNDED, UNBOUNDED_START, check_batch_size, data_parallel, eval_copy, open_trained, padding, refuse_non_finite,
     open_model_folder, readable_texts, rows_per_batch,
 )
 from flaxheads.model import FLAXHEADS_CONFIG_KEY
@@ -124,7 +124,8 @@ class TextScorer:
     `max_seq_length=None`: texts are not cut at all (for a model whose positions set no limit);
     the buckets then grow with the longest text. `pad_to_multiple_of` rounds the buckets (0:
     powers of two, the fewest shapes: what `flaxheads serve` compiles ahead). The model runs in
-    eval mode (dropout off) from a copy: the caller's model keeps its mode.
+    eval mode (dropout off) from a copy (the caller's model keeps its mode), over every local
+    device (`inference.data_parallel`: rows split between them).
 
     A model trained on text pairs (`ClassifierConfig.text_pair`) needs a second text for every
     text: a lone text is refused, not answered.
@@ -149,7 +150,7 @@ class TextScorer:
         self.batch_format = data.BatchFormat(max_seq_length=self.max_seq_length or UNBOUNDED_START,
                                              max_segments=segments, pad_to_multiple_of=pad_to_multiple_of,
                                              **self._format)
-        graphdef, self._params = eval_copy(model)
+        graphdef, params = eval_copy(model)
 
         def forward(params, input_ids, attention_mask, token_type_ids, segment_ids):
             model = nnx.merge(graphdef, params)
@@ -159,7 +160,8 @@ class TextScorer:
             logits = model(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids, num_segments=segments)
             return logits.reshape(-1, logits.shape[-1])
 
-        self._forward = compile_cache.forward_jit(forward, graphdef=graphdef)
+        # Over every local device, rows split between them (one device: as it is).
+        self._params, self._forward = data_parallel(params, compile_cache.forward_jit(forward, graphdef=graphdef))
 
     def logits(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None) -> np.ndarray:
         """(len(texts), num_labels) float32 logits, in order.

@@ -66,7 +66,7 @@ import numpy as np
 from flax import nnx
 
 from flaxheads import compile_cache
-from flaxheads.inference import check_batch_size, eval_copy, pipeline_model, rows_per_batch
+from flaxheads.inference import check_batch_size, data_parallel, eval_copy, pipeline_model, rows_per_batch
 from flaxheads.model import PretrainedModel
 from flaxheads.tokenizer import read_tokenizer
 
@@ -133,13 +133,14 @@ def _model_class() -> type[PretrainedModel]:
 
 def model_scorer(model: PretrainedModel) -> SpanScorer:
     """`model` (a flaxheads question-answering model) as a `SpanScorer`: an eval-mode copy whose
-    forward pass is compiled once per batch shape."""
+    forward pass is compiled once per batch shape, over every local device (`inference.data_parallel`)."""
     graphdef, params = eval_copy(model)
 
     def forward(params, input_ids, attention_mask, token_type_ids):
         return start_end_logits(nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids))
 
-    compiled = compile_cache.forward_jit(forward, graphdef=graphdef)
+    # Over every local device, rows split between them (one device: as it is).
+    params, compiled = data_parallel(params, compile_cache.forward_jit(forward, graphdef=graphdef))
     return lambda input_ids, attention_mask, token_type_ids: compiled(params, input_ids, attention_mask,
                                                                       token_type_ids)
 

@@ -15,7 +15,7 @@ from flax import nnx
 from flaxheads import compile_cache, data
 from flaxheads.data.tokenization import LENGTH
 from flaxheads.inference import (
-    UNBOUNDED_START, check_batch_size, eval_copy, open_trained, padding, refuse_non_finite, rows_per_batch,
+    UNBOUNDED_START, check_batch_size, data_parallel, eval_copy, open_trained, padding, refuse_non_finite, rows_per_batch,
 )
 from flaxheads.names import PAD_TO_MULTIPLE_OF
 from flaxheads.tasks.token import entity_metrics
@@ -113,7 +113,8 @@ class TokenScorer:
     at most (fewer for fewer sequences, a power of two), so the forward pass compiles once per
     (bucket, batch size; `pad_to_multiple_of` rounds the buckets, 0: powers of two);
     `max_seq_length=None` (a model whose positions set no limit): the
-    buckets grow with the longest sequence. The model runs in eval mode from a copy.
+    buckets grow with the longest sequence. The model runs in eval mode from a copy, over every
+    local device (`inference.data_parallel`).
     """
 
     def __init__(self, model: TokenClassifier, tokenizer, *, max_seq_length: int | None, batch_size: int = 64,
@@ -125,12 +126,13 @@ class TokenScorer:
         self.tokenizer, self.batch_size, self.source = for_model(tokenizer, backbone), batch_size, source
         self.max_seq_length = None if max_seq_length is None else fitting_max_length(backbone, max_seq_length)
         self._format = padding(tokenizer, backbone)
-        graphdef, self._params = eval_copy(model)
+        graphdef, params = eval_copy(model)
 
         def forward(params, input_ids, attention_mask, token_type_ids):
             return nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids)
 
-        self._forward = compile_cache.forward_jit(forward, graphdef=graphdef)
+        # Over every local device, rows split between them (one device: as it is).
+        self._params, self._forward = data_parallel(params, compile_cache.forward_jit(forward, graphdef=graphdef))
 
     def logits(self, sequences: dict[str, Sequence[Sequence[int]]]) -> list[np.ndarray]:
         """Per sequence, in order, its (length, num_labels) float32 logits: `sequences` holds the
