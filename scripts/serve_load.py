@@ -177,6 +177,16 @@ async def _load(url: str, pool: list[str], clients: int, seconds: float, pid: in
                                       "end": memory[-1][1] if memory else None, "samples": memory}}
 
 
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where /proc/loadavg is not): a shared machine's
+    other work slows both servers, so every result records it."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as loadavg:
+            return float(loadavg.read().split()[0])
+    except OSError:
+        return None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -208,13 +218,16 @@ def measure(args) -> dict:
         if proc.poll() is not None:
             raise SystemExit(f"the {backend} server did not start (exit {proc.returncode})")
         startup = time.perf_counter() - started
+        load_before = _load_average()
         result = asyncio.run(_load(url, pool, args.clients, args.seconds, proc.pid))
+        result["load_average"] = {"before": load_before, "after": _load_average()}  # the machine's 1-min load
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         report["servers"][backend] = {"startup_s": round(startup, 1), **ready, **result}
         del report["servers"][backend]["ready"]
         print(f"{backend}: {result['texts_per_s']} texts/s, p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
-              f"429s {result['status_429']}, failed {result['failed']}, lost {result['lost']}", file=sys.stderr)
+              f"429s {result['status_429']}, failed {result['failed']}, lost {result['lost']}, load average "
+              f"{result['load_average']['before']} -> {result['load_average']['after']}", file=sys.stderr)
     servers = report["servers"]
     if "flaxheads" in servers and "torch" in servers and servers["torch"]["texts_per_s"]:
         report["throughput_ratio_flaxheads_to_torch"] = round(

@@ -406,6 +406,14 @@ def test_buckets_are_multiples_from_16_ending_at_max_seq_length(max_seq_length, 
     assert bucket_lengths(max_seq_length, multiple) == buckets
 
 
+@pytest.mark.parametrize("max_seq_length, buckets", [(128, (16, 24, 32, 48, 64, 96, 128)),
+                                                    (100, (16, 24, 32, 48, 64, 96, 100)), (20, (16, 20)), (8, (8,))])
+def test_half_octave_buckets_are_powers_of_two_and_the_midpoints_between_them(max_seq_length, buckets):
+    from flaxheads.data.batching import HALF_OCTAVES
+
+    assert bucket_lengths(max_seq_length, HALF_OCTAVES) == buckets
+
+
 def test_a_negative_multiple_is_refused_naming_the_setting():
     with pytest.raises(ValueError, match="pad_to_multiple_of must be 0"):
         BatchFormat(max_seq_length=16, pad_token_id=0, pad_to_multiple_of=-8)

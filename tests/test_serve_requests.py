@@ -71,3 +71,15 @@ def test_a_batch_is_cut_so_short_inputs_are_not_padded_to_a_long_ones_length():
     assert forward_groups([10] * 8, _padded, max_rows=128) == [8]  # like lengths stay one pass
     sizes = forward_groups([10] * 5, _padded, max_rows=2)
     assert sum(sizes) == 5 and max(sizes) == 2  # at most max_rows a pass
+
+
+def test_a_served_classifier_pads_to_half_octaves_and_counts_its_tokens_as_padded():
+    from flaxheads.data import bucket_lengths
+    from flaxheads.serving.models import ClassifierModel
+
+    served = object.__new__(ClassifierModel)  # no model: only its padding rule
+    served.max_input_length = 128
+    options = ClassifierModel.pipeline_options(128)
+
+    assert bucket_lengths(128, options["pad_to_multiple_of"]) == (16, 24, 32, 48, 64, 96, 128)
+    assert [served._padded(n) for n in (5, 17, 25, 33, 49, 65, 97, 300)] == [16, 24, 32, 48, 64, 96, 128, 128]

@@ -47,20 +47,33 @@ SAMPLING = ("random", "group_by_length", "sequential")
 """How `TrainBatches` orders each epoch's examples."""
 
 
+HALF_OCTAVES = -1
+"""`pad_to_multiple_of` for powers of two and the midpoints between them (16, 24, 32, 48, 64, 96,
+128, ...): two shapes an octave, so their count grows with log(`max_seq_length`) as powers of
+two's does, with a third less padding on texts of natural lengths (`flaxheads serve` pads its
+classifiers so: movie snippets of 27 tokens, in batches of 16 cut as it cuts them, pad to 35.5
+tokens a text, against 40.2 with powers of two and 34.4 with multiples of 8, which at 128 tokens
+are twice the shapes)."""
+
+
 def bucket_lengths(max_seq_length: int, multiple: int = PAD_TO_MULTIPLE_OF, smallest: int = SMALLEST_BUCKET
                    ) -> tuple[int, ...]:
     """The padded lengths a batch may have, ending at `max_seq_length`: multiples of `multiple`
     from `smallest` (e.g. 8 -> 16, 24, ..., 120, 128), or, with `multiple` 0, powers of two from
-    `smallest` (e.g. 100 -> (16, 32, 64, 100); 8 -> (8,))."""
-    if multiple < 0:
-        raise ValueError(f"pad_to_multiple_of must be 0 (powers of two) or positive, got {multiple}")
-    if multiple:
+    `smallest` (e.g. 100 -> (16, 32, 64, 100); 8 -> (8,)), or, with `multiple` `HALF_OCTAVES`,
+    those and the midpoints between them (e.g. 100 -> (16, 24, 32, 48, 64, 96, 100))."""
+    if multiple < HALF_OCTAVES:
+        raise ValueError(f"pad_to_multiple_of must be 0 (powers of two), {HALF_OCTAVES} (powers of two and the "
+                         f"midpoints between them) or positive, got {multiple}")
+    if multiple > 0:
         first = -(-smallest // multiple) * multiple
         return (*range(first, max_seq_length, multiple), max_seq_length)
     buckets = []
     length = smallest
     while length < max_seq_length:
         buckets.append(length)
+        if multiple == HALF_OCTAVES and length + length // 2 < max_seq_length:
+            buckets.append(length + length // 2)
         length *= 2
     return (*buckets, max_seq_length)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from flaxheads import problem, tasks
-from flaxheads.data.batching import bucket_lengths
+from flaxheads.data.batching import HALF_OCTAVES, bucket_lengths
 from flaxheads.inference import forward_devices, open_model_folder
 from flaxheads.serving import requests as req
 from flaxheads.tasks.qa.pipeline import DEFAULT_MAX_ANSWER_LEN
@@ -47,12 +47,14 @@ class ServedModel:
     (`batch_size`, a power of two: `max_batch_tokens` // `max_input_length`)."""
 
     routes: tuple[str, ...] = ("tokenize",)
+    padding: int = 0
+    """How the pipeline rounds a batch's padded length (its `pad_to_multiple_of`; 0: powers of two)."""
 
-    @staticmethod
-    def pipeline_options(max_input_length: int | None) -> dict[str, Any]:
-        """What the task's pipeline is built with: padded to powers of two (the fewest shapes),
-        inputs cut at `max_input_length` tokens (None: the model's limit)."""
-        return {"pad_to_multiple_of": 0, "max_seq_length": max_input_length}
+    @classmethod
+    def pipeline_options(cls, max_input_length: int | None) -> dict[str, Any]:
+        """What the task's pipeline is built with: padded as `padding` says, inputs cut at
+        `max_input_length` tokens (None: the model's limit)."""
+        return {"pad_to_multiple_of": cls.padding, "max_seq_length": max_input_length}
 
     def __init__(self, name: str, folder, pipe, *, max_input_length: int, max_batch_tokens: int):
         self.name, self.folder, self.pipe = name, folder, pipe
@@ -128,9 +130,8 @@ class ServedModel:
         return [len(tokenizer(text, pair, verbose=False)["input_ids"]) for text, pair in zip(texts, pairs)]
 
     def _padded(self, length: int) -> int:
-        """The padded length of an input of `length` tokens (powers of two, as the pipelines
-        here are built to pad)."""
-        return next(b for b in bucket_lengths(self.max_input_length, 0, SMALLEST_LENGTH)
+        """The padded length of an input of `length` tokens (as the pipeline pads: `padding`)."""
+        return next(b for b in bucket_lengths(self.max_input_length, self.padding, SMALLEST_LENGTH)
                     if b >= min(length, self.max_input_length))
 
     def _filler(self, tokens: int) -> str:
@@ -145,7 +146,8 @@ class ServedModel:
     def _warm_shapes(self) -> list[tuple[int, int]]:
         """(padded length, rows) of every batch a text pipeline here can run."""
         rows = [1 << i for i in range(self.batch_size.bit_length())]
-        return [(length, r) for length in bucket_lengths(self.max_input_length, 0, SMALLEST_LENGTH) for r in rows]
+        return [(length, r) for length in bucket_lengths(self.max_input_length, self.padding, SMALLEST_LENGTH)
+                for r in rows]
 
 
 FORWARD_COST_TOKENS = 32
@@ -188,6 +190,7 @@ class ClassifierModel(ServedModel):
     pairwise reward model)."""
 
     task = "text-classification"
+    padding = HALF_OCTAVES  # two shapes an octave: a third less padding than powers of two (data.batching)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
