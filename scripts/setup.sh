@@ -22,8 +22,11 @@ fast_install() {
     # and 13 s with uv on a 2-core machine with empty caches, the same versions installed
     # (2026-11-28). pip when uv cannot be installed, or fails (uv installs nothing unless the whole
     # set resolves).
+    local executable
     if "$python" -m uv --version >/dev/null 2>&1 || pip_install uv >/dev/null 2>&1; then
-        if "$python" -m uv pip install --quiet --python "$python" "$@"; then
+        # uv takes a bare name (python) for a request to find a virtual environment: give it the path.
+        executable=$("$python" -c 'import sys; print(sys.executable)')
+        if "$python" -m uv pip install --quiet --python "$executable" "$@"; then
             return
         fi
         echo "setup.sh: uv could not install $*; pip tries" >&2
