@@ -254,7 +254,8 @@ def test_a_token_batch_is_cut_so_a_short_text_is_not_padded_to_a_long_ones_lengt
 
 def test_a_classifier_packs_short_inputs_several_to_a_row_and_pads_longer_ones_alone(folders, pipes, monkeypatch):
     monkeypatch.setattr(served_models, "PACKED_ROW_LENGTH", 16)  # TEXTS[3] (49 tokens) is then too long to pack
-    (model,) = open_models([folders["sentiment"]], max_batch_tokens=MAX_BATCH_TOKENS, warm=False)
+    # 32 tokens a pass: packed passes of 1 or 2 rows of 16, unpacked ones of 1 row (6 shapes to warm).
+    (model,) = open_models([folders["sentiment"]], max_batch_tokens=32, warm=False)
     shapes = {"packed": [], "alone": []}
     for kind, scorer in (("packed", model.packed_pipe.scorer), ("alone", model.pipe.scorer)):
         scorer._forward = (lambda seen, forward: lambda params, ids, *rest: seen.append(ids.shape) or forward(
