@@ -219,8 +219,8 @@ class ClassifierModel(ServedModel):
     task = "text-classification"
     padding = HALF_OCTAVES  # two shapes an octave: a third less padding than powers of two (data.batching)
 
-    def __init__(self, *args, packing: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, name: str, folder, pipe, *, max_input_length: int, max_batch_tokens: int, packing: bool = True):
+        super().__init__(name, folder, pipe, max_input_length=max_input_length, max_batch_tokens=max_batch_tokens)
         config = self.pipe.model.config
         self.labels = config.label_names
         self.text_pair = bool(config.text_pair)
@@ -231,18 +231,16 @@ class ClassifierModel(ServedModel):
         if packing:
             # The same pipeline (its answers' shapes, functions and thresholds), scoring in packed rows.
             self.packed_pipe = copy.copy(self.pipe)
-            rows = batch_size_for(kwargs["max_batch_tokens"], self.packed_length)
+            rows = batch_size_for(max_batch_tokens, self.packed_length)
             self.packed_pipe.scorer = TextScorer(self.pipe.model, self.pipe.tokenizer,
                                                  max_seq_length=self.packed_length, batch_size=rows,
                                                  source=self.pipe.scorer.source, packing=True,
                                                  row_counts=packed_row_counts(rows))
 
     def info(self) -> dict[str, Any]:
-        return {**self._classifier_info(), "packed_row_length": self.packed_length or None}
-
-    def _classifier_info(self) -> dict[str, Any]:
         kind = "reranker" if "rerank" in self.routes else "classifier"
         return {**super().info(), "problem_type": self.problem_type, "text_pair": self.text_pair,
+                "packed_row_length": self.packed_length or None,
                 "model_type": {kind: {"id2label": dict(enumerate(self.labels)),
                                       "label2id": {label: i for i, label in enumerate(self.labels)}}}}
 
