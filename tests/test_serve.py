@@ -257,9 +257,12 @@ def test_a_classifier_packs_short_inputs_several_to_a_row_and_pads_longer_ones_a
     # 32 tokens a pass: packed passes of 1 or 2 rows of 16, unpacked ones of 1 row (6 shapes to warm).
     (model,) = open_models([folders["sentiment"]], max_batch_tokens=32, warm=False)
     shapes = {"packed": [], "alone": []}
+
+    def spied(seen, forward):
+        return lambda params, ids, *rest: seen.append(ids.shape) or forward(params, ids, *rest)
+
     for kind, scorer in (("packed", model.packed_pipe.scorer), ("alone", model.pipe.scorer)):
-        scorer._forward = (lambda seen, forward: lambda params, ids, *rest: seen.append(ids.shape) or forward(
-            params, ids, *rest))(shapes[kind], scorer._forward)
+        scorer._forward = spied(shapes[kind], scorer._forward)
     model.warm()
     warmed = {kind: set(seen) for kind, seen in shapes.items()}
     shapes["packed"].clear(), shapes["alone"].clear()
