@@ -289,7 +289,7 @@ def _serve(args) -> int:
 
     serve(args.model_dirs, host=args.host, port=args.port, max_batch_tokens=args.max_batch_tokens,
           max_concurrent_requests=args.max_concurrent_requests, max_client_batch_size=args.max_client_batch_size,
-          payload_limit=args.payload_limit, max_input_length=args.max_input_length,
+          payload_limit=args.payload_limit, max_input_length=args.max_input_length, packing=args.packing,
           graceful_timeout=args.graceful_timeout, log_level=args.log_level)
     return 0
 
@@ -411,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_client_batch_size", type=int, default=32, help="inputs of one request at most (and choices of one multiple-choice input)")
     p.add_argument("--max_input_length", type=int,
                    help="tokens of one input at most (fewer shapes to compile); default: each model's limit")
+    p.add_argument("--no_packing", dest="packing", action="store_false",
+                   help="pad each input of a text classifier alone instead of packing short ones several to a row "
+                        "(the answers are the same; packing pads less: docs/serving.md)")
     p.add_argument("--payload_limit", type=int, default=2_000_000, help="bytes of one request's body at most")
     p.add_argument("--graceful_timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for the requests in flight before the server exits")

@@ -28,6 +28,7 @@ import flaxheads
 from flaxheads.atomic import INCOMPLETE_MARKER
 from flaxheads.conversion.checkpoint_io import CheckpointError
 from flaxheads.model import UntrainedModel
+from flaxheads.serving import models as served_models
 from flaxheads.serving import open_models
 from jobs import free_port
 from serve_models import MAX_POSITIONS, build
@@ -210,6 +211,8 @@ def test_info_lists_every_model_with_its_task_and_routes(server, folders):
     assert info["models"][6]["routes"] == ["/multiple_choice", "/tokenize"]
     assert all(m["max_input_length"] == MAX_POSITIONS for m in info["models"])
     assert all(len(m["devices"]) == 1 for m in info["models"])  # this process's one CPU device
+    # Classifiers pack by default (their answers above are compared with the unpacked pipeline's).
+    assert [m.get("packed_row_length") for m in info["models"]] == [MAX_POSITIONS] * 4 + [None] * 3
 
 
 def test_multiple_choice_answers_the_numbers_flaxheads_predict_gives(server, folders, tmp_path):
@@ -247,6 +250,28 @@ def test_a_token_batch_is_cut_so_a_short_text_is_not_padded_to_a_long_ones_lengt
 
     assert sorted(shapes) == [(1, 16), (1, 64)]  # not (2, 64): the short text in a pass of its own
     assert_same(answers, pipes["tagger"]([TEXTS[3], TEXTS[0]], aggregation_strategy="simple"))
+
+
+def test_a_classifier_packs_short_inputs_several_to_a_row_and_pads_longer_ones_alone(folders, pipes, monkeypatch):
+    monkeypatch.setattr(served_models, "PACKED_ROW_LENGTH", 16)  # TEXTS[3] (49 tokens) is then too long to pack
+    # 32 tokens a pass: packed passes of 1 or 2 rows of 16, unpacked ones of 1 row (6 shapes to warm).
+    (model,) = open_models([folders["sentiment"]], max_batch_tokens=32, warm=False)
+    shapes = {"packed": [], "alone": []}
+
+    def spied(seen, forward):
+        return lambda params, ids, *rest: seen.append(ids.shape) or forward(params, ids, *rest)
+
+    for kind, scorer in (("packed", model.packed_pipe.scorer), ("alone", model.pipe.scorer)):
+        scorer._forward = spied(shapes[kind], scorer._forward)
+    model.warm()
+    warmed = {kind: set(seen) for kind, seen in shapes.items()}
+    shapes["packed"].clear(), shapes["alone"].clear()
+
+    answers = model.run(("default",), [(t, None) for t in TEXTS[::-1]])
+
+    assert shapes == {"packed": [(2, 16)], "alone": [(1, 64)]}  # 3 texts of 5, 3 and 12 tokens in 2 rows
+    assert all(set(seen) <= warmed[kind] for kind, seen in shapes.items()), (shapes, warmed)  # compiled ahead
+    assert_same(answers, pipes["sentiment"](TEXTS[::-1], top_k=None))
 
 
 async def _send(url: str, requests: list[tuple[str, dict]], concurrency: int) -> list[httpx.Response]:

@@ -73,6 +73,13 @@ def test_a_batch_is_cut_so_short_inputs_are_not_padded_to_a_long_ones_length():
     assert sum(sizes) == 5 and max(sizes) == 2  # at most max_rows a pass
 
 
+def test_a_packed_pass_has_any_row_count_up_to_16_then_two_an_octave():
+    from flaxheads.serving.models import packed_row_counts
+
+    assert packed_row_counts(256) == (*range(1, 17), 24, 32, 48, 64, 96, 128, 192, 256)
+    assert packed_row_counts(2) == (1, 2)  # never more rows than a pass holds
+
+
 def test_a_served_classifier_pads_to_half_octaves_and_counts_its_tokens_as_padded():
     from flaxheads.data import bucket_lengths
     from flaxheads.serving.models import ClassifierModel

@@ -35,10 +35,12 @@ DEFAULTS = dict(max_batch_tokens=16384, max_concurrent_requests=512, max_client_
 
 
 def open_models(model_dirs: Sequence[str | os.PathLike], *, max_batch_tokens: int = DEFAULTS["max_batch_tokens"],
-                max_input_length: int | None = None, warm: bool = True, log=None) -> list[ServedModel]:
+                max_input_length: int | None = None, packing: bool = True, warm: bool = True,
+                log=None) -> list[ServedModel]:
     """Each of `model_dirs` (a folder, or NAME=FOLDER to serve it under another name than the
     folder's) opened to serve and, with `warm`, every shape of its batches compiled. ValueError for
-    two models of one name, and as `open_served` refuses a folder."""
+    two models of one name, and as `open_served` refuses a folder. `packing`: text classifiers score
+    short inputs packed several to a row (`open_served`)."""
     if not model_dirs:
         raise ValueError("serve needs at least one model folder: flaxheads serve MODEL_DIR [MODEL_DIR ...]")
     named = [_name_and_folder(str(given)) for given in model_dirs]
@@ -50,7 +52,8 @@ def open_models(model_dirs: Sequence[str | os.PathLike], *, max_batch_tokens: in
     models = []
     for name, folder in named:
         started = time.perf_counter()
-        model = open_served(folder, name=name, max_batch_tokens=max_batch_tokens, max_input_length=max_input_length)
+        model = open_served(folder, name=name, max_batch_tokens=max_batch_tokens, max_input_length=max_input_length,
+                            packing=packing)
         calls = model.warm() if warm else 0
         if log is not None:
             log(f"{name}: {model.task} from {folder}, inputs up to {model.max_input_length} tokens, "
@@ -72,14 +75,17 @@ def serve(model_dirs: Sequence[str | os.PathLike], *, host: str = "127.0.0.1", p
           max_concurrent_requests: int = DEFAULTS["max_concurrent_requests"],
           max_client_batch_size: int = DEFAULTS["max_client_batch_size"],
           payload_limit: int = DEFAULTS["payload_limit"],
-          max_input_length: int | None = None, graceful_timeout: float = 30.0, log_level: str = "warning") -> None:
+          max_input_length: int | None = None, packing: bool = True, graceful_timeout: float = 30.0,
+          log_level: str = "warning") -> None:
     """Serves `model_dirs` on http://`host`:`port` until SIGTERM or ctrl-C, which stop new
     connections and let the requests in flight finish (up to `graceful_timeout` s) before it
     returns. Batches hold up to `max_batch_tokens` padded tokens; beyond `max_concurrent_requests`
     requests in flight the server answers 429; a request holds at most `max_client_batch_size`
     inputs and `payload_limit` bytes. Raises ValueError (UntrainedModel) for a folder
     `flaxheads predict` would refuse, before the port opens. `max_input_length`: the most tokens
-    an input may have (None: each model's limit; fewer shapes to compile ahead)."""
+    an input may have (None: each model's limit; fewer shapes to compile ahead). `packing`: text
+    classifiers score their short inputs packed several to a row (same answers, less padding;
+    docs/serving.md)."""
     import uvicorn
 
     for name, value in dict(max_batch_tokens=max_batch_tokens, max_concurrent_requests=max_concurrent_requests,
@@ -90,7 +96,8 @@ def serve(model_dirs: Sequence[str | os.PathLike], *, host: str = "127.0.0.1", p
     def log(message: str) -> None:
         print(f"flaxheads serve: {message}", file=sys.stderr, flush=True)
 
-    models = open_models(model_dirs, max_batch_tokens=max_batch_tokens, max_input_length=max_input_length, log=log)
+    models = open_models(model_dirs, max_batch_tokens=max_batch_tokens, max_input_length=max_input_length,
+                         packing=packing, log=log)
     server = Server(models, max_batch_tokens=max_batch_tokens, max_concurrent_requests=max_concurrent_requests,
                     max_client_batch_size=max_client_batch_size, payload_limit=payload_limit)
 

@@ -123,7 +123,9 @@ class TextScorer:
     (default `default_max_segments`): one shape; the logits still come in the texts' order.
     `max_seq_length=None`: texts are not cut at all (for a model whose positions set no limit);
     the buckets then grow with the longest text. `pad_to_multiple_of` rounds the buckets (0:
-    powers of two, the fewest shapes: what `flaxheads serve` compiles ahead). The model runs in
+    powers of two, the fewest shapes: what `flaxheads serve` compiles ahead). `row_counts`: the
+    rows a batch may have, ascending up to `batch_size` (None: powers of two; `flaxheads serve`
+    packs into rows of every count up to 16, so that a few short texts pad no row). The model runs in
     eval mode (dropout off) from a copy (the caller's model keeps its mode), over every local
     device (`inference.data_parallel`: rows split between them).
 
@@ -133,8 +135,13 @@ class TextScorer:
 
     def __init__(self, model: SequenceClassifier, tokenizer, *, max_seq_length: int | None = 128, batch_size: int = 64,
                  source: str = "the model", packing: bool = False, max_segments_per_row: int | None = None,
-                 pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF):
+                 pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF, row_counts: Sequence[int] | None = None):
         check_batch_size(batch_size)
+        if row_counts is not None and (list(row_counts) != sorted(set(row_counts)) or row_counts[0] < 1
+                                       or row_counts[-1] != batch_size):
+            raise ValueError(f"row_counts={tuple(row_counts)} must rise from 1 or more to batch_size={batch_size} "
+                             f"(e.g. row_counts=(1, 2, 3, 4, 8, {batch_size})), or be None for powers of two")
+        self.row_counts = None if row_counts is None else tuple(row_counts)
         backbone = model.config.backbone
         check_tokenizer_fits(tokenizer, backbone, source)
         if max_seq_length is None and packing:
@@ -191,7 +198,8 @@ class TextScorer:
         # lengths are read once (each read copies the dataset's format: ~1 ms of a served pass).
         lengths = data.example_lengths(tokenized)
         needed = data.batches_per_epoch(lengths, batch_format, global_batch_size=1)
-        rows = rows_per_batch(needed, self.batch_size)
+        rows = rows_per_batch(needed, self.batch_size) if self.row_counts is None else next(
+            count for count in self.row_counts if count >= min(needed, self.batch_size))
         out, order = [], []
         for batch in data.eval_batches(tokenized, batch_format, global_batch_size=rows, lengths=lengths):
             logits = self._forward(self._params, batch["input_ids"], batch["attention_mask"],
