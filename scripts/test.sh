@@ -3,8 +3,8 @@
 #
 #   bash scripts/test.sh                       everything, as CI runs it
 #   bash scripts/test.sh --fast                the fast lane for local work: every test not marked `slow`
-#                                              (pyproject.toml says what slow means); 1,992 tests,
-#                                              5 min 12 s on 2 cores (2026-11-28, the README)
+#                                              (pyproject.toml says what slow means); 2,000 tests,
+#                                              4 min 53 s on 2 cores (2026-11-28, the README)
 #   bash scripts/test.sh --full                every combination of the cross products (families x heads x
 #                                              padding sides ...); without it each run tests a part that
 #                                              holds every family, head and side, and every combination
