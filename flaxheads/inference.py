@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from flaxheads import compile_cache
 from flaxheads.backbones import backbone_spec
 from flaxheads.conversion import architecture_table
 from flaxheads.conversion.model_folder import Checkpoint, open_checkpoint
@@ -199,6 +200,19 @@ def data_parallel(params, forward):
     return params, over_devices
 
 
+def compiled_forward(model, body):
+    """(params, forward) of `model` for inference: `forward(params, *arrays)` is `body(the model in
+    eval mode, *arrays)` compiled (`compile_cache.forward_jit`, once per shape of the arrays) over
+    every local device (`data_parallel`), and `params` an eval-mode copy's (the caller's model
+    keeps its mode). What every task's scorer runs its forward passes with."""
+    graphdef, params = eval_copy(model)
+
+    def forward(params, *arrays):
+        return body(nnx.merge(graphdef, params), *arrays)
+
+    return data_parallel(params, compile_cache.forward_jit(forward, graphdef=graphdef))
+
+
 def rows_per_batch(needed: int, batch_size: int) -> int:
     """As many rows as `needed`, as a power of two (fewer shapes to compile), up to `batch_size`."""
     return min(batch_size, 1 << (needed - 1).bit_length())
@@ -258,5 +272,5 @@ UNBOUNDED_START = 128
 
 
 __all__ = ["Trained", "open_model_folder", "UNBOUNDED", "UNBOUNDED_START", "check_batch_size", "checkpoint_task",
-           "data_parallel", "eval_copy", "forward_devices", "load_trained", "open_trained", "other_task", "padding",
+           "compiled_forward", "data_parallel", "eval_copy", "forward_devices", "load_trained", "open_trained", "other_task", "padding",
            "pipeline_model", "readable_texts", "refuse_non_finite", "require_model_folder", "rows_per_batch"]

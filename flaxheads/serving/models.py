@@ -48,6 +48,8 @@ class ServedModel:
     (`batch_size`, a power of two: `max_batch_tokens` // `max_input_length`)."""
 
     routes: tuple[str, ...] = ("tokenize",)
+    options: tuple[str, ...] = ()
+    """The keyword options of `open_served` this class takes (`packing`); other classes ignore them."""
     padding: int = 0
     """How the pipeline rounds a batch's padded length (its `pad_to_multiple_of`; 0: powers of two)."""
 
@@ -129,6 +131,20 @@ class ServedModel:
         if pairs is None or all(pair is None for pair in pairs):
             return [len(ids) for ids in tokenizer(texts, verbose=False)["input_ids"]]
         return [len(tokenizer(text, pair, verbose=False)["input_ids"]) for text, pair in zip(texts, pairs)]
+
+    def _in_passes(self, lengths: list[int], call: Callable[[list[int]], list]) -> list:
+        """The answers of inputs of `lengths` tokens, in their order: `call(group)` answers a
+        group of their indices, one forward pass; the groups are cut shortest first by
+        `forward_groups` (a pass pads every row to its longest input)."""
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        answers: list = [None] * len(lengths)
+        start = 0
+        for size in forward_groups([lengths[i] for i in order], self._padded, self.batch_size):
+            group = order[start:start + size]
+            start += size
+            for i, answer in zip(group, call(group)):
+                answers[i] = answer
+        return answers
 
     def _padded(self, length: int) -> int:
         """The padded length of an input of `length` tokens (as the pipeline pads: `padding`)."""
@@ -217,6 +233,7 @@ class ClassifierModel(ServedModel):
     against the unpacked pipeline's to 1e-6), for fewer padded tokens (docs/benchmarks.md)."""
 
     task = "text-classification"
+    options = ("packing",)
     padding = HALF_OCTAVES  # two shapes an octave: a third less padding than powers of two (data.batching)
 
     def __init__(self, name: str, folder, pipe, *, max_input_length: int, max_batch_tokens: int, packing: bool = True):
@@ -319,19 +336,15 @@ class ClassifierModel(ServedModel):
                                     self.pipe.tokenizer)
             # An input cut (`truncate`) to max_input_length is as long as it is cut.
             lengths = [min(length, self.max_input_length) for length in lengths]
-            packed = [k for k in range(len(chosen)) if lengths[k] <= self.packed_length]
+            packed = [chosen[k] for k in range(len(chosen)) if lengths[k] <= self.packed_length]
             if packed:  # one call: the scorer packs them into rows of packed_length
-                group = [chosen[k] for k in packed]
-                for i, answer in zip(group, self._call_pipe(scores, [items[i] for i in group], self.packed_pipe)):
+                for i, answer in zip(packed, self._call_pipe(scores, [items[i] for i in packed], self.packed_pipe)):
                     answers[i] = answer
-            order = sorted((k for k in range(len(chosen)) if lengths[k] > self.packed_length),
-                           key=lambda k: lengths[k])
-            start = 0
-            for size in forward_groups([lengths[k] for k in order], self._padded, self.batch_size):
-                group = [chosen[k] for k in order[start:start + size]]
-                start += size
-                for i, answer in zip(group, self._call_pipe(scores, [items[i] for i in group], self.pipe)):
-                    answers[i] = answer
+            long = [k for k in range(len(chosen)) if lengths[k] > self.packed_length]
+            found = self._in_passes([lengths[k] for k in long], lambda group: self._call_pipe(
+                scores, [items[chosen[long[g]]] for g in group], self.pipe))
+            for k, answer in zip(long, found):
+                answers[chosen[k]] = answer
         return answers
 
     @staticmethod
@@ -407,17 +420,8 @@ class TokenModel(ServedModel):
         # Cut into passes of like length, as the classifier's batches (a text of several
         # windows counts as one of the model's longest input: the cut is a cost estimate).
         lengths = self._lengths(items, tokenizer=self.pipe.tokenizer)  # the worker's own tokenizer
-        order = sorted(range(len(items)), key=lambda i: lengths[i])
-        answers: list = [None] * len(items)
-        start = 0
-        for size in forward_groups([lengths[i] for i in order], self._padded, self.batch_size):
-            group = order[start:start + size]
-            start += size
-            found = self.pipe([items[i] for i in group], aggregation_strategy=strategy, ignore_labels=list(ignore),
-                              stride=stride)
-            for i, answer in zip(group, found):
-                answers[i] = answer
-        return answers
+        return self._in_passes(lengths, lambda group: self.pipe(
+            [items[i] for i in group], aggregation_strategy=strategy, ignore_labels=list(ignore), stride=stride))
 
     def warm_work(self) -> list[tuple[tuple, list]]:
         special = self.counting_tokenizer.num_special_tokens_to_add(pair=False)
@@ -573,7 +577,7 @@ def open_served(path: str | os.PathLike, *, name: str | None = None, max_batch_t
     if longest is None:
         raise ValueError(f"{path} holds a model whose positions set no longest input, and flaxheads serve compiles "
                          "every input length ahead: serve a model with a bounded input length")
-    options = {"packing": packing} if served_class is ClassifierModel else {}
+    options = {option: value for option, value in {"packing": packing}.items() if option in served_class.options}
     served = served_class(name or Path(path).name, folder, pipe, max_input_length=longest,
                           max_batch_tokens=max_batch_tokens, **options)
     pipe_batch(pipe, served.batch_size)

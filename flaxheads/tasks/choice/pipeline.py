@@ -23,12 +23,11 @@ import os
 from typing import Any, Sequence
 
 import numpy as np
-from flax import nnx
 
-from flaxheads import compile_cache, data, problem
+from flaxheads import data, problem
 from flaxheads.data.tokenization import tokenize_texts
 from flaxheads.inference import (
-    check_batch_size, data_parallel, eval_copy, padding, pipeline_model, readable_texts, refuse_non_finite,
+    check_batch_size, compiled_forward, padding, pipeline_model, readable_texts, refuse_non_finite,
     rows_per_batch,
 )
 from flaxheads.names import PAD_TO_MULTIPLE_OF
@@ -144,17 +143,12 @@ class ChoiceScorer:
         check_room_for_text(self.tokenizer, self.max_seq_length, pairs=True)
         self.batch_format = data.BatchFormat(max_seq_length=self.max_seq_length, pad_to_multiple_of=pad_to_multiple_of,
                                              **padding(tokenizer, backbone))
-        graphdef, params = eval_copy(model)
 
-        def forward(params, input_ids, attention_mask, token_type_ids):
-            def one_choice(x_BT):  # (rows, seq) -> (rows, 1 choice, seq)
-                return None if x_BT is None else x_BT[:, None, :]
-
-            logits_B1 = nnx.merge(graphdef, params)(one_choice(input_ids), one_choice(attention_mask),
-                                                    one_choice(token_type_ids))
+        def forward(model, *arrays):  # each (rows, seq) array read as (rows, 1 choice, seq)
+            logits_B1 = model(*(None if x_BT is None else x_BT[:, None, :] for x_BT in arrays))
             return logits_B1[:, 0]
 
-        self._params, self._forward = data_parallel(params, compile_cache.forward_jit(forward, graphdef=graphdef))
+        self._params, self._forward = compiled_forward(model, forward)
 
     def logits(self, contexts: list[str], choices: list[list[str]]) -> list[np.ndarray]:
         """Per example, in order, the (its choices,) float32 logits of its choices. Raises

@@ -12,12 +12,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from flax import nnx
 
-from flaxheads import compile_cache, data, problem
+from flaxheads import data, problem
 from flaxheads.conversion import architecture_table
 from flaxheads.data.packing import segments_per_row
 from flaxheads.data.tokenization import tokenize_texts
 from flaxheads.inference import (
-    UNBOUNDED, UNBOUNDED_START, check_batch_size, data_parallel, eval_copy, open_trained, padding, refuse_non_finite,
+    UNBOUNDED, UNBOUNDED_START, check_batch_size, compiled_forward, open_trained, padding, refuse_non_finite,
     open_model_folder, readable_texts, rows_per_batch,
 )
 from flaxheads.model import FLAXHEADS_CONFIG_KEY
@@ -157,18 +157,15 @@ class TextScorer:
         self.batch_format = data.BatchFormat(max_seq_length=self.max_seq_length or UNBOUNDED_START,
                                              max_segments=segments, pad_to_multiple_of=pad_to_multiple_of,
                                              **self._format)
-        graphdef, params = eval_copy(model)
 
-        def forward(params, input_ids, attention_mask, token_type_ids, segment_ids):
-            model = nnx.merge(graphdef, params)
+        def forward(model, input_ids, attention_mask, token_type_ids, segment_ids):
             if segment_ids is None:
                 return model(input_ids, attention_mask, token_type_ids)
             # (B, S, C) -> (B * S, C): one row per slot, as `example_index` is flattened.
             logits = model(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids, num_segments=segments)
             return logits.reshape(-1, logits.shape[-1])
 
-        # Over every local device, rows split between them (one device: as it is).
-        self._params, self._forward = data_parallel(params, compile_cache.forward_jit(forward, graphdef=graphdef))
+        self._params, self._forward = compiled_forward(model, forward)
 
     def logits(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None) -> np.ndarray:
         """(len(texts), num_labels) float32 logits, in order.

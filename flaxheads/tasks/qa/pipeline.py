@@ -63,10 +63,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from flax import nnx
 
-from flaxheads import compile_cache
-from flaxheads.inference import check_batch_size, data_parallel, eval_copy, pipeline_model, rows_per_batch
+from flaxheads.inference import check_batch_size, compiled_forward, pipeline_model, rows_per_batch
 from flaxheads.model import PretrainedModel
 from flaxheads.tokenizer import read_tokenizer
 
@@ -134,13 +132,7 @@ def _model_class() -> type[PretrainedModel]:
 def model_scorer(model: PretrainedModel) -> SpanScorer:
     """`model` (a flaxheads question-answering model) as a `SpanScorer`: an eval-mode copy whose
     forward pass is compiled once per batch shape, over every local device (`inference.data_parallel`)."""
-    graphdef, params = eval_copy(model)
-
-    def forward(params, input_ids, attention_mask, token_type_ids):
-        return start_end_logits(nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids))
-
-    # Over every local device, rows split between them (one device: as it is).
-    params, compiled = data_parallel(params, compile_cache.forward_jit(forward, graphdef=graphdef))
+    params, compiled = compiled_forward(model, lambda model, *arrays: start_end_logits(model(*arrays)))
     return lambda input_ids, attention_mask, token_type_ids: compiled(params, input_ids, attention_mask,
                                                                       token_type_ids)
 

@@ -12,10 +12,10 @@ import datasets
 import numpy as np
 from flax import nnx
 
-from flaxheads import compile_cache, data
+from flaxheads import data
 from flaxheads.data.tokenization import LENGTH
 from flaxheads.inference import (
-    UNBOUNDED_START, check_batch_size, data_parallel, eval_copy, open_trained, padding, refuse_non_finite, rows_per_batch,
+    UNBOUNDED_START, check_batch_size, compiled_forward, open_trained, padding, refuse_non_finite, rows_per_batch,
 )
 from flaxheads.names import PAD_TO_MULTIPLE_OF
 from flaxheads.tasks.token import entity_metrics
@@ -126,13 +126,7 @@ class TokenScorer:
         self.tokenizer, self.batch_size, self.source = for_model(tokenizer, backbone), batch_size, source
         self.max_seq_length = None if max_seq_length is None else fitting_max_length(backbone, max_seq_length)
         self._format = padding(tokenizer, backbone)
-        graphdef, params = eval_copy(model)
-
-        def forward(params, input_ids, attention_mask, token_type_ids):
-            return nnx.merge(graphdef, params)(input_ids, attention_mask, token_type_ids)
-
-        # Over every local device, rows split between them (one device: as it is).
-        self._params, self._forward = data_parallel(params, compile_cache.forward_jit(forward, graphdef=graphdef))
+        self._params, self._forward = compiled_forward(model, lambda model, *arrays: model(*arrays))
 
     def logits(self, sequences: dict[str, Sequence[Sequence[int]]]) -> list[np.ndarray]:
         """Per sequence, in order, its (length, num_labels) float32 logits: `sequences` holds the
