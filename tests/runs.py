@@ -48,14 +48,15 @@ def cpu_devices_env(devices: int, **extra: str) -> dict[str, str]:
 
 def four_step_config(model: Path, data: dict[str, Path], output_dir: Path, **overrides):
     """A TrainConfig of 4 steps of 16 examples on `data` ({"train": csv, "validation": csv} with
-    sentence,label columns), a checkpoint every 2 steps, seed 3; `overrides` change any field."""
+    sentence,label columns), a checkpoint every 2 steps, seed 3, no report figures (the run report's
+    own tests draw them); `overrides` change any field."""
     from flaxheads.training.config import TrainConfig
 
     settings = dict(
         model_name_or_path=str(model), train_file=str(data["train"]), validation_file=str(data["validation"]),
         text_column="sentence", output_dir=str(output_dir), max_seq_length=32, per_device_train_batch_size=16,
         per_device_eval_batch_size=32, learning_rate=1e-3, max_steps=4, logging_steps=1, save_steps=2,
-        disable_tqdm=True, seed=3,
+        disable_tqdm=True, seed=3, report_figures=False,
     )
     settings.update(overrides)
     return TrainConfig(**settings)
@@ -63,14 +64,14 @@ def four_step_config(model: Path, data: dict[str, Path], output_dir: Path, **ove
 
 def two_epoch_config(model: Path, data: dict[str, Path], output_dir: Path, **overrides):
     """A TrainConfig of 2 epochs of 8 examples a step on `data`, 10% warmup, a log every 4 steps
-    and a checkpoint every 8, seed 3; `overrides` change any field."""
+    and a checkpoint every 8, seed 3, no report figures; `overrides` change any field."""
     from flaxheads.training.config import TrainConfig
 
     settings = dict(
         model_name_or_path=str(model), train_file=str(data["train"]), validation_file=str(data["validation"]),
         text_column="sentence", output_dir=str(output_dir), max_seq_length=32, per_device_train_batch_size=8,
         per_device_eval_batch_size=16, learning_rate=1e-3, num_train_epochs=2, warmup_ratio=0.1,
-        logging_steps=4, save_steps=8, disable_tqdm=True, seed=3,
+        logging_steps=4, save_steps=8, disable_tqdm=True, seed=3, report_figures=False,
     )
     settings.update(overrides)
     return TrainConfig(**settings)

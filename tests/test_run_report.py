@@ -255,3 +255,20 @@ def test_the_report_command_refuses_results_changed_since_the_run_wrote_them(tmp
 
     assert "results.json is not the one the run wrote" in capsys.readouterr().err
     assert not (tmp_path / "report").exists()
+
+
+def test_a_run_without_report_figures_draws_none_and_the_report_command_draws_them_later(
+        tiny_bert, snippets_csv, tmp_path, monkeypatch):
+    from flaxheads.tasks.runs import train
+    from runs import four_step_config
+
+    drawn = []
+    monkeypatch.setattr(run_report, "draw", lambda *args, **kwargs: drawn.append(args) or [])
+    out = tmp_path / "run"
+    results = train(four_step_config(tiny_bert, snippets_csv, out, max_steps=2, report_figures=False))
+
+    assert drawn == [] and results["report"] == [] and not (out / "report").exists()
+    assert json.loads((out / "results.json").read_text())["report"] == []
+    monkeypatch.undo()
+    assert main(["report", str(out)]) == 0
+    assert (out / "report" / "training_curves.png").is_file() and (out / "report" / "confusion_matrix.png").is_file()

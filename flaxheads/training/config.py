@@ -322,6 +322,11 @@ class TrainConfig:
     """Hide the progress bar."""
     report_to: str = "tensorboard"
     """Where metrics go besides <output_dir>/metrics.jsonl: "tensorboard" (or "all") or "none"."""
+    report_figures: bool = True
+    """Draw the run's report when training ends (<output_dir>/report/*.png: training curves,
+    confusion matrix, F1 per class; about 1-2 CPU-seconds a run, matplotlib's). False leaves them
+    out, for runs whose pictures nobody looks at (a search's trials, a script of many runs):
+    `flaxheads report <output_dir>` draws them later from the run's files."""
 
     def __post_init__(self):
         _check_kinds(self)  # first: the checks below compare numbers

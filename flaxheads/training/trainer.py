@@ -372,7 +372,7 @@ class Trainer:
             results["reports"] = reports
         predictions = self._predictions() if args.do_predict and "test" in splits else None
         if args.do_train and self.output_dir is not None and jax.process_index() == 0:
-            results["report"] = self._draw_report(results)
+            results["report"] = self._draw_report(results) if args.report_figures else []
             run_dir.write_results(self.output_dir, results)
             run_dir.write_run(self.output_dir, self.identity, complete=True, model_name=self.model_name,
                               exported=self._exported)
