@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from families import TOKENIZER_FILES
 from runs import cpu_devices_env, stopped_after_saving
 
 pytestmark = pytest.mark.slow
@@ -357,34 +356,16 @@ class DeviceJob:
 
 
 @pytest.fixture(scope="module")
-def one_layer_bert(tiny_bert, tmp_path_factory) -> Path:
-    """`tiny_bert` with one layer: compiling the train step is most of a tiny run's time, and it
-    grows with the layers (a text run's step: 5.8 s with 2 layers, 2.0 s with 1, XLA:CPU at -O0)."""
-    import shutil
-
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("one_layer_bert")
-    config = transformers.BertConfig.from_pretrained(tiny_bert, num_hidden_layers=1)
-    transformers.BertModel(config).save_pretrained(path)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tiny_bert / name, path / name)
-    return path
-
-
-@pytest.fixture(scope="module")
 def data(tmp_path_factory, conll) -> dict:
     return write_data(tmp_path_factory.mktemp("pairs_data"), conll)
 
 
 @pytest.fixture(scope="module")
-def device_job(request, one_layer_bert, data, tmp_path_factory):
+def device_job(request, tiny_bert, data, tmp_path_factory):
     """The subprocesses of the selected runs on 2 devices, started with the first run of the file."""
     selected = {item.callspec.params["run"].id for item in request.session.items
                 if hasattr(item, "callspec") and isinstance(item.callspec.params.get("run"), Run)}
-    job = DeviceJob([run for run in RUNS if run.devices > 1 and run.id in selected], one_layer_bert, data,
+    job = DeviceJob([run for run in RUNS if run.devices > 1 and run.id in selected], tiny_bert, data,
                     tmp_path_factory.mktemp("two_devices"))
     yield job
     job.close()
@@ -411,7 +392,7 @@ def test_the_runs_cover_every_pair_a_task_accepts():
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda run: run.id)
-def test_a_run_of_several_features_trains_exports_and_reloads_as_trained(run, one_layer_bert, data, device_job,
+def test_a_run_of_several_features_trains_exports_and_reloads_as_trained(run, tiny_bert, data, device_job,
                                                                         tmp_path):
     import flaxheads
 
@@ -420,7 +401,7 @@ def test_a_run_of_several_features_trains_exports_and_reloads_as_trained(run, on
     print(run)
     if run.devices == 1:
         out = tmp_path / run.id
-        trained = train_run(run, one_layer_bert, data, out)
+        trained = train_run(run, tiny_bert, data, out)
     else:
         out = device_job.folder / run.id
         trained = device_job.trained(run)
@@ -447,7 +428,7 @@ def test_a_run_of_several_features_trains_exports_and_reloads_as_trained(run, on
 
 @pytest.mark.parametrize("refusal", REFUSED, ids=lambda r: "-".join(
     [SHORT[r.task], *([r.problem] if r.problem else []), "+".join(r.features)]))
-def test_a_refused_feature_is_refused_before_training_naming_the_setting(refusal, one_layer_bert, data, tmp_path,
+def test_a_refused_feature_is_refused_before_training_naming_the_setting(refusal, tiny_bert, data, tmp_path,
                                                                           monkeypatch):
     from flaxheads.tasks.runs import train
     from flaxheads.training import loop
@@ -460,5 +441,5 @@ def test_a_refused_feature_is_refused_before_training_naming_the_setting(refusal
     on = settings({feature: FEATURES[feature][-1] for feature in refusal.features})
 
     with pytest.raises(ValueError, match=refusal.error):
-        train(config(one_layer_bert, data, refusal.task, refusal.problem, out, **on))
+        train(config(tiny_bert, data, refusal.task, refusal.problem, out, **on))
     assert not out.exists() or not any(out.iterdir())
