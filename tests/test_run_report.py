@@ -257,6 +257,7 @@ def test_the_report_command_refuses_results_changed_since_the_run_wrote_them(tmp
     assert not (tmp_path / "report").exists()
 
 
+@pytest.mark.slow  # a 2-step training run
 def test_a_run_without_report_figures_draws_none_and_the_report_command_draws_them_later(
         tiny_bert, snippets_csv, tmp_path, monkeypatch):
     from flaxheads.tasks.runs import train
