@@ -113,12 +113,17 @@ def matrix_part() -> tuple[int, int, str] | None:
 
 
 def _axis_values(item) -> set[tuple[str, str]]:
-    """(axis, value) of each axis the item's `matrix` marker names: a parameter ("row") or an
-    element of a tuple parameter ("case.0"); a family row by its name, anything else by str."""
+    """(axis, value) of each axis the item's `matrix` marker names: a parameter ("row"), an
+    element of a tuple parameter ("case.0"), or each entry of a mapping a parameter holds as an
+    attribute ("run.axes": every key an axis of its own); a family row by its name, anything else
+    by str."""
     values = set()
     for axis in item.get_closest_marker("matrix").args:
         name, _, index = axis.partition(".")
         value = item.callspec.params[name]
+        if index and not index.isdigit():
+            values |= {(f"{axis}.{key}", str(entry)) for key, entry in getattr(value, index).items()}
+            continue
         value = value[int(index)] if index else value
         values.add((axis, str(getattr(value, "name", None) or value)))
     return values

@@ -7,6 +7,8 @@ One run per pair would be hundreds of runs. The runs are a covering array of str
 accepts is in at least one run. `test_the_runs_cover_every_pair_a_task_accepts` checks that, and
 prints the runs (`pytest -s`). The features a task refuses, alone or as a pair, are the table
 `REFUSED`; the array leaves those pairs out (`FORBIDDEN`), and each refusal is its own test.
+A CI run trains a part of the runs (`@pytest.mark.matrix`, tests/conftest.py MATRIX_PARTS: about
+half) that holds every value of every feature of every task; the parts together, every pair.
 
 A run on several devices (2 fake CPU devices, under the `jit` or the `pmap` runner) needs its own
 process (XLA_FLAGS are read when jax starts): those runs go, one after the other, in one
@@ -198,6 +200,12 @@ class Run:
     @property
     def problem(self) -> str | None:
         return self.features.get("problem")
+
+    @property
+    def axes(self) -> dict[str, Any]:
+        """Each feature's value, by task and feature: the axes of the `matrix` marker (every run
+        of CI trains every value of every feature of every task)."""
+        return {f"{SHORT[self.task]}.{name}": value for name, value in self.features.items()}
 
     def __str__(self) -> str:
         on = [f if v is True else f"{f}={v}" for f, v in self.features.items()
@@ -391,6 +399,9 @@ def test_the_runs_cover_every_pair_a_task_accepts():
                 print(f"  {run}")
 
 
+# A part of the runs a CI run (tests/conftest.py, MATRIX_PARTS): every value of every feature of
+# every task in each, every pair of them every MATRIX_PARTS runs (the whole covering array).
+@pytest.mark.matrix("run.axes")
 @pytest.mark.parametrize("run", RUNS, ids=lambda run: run.id)
 def test_a_run_of_several_features_trains_exports_and_reloads_as_trained(run, tiny_bert, data, device_job,
                                                                         tmp_path):

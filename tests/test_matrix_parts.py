@@ -56,3 +56,24 @@ def test_a_value_only_a_skipped_combination_holds_is_kept():
              for f, h in [("bert", "cls"), ("gpt2", "cls"), ("llama", "cls"), ("bert", "mean")]]
     kept = matrix_selection(items, 0, 2)
     assert [i.nodeid for i in kept] == [i.nodeid for i in items]
+
+
+@dataclass(frozen=True)
+class _Run:
+    name: str
+    axes: dict
+
+
+def test_each_entry_of_a_mapping_axis_is_an_axis_of_its_own():
+    # Feature pairs' runs (`@pytest.mark.matrix("run.axes")`): every value of every feature in each part.
+    runs = [_Run(f"r{i}", {"lora": bool(i & 1), "devices": 1 + (i >> 1 & 1), "dtype": ["f32", "bf16"][i >> 2 & 1]})
+            for i in range(8)]
+    items = [_Item(f"t.py::test_z[{r.name}]", {"run": r}, ("run.axes",)) for r in runs]
+    seen = []
+    for part in range(3):
+        kept = matrix_selection(items, part, 3)
+        for feature in ("lora", "devices", "dtype"):
+            assert {i.params["run"].axes[feature] for i in kept} == {r.axes[feature] for r in runs}, feature
+        assert len(kept) < len(items)
+        seen += kept
+    assert {id(i) for i in seen} == {id(i) for i in items}
