@@ -13,6 +13,7 @@ import pathlib
 import re
 import sys
 import threading
+import traceback
 import typing
 
 # Parsing, and every command's --help, needs none of jax, flax, datasets, transformers or torch
@@ -469,6 +470,33 @@ def _in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     return re.sub(r"(--([\w-]+)(?: [^\s()]+)?(?: or (?:less|more))?) \(--\2\)", r"\1", message)
 
 
+def _in_a_job() -> bool:
+    """Whether this process is one of a multi-process job (jax is imported only if it is)."""
+    if "jax" not in sys.modules:
+        return False
+    from flaxheads.training import distributed
+
+    return distributed.joined()
+
+
+def _which_process() -> str:
+    """Which process of a multi-process job stopped on the error (" (process 1 of 2)"); "" alone."""
+    if not _in_a_job():
+        return ""
+    import jax
+
+    return f" (process {jax.process_index()} of {jax.process_count()})"
+
+
+def _stopped(code: int) -> int:
+    """`code`; a process of a multi-process job exits with it at once (`distributed.leave`)."""
+    if _in_a_job():
+        from flaxheads.training import distributed
+
+        distributed.leave(code)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if argv is None and args.command in host_memory.LONG_COMMANDS:  # the command line itself, not a caller's list
@@ -481,11 +509,17 @@ def main(argv: list[str] | None = None) -> int:
         compile_cache.enable(args.compilation_cache)
         return args.run(args)
     except (ValueError, OSError, NotImplementedError, FloatingPointError, ModuleNotFoundError) as err:
-        print(f"flaxheads {args.command}: error: {_in_flag_terms(str(err), args.command_parser)}", file=sys.stderr)
-        return 2
+        print(f"flaxheads {args.command}: error{_which_process()}: {_in_flag_terms(str(err), args.command_parser)}",
+              file=sys.stderr)
+        return _stopped(2)
     except KeyboardInterrupt:
         print(f"flaxheads {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _stopped(130)
+    except Exception:
+        if _in_a_job():  # the traceback now: the other processes' wait would otherwise hold it back
+            traceback.print_exc()
+            _stopped(1)
+        raise
     finally:
         notes.wording = None  # a caller of main() goes on in Python's words
 

@@ -28,6 +28,11 @@ RUNNER = textwrap.dedent(
             real_save(self, *args)
             raise SystemExit(3)
         checkpoints.RunCheckpoints.save = save
+    if sys.argv[1] == "process_0_fails_recording_the_best" and sys.argv[sys.argv.index("--process_id") + 1] == "0":
+        from flaxheads.training import run_files
+        def record_best(*args):
+            raise OSError("the best model's record cannot be written (injected)")
+        run_files.record_best = record_best
     sys.exit(main(sys.argv[2:]))
     """
 )

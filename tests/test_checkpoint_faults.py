@@ -390,6 +390,24 @@ def test_a_step_without_its_checksum_file_is_restored_with_a_warning_naming_it(t
     assert "has no" not in capsys.readouterr().err  # a step with its checksums: no warning
 
 
+def test_another_process_writing_its_checksum_file_is_not_taken_for_a_file_of_the_step(tmp_path):
+    """Process 0 sums the step's shared files while process 1 may be writing its own checksum file
+    (a temporary name, renamed a moment later): summed, it would be missing at the next read and
+    the intact step set aside as damaged; vanished before it is read, process 0 would fail."""
+    from flaxheads.training import checkpoints as checkpoints_module
+
+    _saved(tmp_path, [1]).close()
+    step_dir = tmp_path / "checkpoints" / "1"
+    being_written = step_dir / ".flaxheads_checksums.process_1.json.k3j2x9.tmp"
+    being_written.write_text("{")
+    checkpoints_module._write_checksums(str(step_dir))
+    being_written.unlink()
+
+    summed = json.loads((step_dir / "flaxheads_checksums.process_0.json").read_text())["sha256"]
+    assert summed and not any("checksums" in name for name in summed)
+    assert checkpoints_module._changed_files(str(step_dir)) == []
+
+
 def test_a_flipped_byte_is_read_back_without_the_checksums(tmp_path):
     """Why the checksums exist: without them the damaged step restores with other values."""
     _saved(tmp_path, [1, 2]).close()

@@ -1,11 +1,12 @@
 """Token classification trained, scored and predicted by two processes (multi-host on
-127.0.0.1, each reading only its own data shard) equals one process; the data-shard refusal;
-bf16 parameters for inference. (Sequence classification over several devices and processes:
+127.0.0.1, each reading only its own data shard) equals one process; an error on one process
+ends the job at once, said; the data-shard refusal; bf16 parameters for inference. (Sequence classification over several devices and processes:
 test_scale_out.py.)"""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,32 @@ def test_two_processes_score_and_predict_token_classification_as_one_process(tin
         assert results[split]["loss"] == pytest.approx(expected[split]["loss"], abs=1e-5)
         assert {k: v for k, v in results[split].items() if k != "loss"} == \
             {k: v for k, v in expected[split].items() if k != "loss"}
+
+
+@pytest.mark.slow  # two processes, each training
+def test_an_error_on_one_process_is_printed_and_ends_the_job_at_once(tiny_bert, conll, tmp_path):
+    """Process 0 alone fails writing a file (after the evaluation's export): it says so and exits,
+    and process 1, waiting for it in the test split's scoring, stops too, rather than both
+    aborting in a mismatched collective with the error unsaid (or waiting 5 minutes at jax's
+    shutdown barrier)."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs = [
+        run(1, _token_flags(tiny_bert, conll, tmp_path / "run", "--coordinator_address", coordinator,
+                             "--num_processes", "2", "--process_id", str(i)),
+            mode="process_0_fails_recording_the_best", check=False)
+        for i in range(2)
+    ]
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as failed:  # their exit statuses are not 0
+        finish(*procs, timeout=150)
+    assert "still running" not in str(failed.value)
+    print(f"the job ended {time.monotonic() - start:.0f} s after it started")
+    first, second = procs
+    assert first.returncode == 2, first.stderr_text[-3000:]
+    assert ("flaxheads train: error (process 0 of 2): the best model's record cannot be written (injected)"
+            in first.stderr_text)
+    assert "Gloo" not in first.stderr_text  # no collective mismatch
+    assert second.returncode != 0
 
 
 def test_more_processes_than_data_shards_are_refused_naming_data_shards(monkeypatch):

@@ -304,9 +304,11 @@ class RunCheckpoints:
             "overwrite_output_dir=True, or use another output_dir"
         )
 
-    def close(self) -> None:
-        """Finishes the save being written (every process calls this), then closes Orbax's manager."""
-        self._settle()
+    def close(self, *, collective: bool = True) -> None:
+        """Finishes the save being written (every process calls this), then closes Orbax's manager.
+        `collective=False` (a process unwinding an error, which the others may not share): the
+        surplus steps stay, since deciding which go is a collective the others would not join."""
+        self._settle(prune=collective or jax.process_count() == 1)
         self.manager.close()
 
     # Internals.
@@ -405,12 +407,14 @@ def _state_bytes(state) -> int:
 
 
 def _step_files(step_dir: str) -> list[str]:
-    """Every file of a step folder (paths relative to it), the checksum files aside."""
+    """Every file of a step folder (paths relative to it), the checksum files aside: each
+    process's, and the temporary file another process is writing its own into right now
+    (`.flaxheads_checksums.process_1.json.XXXX.tmp`, gone a moment later)."""
     found = []
     for root, _, files in os.walk(step_dir):
         for name in files:
             relative = os.path.relpath(os.path.join(root, name), step_dir)
-            if not name.startswith(CHECKSUMS_PREFIX):
+            if not name.lstrip(".").startswith(CHECKSUMS_PREFIX):
                 found.append(relative)
     return sorted(found)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from typing import NoReturn
 
 import jax
 
@@ -27,3 +29,23 @@ def initialize(
         jax.distributed.initialize()
     else:
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
+
+
+def joined() -> bool:
+    """Whether this process is one of a multi-process job (`initialize` joined it to others)."""
+    jax_module = sys.modules.get("jax")
+    if jax_module is None:
+        return False
+    from jax._src import distributed
+
+    return distributed.global_state.client is not None and jax_module.process_count() > 1
+
+
+def leave(code: int) -> NoReturn:
+    """Ends this process of a multi-process job now, with exit status `code`, once its error is
+    printed. A normal exit would wait at jax's shutdown barrier (5 minutes) for the other
+    processes, which wait for this one in the run's next collective: its exit ends their wait
+    (the job's coordination service, or the collectives' connections, tell them it is gone)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -144,13 +144,18 @@ class TrainLoop:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        finished = False
         try:
             rng = jax.random.key(self.cfg.seed)
             while self.step < self.total_steps and self.stopped_early is None:
                 self.train_step(rng)
-            return self.finish()
+            results = self.finish()
+            finished = True
+            return results
         finally:
-            self.close()
+            # An error raised on one process alone (a file it writes) leaves the others in the run's
+            # next collective: a collective here would pair with theirs, abort every process and hide it.
+            self.close(collective=finished)
 
     def train_step(self, rng: jax.Array) -> None:
         """One optimizer step, then whatever falls due after it: a log line, an evaluation, a save."""
@@ -395,12 +400,12 @@ class TrainLoop:
         if self.checkpoints is not None:
             self._confirm_before(self.step + 1)
 
-    def close(self) -> None:
+    def close(self, *, collective: bool = True) -> None:
         self.bar.close()
         if self.log is not None:
             self.log.close()
         if self.checkpoints is not None:
-            self.checkpoints.close()
+            self.checkpoints.close(collective=collective)
 
 
 def _session_id() -> str:
