@@ -79,12 +79,14 @@ def test_two_processes_reading_their_own_shards_match_one_process_with_four_devi
     coordinator = f"127.0.0.1:{free_port()}"
     procs = [
         run(2, _flags(tiny_bert, snippets_csv, tmp_path, 2, "--mesh", "data=4", "--coordinator_address",
-                       coordinator, "--num_processes", "2", "--process_id", str(i)),
+                       coordinator, "--num_processes", "2", "--process_id", str(i), "--save_total_limit", "1"),
              check=False)
         for i in range(2)
     ]
     outputs = finish(*procs)
     assert "resuming" not in outputs[0]
+    # Step 3 pruned by both processes together (Orbax's delete is a collective), step 6 kept.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["6"]
     for i, out in enumerate(outputs):  # 128 train and 32 validation examples, half each (train first: packed)
         assert f"process {i}/2 tokenized 64 of 128 train examples (shards {i}-{i} of 2)" in out
         assert f"process {i}/2 tokenized 16 of 32 validation examples (shards {i}-{i} of 2)" in out

@@ -369,10 +369,13 @@ class RunCheckpoints:
     def _prune(self) -> None:
         if self.max_to_keep is None:
             return
+        # Every process decides from the same folder and record: read once process 0 has written
+        # its confirmations (it confirms before it saves or closes), and before it deletes anything.
+        # Decided otherwise, the processes would call Orbax's delete, a collective, unequally often.
+        ocp.multihost.sync_global_processes("flaxheads_checkpoint_prune_read")
         steps = self.all_steps()
         keep = set(steps[-self.max_to_keep:]) | {self.latest_good_step()}
         doomed = [step for step in steps if step not in keep]
-        # Every process decides from the same folder before process 0 deletes anything.
         ocp.multihost.sync_global_processes("flaxheads_checkpoint_prune")
         for step in doomed:
             self.manager.delete(step)
