@@ -8,7 +8,7 @@
 #   bash scripts/test.sh --full                every combination of the cross products (families x heads x
 #                                              padding sides ...); without it each run tests a part that
 #                                              holds every family, head and side, and every combination
-#                                              every 4 runs (tests/conftest.py, `MATRIX_PARTS`)
+#                                              every 3 runs (tests/conftest.py, `MATRIX_PARTS`)
 #   bash scripts/test.sh tests/test_cli.py -k help     other arguments go to pytest
 #
 # Tests run in FLAXHEADS_TEST_WORKERS parallel processes (pytest-xdist; default: the number of

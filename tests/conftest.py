@@ -69,14 +69,14 @@ files fill in beside it."""
 
 
 MATRIX_ENV = "FLAXHEADS_TEST_MATRIX"
-MATRIX_PARTS = 4
+MATRIX_PARTS = 3
 """The cross products marked `matrix` (families x heads, x label kinds x padding sides, ...) run in
 `MATRIX_PARTS` parts, one part per run: every run tests every value of every axis (every family,
 every head, both padding sides) of each marked test, and every combination every `MATRIX_PARTS`
 runs. A marker without axes (`@pytest.mark.matrix()`, a sweep of one feature over the families)
-takes every `MATRIX_PARTS`-th case alone: a quarter of the families a run, each every fourth run.
-4 parts since 2026-11-28 (2 before, then 3): 458 CPU-s of the suite's 3,524 were these tests at 2
-parts, and CI had to come under 25 minutes. The part is the number of commits on HEAD modulo the parts, so
+takes every `MATRIX_PARTS`-th case alone: a third of the families a run, each every third run. 3
+parts, not 2, since 2026-11-28: 458 CPU-s of the suite's 3,524 were these tests at 2 parts, and
+CI had to come under 25 minutes. The part is the number of commits on HEAD modulo the parts, so
 each commit's CI runs the next part and a rerun of one commit runs the same one. `FLAXHEADS_TEST_MATRIX=all` (`bash
 scripts/test.sh --full`) runs every combination; `FLAXHEADS_TEST_MATRIX=K/N` part K (from 0) of N."""
 

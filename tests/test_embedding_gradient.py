@@ -147,7 +147,7 @@ LAYOUTS = [(name, row.sample_padding) for name, row in FAMILIES.items()] + [("be
 
 
 @pytest.mark.slow
-@pytest.mark.matrix()  # a quarter of the families a run (tests/conftest.py, MATRIX_PARTS); the rule: test_which_tables_take_which_gradient
+@pytest.mark.matrix()  # a third of the families a run (tests/conftest.py, MATRIX_PARTS); the rule: test_which_tables_take_which_gradient
 @pytest.mark.parametrize(("name", "layout"), LAYOUTS, ids=[f"{name}-{layout}" for name, layout in LAYOUTS])
 def test_every_family_trains_the_same_with_each_gradient(hf_checkpoint, name, layout):
     row = FAMILIES[name]

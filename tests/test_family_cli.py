@@ -15,7 +15,7 @@ from family_parity import check_cli_lifecycle, check_token_cli_lifecycle
 pytestmark = pytest.mark.slow  # a training run per family
 
 
-@pytest.mark.matrix()  # a quarter of the families a run (tests/conftest.py, MATRIX_PARTS)
+@pytest.mark.matrix()  # a third of the families a run (tests/conftest.py, MATRIX_PARTS)
 @pytest.mark.parametrize("row", rows(having="cli"))
 def test_inspect_train_evaluate_predict_and_convert_commands_work_on_the_family(
     row, cli_checkpoint, snippets_csv, tmp_path, capsys

@@ -27,7 +27,7 @@ def sharded(hf_checkpoint) -> dict[str, dict]:
     return dict(zip((row.name for row in sharded_rows), fsdp_on_fake_devices(jobs)))
 
 
-@pytest.mark.matrix()  # a quarter of the families a run (tests/conftest.py, MATRIX_PARTS)
+@pytest.mark.matrix()  # a third of the families a run (tests/conftest.py, MATRIX_PARTS)
 @pytest.mark.parametrize("row", rows(having="fsdp"))
 def test_fsdp_rules_split_the_parameters_on_four_fake_devices_and_keep_the_logits(hf_checkpoint, sharded, row):
     result, expected = sharded[row.name], row.fsdp

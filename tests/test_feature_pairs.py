@@ -8,7 +8,7 @@ accepts is in at least one run. `test_the_runs_cover_every_pair_a_task_accepts` 
 prints the runs (`pytest -s`). The features a task refuses, alone or as a pair, are the table
 `REFUSED`; the array leaves those pairs out (`FORBIDDEN`), and each refusal is its own test.
 A CI run trains a part of the runs (`@pytest.mark.matrix`, tests/conftest.py MATRIX_PARTS: about
-half: 10-12 of the 23 runs at 4 parts) that holds every value of every feature of every task; the parts together, every pair.
+half) that holds every value of every feature of every task; the parts together, every pair.
 
 A run on several devices (2 fake CPU devices, under the `jit` or the `pmap` runner) needs its own
 process (XLA_FLAGS are read when jax starts): those runs go, one after the other, in one

@@ -336,7 +336,7 @@ def _grads_and_jaxpr(family: str, checkpointing: bool):
 
 
 @pytest.mark.slow  # compiles train steps or gradients
-@pytest.mark.matrix()  # a quarter of the families a run (tests/conftest.py, MATRIX_PARTS)
+@pytest.mark.matrix()  # a third of the families a run (tests/conftest.py, MATRIX_PARTS)
 @pytest.mark.parametrize("family", list(TINY_HF))
 def test_gradient_checkpointing_gives_the_same_gradients_through_remat(family):
     plain, plain_jaxpr = _grads_and_jaxpr(family, checkpointing=False)

@@ -35,7 +35,7 @@ def _items(families, heads, sides):
             for f, h, s in itertools.product(families, heads, sides)]
 
 
-@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize("parts", [2, 3])
 def test_every_part_holds_every_value_of_every_axis_and_the_parts_hold_every_combination(parts):
     families, heads, sides = ["bert", "gpt2", "llama"], ["cls", "mean", "pooler", "last_token", "max"], ["left", "right"]
     items = _items(families, heads, sides)

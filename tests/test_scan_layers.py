@@ -77,7 +77,7 @@ def _primitives(jaxpr: str) -> list[str]:
     return re.findall(r"= ([a-z_0-9]+)\[", jaxpr)
 
 
-@pytest.mark.matrix()  # a quarter of the families a run (tests/conftest.py, MATRIX_PARTS)
+@pytest.mark.matrix()  # a third of the families a run (tests/conftest.py, MATRIX_PARTS)
 @pytest.mark.parametrize("family", list(TINY_HF))
 def test_scanned_layers_give_the_loops_hidden_states_and_gradients(family):
     loop, scan = _model(family, scan=False), _model(family, scan=True)

@@ -93,7 +93,7 @@ GRADIENT_FAMILIES = ("bert", "distilbert")
 
 
 @pytest.mark.slow
-@pytest.mark.matrix()  # a quarter of the layouts a run (tests/conftest.py, MATRIX_PARTS)
+@pytest.mark.matrix()  # a third of the layouts a run (tests/conftest.py, MATRIX_PARTS)
 @pytest.mark.parametrize(("name", "layout"), LAYOUTS, ids=[f"{name}-{layout}" for name, layout in LAYOUTS])
 def test_the_last_layer_at_the_read_positions_trains_as_the_full_layer(hf_checkpoint, name, layout):
     row = FAMILIES[name]
