@@ -488,6 +488,14 @@ def _which_process() -> str:
     return f" (process {jax.process_index()} of {jax.process_count()})"
 
 
+def _peer_lost(error: BaseException) -> bool:
+    """Whether `error` is a collective that failed because another process of the job is gone."""
+    text = str(error)
+    return type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and any(
+        words in text for words in ("Connection reset by peer", "Connection closed by peer", "Socket closed",
+                                    "Broken pipe"))
+
+
 def _stopped(code: int) -> int:
     """`code`; a process of a multi-process job exits with it at once (`distributed.leave`)."""
     if _in_a_job():
@@ -515,9 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"flaxheads {args.command}: interrupted", file=sys.stderr)
         return _stopped(130)
-    except Exception:
-        if _in_a_job():  # the traceback now: the other processes' wait would otherwise hold it back
-            traceback.print_exc()
+    except Exception as err:
+        if _in_a_job():  # said now: the other processes' wait would otherwise hold it back
+            if _peer_lost(err):
+                print(f"flaxheads {args.command}: error{_which_process()}: another process of the job stopped, so "
+                      f"this one cannot go on ({str(err).strip().splitlines()[0]}); the first error the job's "
+                      "processes printed says why", file=sys.stderr)
+            else:
+                traceback.print_exc()
             _stopped(1)
         raise
     finally:
