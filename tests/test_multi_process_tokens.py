@@ -1,7 +1,7 @@
 """Token classification trained, scored and predicted by two processes (multi-host on
 127.0.0.1, each reading only its own data shard) equals one process; an error on one process
-ends the job at once, said; the data-shard refusal; bf16 parameters for inference. (Sequence classification over several devices and processes:
-test_scale_out.py.)"""
+ends the job at once, said; the data-shard refusal; bf16 parameters for inference. (Sequence
+classification over several devices and processes: test_scale_out.py.)"""
 
 from __future__ import annotations
 

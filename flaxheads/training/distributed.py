@@ -33,12 +33,9 @@ def initialize(
 
 def joined() -> bool:
     """Whether this process is one of a multi-process job (`initialize` joined it to others)."""
-    jax_module = sys.modules.get("jax")
-    if jax_module is None:
-        return False
     from jax._src import distributed
 
-    return distributed.global_state.client is not None and jax_module.process_count() > 1
+    return distributed.global_state.client is not None and jax.process_count() > 1
 
 
 def leave(code: int) -> NoReturn:
