@@ -331,10 +331,33 @@ def test_a_space_naming_no_trainconfig_field_is_refused_with_the_fields_to_name(
 def test_a_storage_is_a_database_url_or_a_journal_file(tmp_path):
     from flaxheads.training.search import storage_of
 
-    assert storage_of("sqlite:///x.db") == "sqlite:///x.db"
+    assert storage_of(f"sqlite:///{tmp_path / 'x.db'}").url == f"sqlite:///{tmp_path / 'x.db'}"
     assert isinstance(storage_of(f"journal:{tmp_path / 'j'}"), optuna.storages.JournalStorage)
     with pytest.raises(ValueError, match="pass sqlite:///PATH, postgresql://..., or journal:PATH"):
         storage_of("x.db")
+
+
+def test_a_new_database_opened_by_another_process_in_the_same_moment_opens_here_too(tmp_path, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from flaxheads.training.search import storage_of
+
+    metadata = optuna.storages._rdb.models.BaseModel.metadata
+    create_all, calls = metadata.create_all, []
+
+    def other_process_created_them_first(engine, *args, **kwargs):
+        calls.append(engine)
+        create_all(engine, *args, **kwargs)  # what the other process made between our check and our creation
+        if len(calls) == 1:
+            raise OperationalError("CREATE TABLE studies", {}, Exception("table studies already exists"))
+
+    monkeypatch.setattr(metadata, "create_all", other_process_created_them_first)
+    storage = storage_of(f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert len(calls) == 2
+    assert optuna.create_study(storage=storage, study_name="s").study_name == "s"
+    with pytest.raises(OperationalError, match="unable to open database file"):  # not a race: said at once
+        storage_of(f"sqlite:///{tmp_path / 'no folder' / 'optuna.db'}")
+    assert len(calls) == 3
 
 
 def test_a_search_trains_nothing_when_a_value_of_its_space_is_no_valid_setting():

@@ -182,8 +182,8 @@ def default_storage(output_dir: Path | None) -> str | None:
 
 
 def storage_of(storage):
-    """An Optuna storage from what `storage` names: an RDB URL (sqlite:///..., postgresql://...), a
-    journal file (`journal:PATH`, or a path ending in .log: Optuna's JournalStorage, which several
+    """An Optuna storage from what `storage` names: an RDB URL (sqlite:///..., postgresql://...:
+    its RDBStorage, see `_database`), a journal file (`journal:PATH`, or a path ending in .log: Optuna's JournalStorage, which several
     processes may share through the file), or a storage object as it is."""
     if not isinstance(storage, (str, os.PathLike)):
         return storage
@@ -196,7 +196,28 @@ def storage_of(storage):
     if "://" not in text:
         raise ValueError(f"storage={text!r} is neither a database URL nor a journal file: pass sqlite:///PATH, "
                          "postgresql://..., or journal:PATH")
-    return text
+    return _database(text)
+
+
+def _database(url: str, tries: int = 6):
+    """Optuna's RDBStorage of `url`, opened so that processes opening a new database at the same
+    moment (the workers of one search, or a dashboard watching it start) all get it. Each checks
+    for the tables, then creates the missing ones: the one that checked before the other's creation
+    fails ('table studies already exists', or the version row's unique key); opened again it finds
+    the tables made (measured: two processes opening a new SQLite file at once, one failed in 8 of
+    8 tries). Any other error of the database is raised at once."""
+    optuna = import_optuna()
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    for attempt in range(tries):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except (OperationalError, IntegrityError) as error:
+            lost_the_race = isinstance(error, IntegrityError) or "already exists" in str(error) \
+                or "locked" in str(error)
+            if not lost_the_race or attempt == tries - 1:
+                raise
+            time.sleep(0.05 * 2 ** attempt)
 
 
 def run_search(trainer, hp_space: Callable | None, compute_objective: Callable | None, n_trials: int,
@@ -213,12 +234,12 @@ def run_search(trainer, hp_space: Callable | None, compute_objective: Callable |
     timeout, catch = kwargs.pop("timeout", None), kwargs.pop("catch", ())
     kwargs.pop("n_jobs", None)  # one trial at a time per process: several workers share a storage instead
     shared = kwargs.get("storage") is not None
-    kwargs["storage"] = storage_of(kwargs.get("storage") or default_storage(output_dir))
-    if kwargs.get("study_name") is None and kwargs["storage"] is not None:
-        kwargs["study_name"] = STUDY_NAME
     if output_dir is not None:
         atomic.require_folder(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
+    kwargs["storage"] = storage_of(kwargs.get("storage") or default_storage(output_dir))
+    if kwargs.get("study_name") is None and kwargs["storage"] is not None:
+        kwargs["study_name"] = STUDY_NAME
     sampler = kwargs.pop("sampler", None)
     if directions is None:
         kwargs.setdefault("pruner", optuna.pruners.MedianPruner())
