@@ -20,6 +20,11 @@ the test runs it:
         download, a GPU, a multi-host pod, hours of training, the set-up itself. Keep these rare.
 
 Each page is one test, marked slow: nearly every block starts jax or trains.
+
+The `flaxheads` commands and the ```python blocks run in forks of one process that has imported
+jax, transformers, torch and flaxheads already (`tests/forkserver.py`), each as a process of its
+own would: its argv, environment, folder, streams, signals and exit status. Importing was ~5 s
+of CPU of each of ~50 processes. `FLAXHEADS_TEST_FORK_SERVER=off` runs each in a process of its own.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,9 +205,28 @@ INPUT_FILES = {
 """File an example reads -> how the test writes it (small: a few dozen rows)."""
 
 
-def _prepare(folder: Path, models: dict[str, Path]) -> dict[str, str]:
+def _environment() -> dict[str, str]:
+    """The environment the blocks run in, but for PATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+
+
+@pytest.fixture(scope="module")
+def fork_server():
+    """The fork server the pages' commands run through (module docstring); None when it is off."""
+    if os.environ.get("FLAXHEADS_TEST_FORK_SERVER", "").lower() == "off":
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="flaxheads-fork-"))  # short: a socket's path has ~100 characters
+    server = forkserver.Server(str(folder / "socket"), _environment())
+    yield server
+    server.close()
+    shutil.rmtree(folder)
+
+
+def _prepare(folder: Path, models: dict[str, Path], server: forkserver.Server | None) -> dict[str, str]:
     """`folder` with every placeholder model and input file, and the environment the blocks run
-    in: this checkout's `flaxheads` and `python` first on PATH."""
+    in: this checkout's `flaxheads` (through `server`, if any) and `python` first on PATH."""
     for name, fixture in MODEL_PLACEHOLDERS.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).symlink_to(models[fixture], target_is_directory=True)
@@ -211,20 +237,24 @@ def _prepare(folder: Path, models: dict[str, Path]) -> dict[str, str]:
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
     launcher = bin_dir / "flaxheads"  # the installed command's entry point (pyproject's [project.scripts])
-    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c "
-                        "'import sys; from flaxheads.launcher import main; sys.argv[0] = \"flaxheads\"; main()' \"$@\"\n")
+    if server is None:
+        launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c "
+                            "'import sys; from flaxheads.launcher import main; sys.argv[0] = \"flaxheads\"; main()' "
+                            "\"$@\"\n")
+    else:
+        launcher.write_text(f"#!/bin/sh\nexec {shlex.join(server.command('flaxheads'))} \"$@\"\n")
     launcher.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+    return {**_environment(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
 
-def run_block(block: Block, folder: Path, env: dict[str, str], timeout: float = 1800) -> None:
-    """Runs `block` in `folder`; AssertionError with its output when it fails."""
+def run_block(block: Block, folder: Path, env: dict[str, str], server: forkserver.Server | None = None,
+              timeout: float = 1800) -> None:
+    """Runs `block` in `folder` (a python block through `server`, if any); AssertionError with its
+    output when it fails."""
     script = folder.parent / f"{folder.name}-block-{block.line}.{'py' if block.language == 'python' else 'sh'}"
     script.write_text(block.runnable_code(), encoding="utf-8")
-    command = [sys.executable, str(script)] if block.language == "python" else ["bash", "-e", "-o", "pipefail",
-                                                                                  str(script)]
+    python = [sys.executable] if server is None else server.command("python")
+    command = [*python, str(script)] if block.language == "python" else ["bash", "-e", "-o", "pipefail", str(script)]
     start = time.perf_counter()
     result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
     print(f"{block.where}: {block.language} block, {time.perf_counter() - start:.1f} s, exit status {result.returncode}")
@@ -238,15 +268,15 @@ _RUN_PAGES = [page for page in PAGES if any(not b.skip for b in runnable_blocks(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", _RUN_PAGES, ids=[str(page.relative_to(ROOT)) for page in _RUN_PAGES])
-def test_every_example_of_the_page_runs_as_written(page, tiny_bert, tiny_llama, tmp_path):
+def test_every_example_of_the_page_runs_as_written(page, tiny_bert, tiny_llama, fork_server, tmp_path):
     folder = tmp_path / "examples"
     folder.mkdir()
-    env = _prepare(folder, {"tiny_bert": tiny_bert, "tiny_llama": tiny_llama})
+    env = _prepare(folder, {"tiny_bert": tiny_bert, "tiny_llama": tiny_llama}, fork_server)
     for block in runnable_blocks(page):
         if block.skip:
             print(f"{block.where}: skipped ({block.skip})")
             continue
-        run_block(block, folder, env)
+        run_block(block, folder, env, fork_server)
 
 
 # --- the convention itself (fast) ----------------------------------------------------------------
