@@ -146,7 +146,10 @@ def serve(socket_path: str, preload: bool = True) -> None:
                 if not os.read(sys.stdin.fileno(), 1024):
                     return
             elif key.fileobj is listener:
-                _start(listener, selector, startup_env, imports_set)
+                try:
+                    _start(listener, selector, startup_env, imports_set)
+                except (OSError, ValueError) as error:  # one client's broken request: the next may be fine
+                    print(f"forkserver: a request failed: {error!r}", file=sys.stderr)
             else:  # a child's pidfd: it ended
                 pid, connection = key.data
                 selector.unregister(key.fileobj)
@@ -174,13 +177,20 @@ def _start(listener, selector, startup_env: dict[str, str], imports_set: dict[st
         return
     pid = os.fork()
     if pid == 0:
-        listener.close()
-        for key in list(selector.get_map().values()):
-            if isinstance(key.data, tuple):
-                key.data[1].close()
-        selector.close()
-        connection.close()
-        _become(request, streams, imports_set)
+        try:
+            listener.close()
+            for key in list(selector.get_map().values()):
+                if isinstance(key.data, tuple):
+                    key.data[1].close()
+            selector.close()
+            connection.close()
+            _become(request, streams, imports_set)
+        except BaseException:  # noqa: BLE001 - a fork must never return into the server's loop
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(1)
     for fd in streams:
         os.close(fd)
     connection.sendall(f"pid {pid}\n".encode())
