@@ -29,6 +29,8 @@ import signal
 import socket
 import sys
 
+AVAILABLE = hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
+"""Linux (5.3 or later) with Python 3.9 or later: what the server needs."""
 RUN_TIME_VARIABLES = frozenset({"PATH", "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST"})
 """Variables no import reads (PATH: the shell's, for finding commands; the shell's own; pytest's
 name of the test running): they may differ between the server and a command run through it."""

@@ -12,7 +12,9 @@ import sys
 import time
 
 import pytest
-from forkserver import Server
+from forkserver import AVAILABLE, Server
+
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the fork server needs Linux's pidfd_open")
 
 SCRIPT = """
 import json, os, sys, time
