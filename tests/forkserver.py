@@ -35,7 +35,8 @@ RUN_TIME_VARIABLES = frozenset({"PATH", "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS"
 """Variables no import reads (PATH: the shell's, for finding commands; the shell's own; pytest's
 name of the test running): they may differ between the server and a command run through it."""
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-_LAUNCHER = "import sys; from flaxheads.launcher import main; sys.argv[0] = 'flaxheads'; main()"
+LAUNCHER = "import sys; from flaxheads.launcher import main; sys.argv[0] = 'flaxheads'; main()"
+"""`python -c LAUNCHER ARG...` is the installed `flaxheads ARG...` (pyproject's [project.scripts])."""
 
 
 # --- the client ----------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def _is_open(fd: int) -> bool:
 
 def _exec(mode: str, args: list[str]) -> None:
     if mode == "flaxheads":
-        os.execv(sys.executable, [sys.executable, "-c", _LAUNCHER, *args])
+        os.execv(sys.executable, [sys.executable, "-c", LAUNCHER, *args])
     os.execv(sys.executable, [sys.executable, *args])
 
 

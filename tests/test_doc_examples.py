@@ -238,12 +238,8 @@ def _prepare(folder: Path, models: dict[str, Path], server: forkserver.Server | 
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
     launcher = bin_dir / "flaxheads"  # the installed command's entry point (pyproject's [project.scripts])
-    if server is None:
-        launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c "
-                            "'import sys; from flaxheads.launcher import main; sys.argv[0] = \"flaxheads\"; main()' "
-                            "\"$@\"\n")
-    else:
-        launcher.write_text(f"#!/bin/sh\nexec {shlex.join(server.command('flaxheads'))} \"$@\"\n")
+    command = [sys.executable, "-c", forkserver.LAUNCHER] if server is None else server.command("flaxheads")
+    launcher.write_text(f"#!/bin/sh\nexec {shlex.join(command)} \"$@\"\n")
     launcher.chmod(0o755)
     return {**_environment(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 

@@ -182,9 +182,9 @@ def default_storage(output_dir: Path | None) -> str | None:
 
 
 def storage_of(storage):
-    """An Optuna storage from what `storage` names: an RDB URL (sqlite:///..., postgresql://...:
-    its RDBStorage, see `_database`), a journal file (`journal:PATH`, or a path ending in .log: Optuna's JournalStorage, which several
-    processes may share through the file), or a storage object as it is."""
+    """An Optuna storage from what `storage` names: an RDB URL (sqlite:///..., postgresql://...: its
+    RDBStorage, see `_database`), a journal file (`journal:PATH`, or a path ending in .log: Optuna's
+    JournalStorage, which several processes may share through the file), or a storage object as it is."""
     if not isinstance(storage, (str, os.PathLike)):
         return storage
     text = str(storage)
